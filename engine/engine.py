@@ -1,0 +1,404 @@
+"""The engine loop and the offline API, in the shape of vLLM's.
+
+    engine = LLMEngine("smollm2-135m", block_size=4, num_blocks=64)
+    engine.add_request("Hello", SamplingParams(temperature=0, max_tokens=8))
+    while engine.has_unfinished_requests():
+        trace = engine.step()        # StepTrace: what this step did
+    engine.snapshot()                # Snapshot: block pool, tables, queues, metrics
+
+One step = arrivals -> schedule -> one flattened forward -> sample -> update (append tokens,
+stop checks, free finished requests' blocks) -> StepTrace. ``step`` holds the engine's lock,
+so concurrent callers (e.g. overlapping Streamlit reruns) never interleave half-steps.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from engine.config import EngineConfig, SamplingParams
+from engine.kv_cache import KVCacheManager, cdiv
+from engine.model_runner import DTYPES, ModelRunner
+from engine.models.llama import LlamaModel
+from engine.models.loader import load_model
+from engine.request import Request, RequestStatus
+from engine.sampling import sample
+from engine.scheduler import Scheduler
+from engine.trace import (BlockState, RequestMetrics, RequestState, SampledToken, ScheduledChunk,
+                          Snapshot, StepTrace)
+
+
+@dataclass(frozen=True)
+class SharedModel:
+    """Weights and tokenizer, shared read-only by every engine in the process."""
+
+    name: str
+    model: LlamaModel
+    tokenizer: Any
+
+
+@lru_cache(maxsize=4)
+def get_shared_model(model: str, dtype: str = "float32") -> SharedModel:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: must be one of {tuple(DTYPES)}, got {dtype!r}")
+    loaded = load_model(model)
+    return SharedModel(loaded.name, LlamaModel(loaded.config, loaded.weights, DTYPES[dtype]),
+                       loaded.tokenizer)
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    stop_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    outputs: tuple[CompletionOutput, ...]
+    finished: bool
+    metrics: RequestMetrics
+
+
+class LLMEngine:
+    def __init__(self, model: str | SharedModel = "smollm2-135m", config: EngineConfig | None = None,
+                 **knobs: Any) -> None:
+        if config is not None and knobs:
+            raise ValueError("pass either config or keyword knobs, not both")
+        unknown = set(knobs) - set(EngineConfig.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"{sorted(unknown)[0]}: unknown engine option")
+        self.config = config or EngineConfig(**knobs)
+        self.shared = model if isinstance(model, SharedModel) else get_shared_model(model, self.config.dtype)
+        mc = self.shared.model.config
+        self.tokenizer = self.shared.tokenizer
+        model_limit = min(mc.max_position_embeddings, self.config.max_model_len or mc.max_position_embeddings)
+        self.model_max_len = model_limit
+        self.max_model_len = min(model_limit, self.config.pool_tokens)
+        self.kv = KVCacheManager(self.config.num_blocks, self.config.block_size)
+        self.scheduler = Scheduler(self.config, self.kv, self.max_model_len)
+        kv_dtype = DTYPES[self.config.kv_cache_dtype or self.config.dtype]
+        self.runner = ModelRunner(self.shared.model, self.config.num_blocks, self.config.block_size, kv_dtype)
+        eos = set(mc.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.requests: dict[str, Request] = {}
+        self.pending: list[Request] = []  # added, arrival step not reached
+        self.step_count = 0
+        self.trace_seconds = 0.0  # time spent building StepTraces (for the benchmark)
+        self.lock = threading.RLock()
+        self._ids = itertools.count()
+
+    # -- properties the calculator and views read -----------------------------------------
+    @property
+    def kv_cache_bytes_per_token(self) -> int:
+        return self.runner.kv_cache_bytes_per_token
+
+    @property
+    def kv_cache_total_bytes(self) -> int:
+        return self.runner.kv_cache_total_bytes
+
+    # -- requests -------------------------------------------------------------------------
+    def add_request(self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_step: int | None = None) -> str:
+        """Validate everything first; a bad request raises ValueError and changes nothing."""
+        params = sampling_params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError("sampling_params: must be a SamplingParams")
+        token_ids, text = self._tokenize(prompt)
+        with self.lock:
+            self._validate_request(token_ids, arrival_step)
+            rid = self._new_request_id(request_id)
+            arrival = self.step_count if arrival_step is None else arrival_step
+            seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + len(self.requests)
+            request = Request(rid, text, token_ids, params, arrival_step=arrival,
+                              generator=None if params.greedy else torch.Generator().manual_seed(seed))
+            self.requests[rid] = request
+            self.pending.append(request)
+            self.pending.sort(key=lambda r: r.arrival_step)  # stable: FCFS within a step
+        return rid
+
+    def _tokenize(self, prompt: str | Sequence[int]) -> tuple[list[int], str | None]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt: must not be empty")
+            return self.tokenizer(prompt, add_special_tokens=False).input_ids, prompt
+        ids = list(prompt)
+        if not ids:
+            raise ValueError("prompt: must not be empty")
+        vocab = self.shared.model.config.vocab_size
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
+        return ids, None
+
+    def _validate_request(self, token_ids: list[int], arrival_step: int | None) -> None:
+        n = len(token_ids)
+        if n + 1 > self.model_max_len:
+            raise ValueError(f"prompt: {n} tokens is longer than the model's context "
+                             f"(max_model_len={self.model_max_len}, one position kept for output)")
+        if n + 1 > self.max_model_len:
+            c = self.config
+            raise ValueError(f"num_blocks: the KV pool ({c.num_blocks} blocks x {c.block_size} tokens "
+                             f"= {c.pool_tokens} tokens) cannot hold this {n}-token prompt plus one output token")
+        if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
+            raise ValueError(f"prompt: {n} tokens exceed max_num_batched_tokens="
+                             f"{self.config.max_num_batched_tokens} and chunked prefill is off")
+        if arrival_step is not None and (isinstance(arrival_step, bool) or not isinstance(arrival_step, int)
+                                         or arrival_step < 0):
+            raise ValueError(f"arrival_step: must be an integer >= 0, got {arrival_step!r}")
+
+    def _new_request_id(self, request_id: str | None) -> str:
+        if request_id is None:
+            request_id = str(next(self._ids))
+            while request_id in self.requests:
+                request_id = str(next(self._ids))
+        elif not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id: must be a non-empty string")
+        elif request_id in self.requests:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        with self.lock:
+            request = self.requests.get(request_id)
+            if request is None:
+                raise ValueError(f"request_id: unknown request {request_id!r}")
+            if request.is_finished:
+                return
+            if request in self.pending:
+                self.pending.remove(request)
+            else:
+                self.scheduler.remove(request)
+            self._finish(request, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.pending) or self.scheduler.has_work()
+
+    # -- the loop -------------------------------------------------------------------------
+    def step(self) -> StepTrace:
+        with self.lock:
+            t0 = time.perf_counter()
+            arrived = self._admit_arrivals()
+            output = self.scheduler.schedule()
+            t1 = time.perf_counter()
+            tokens: list[int] = []
+            sampled_requests: list[Request] = []
+            if not output.is_empty:
+                batch = self.runner.prepare(output, self.requests, self.kv)
+                logits = self.runner.execute(batch)
+                t2 = time.perf_counter()
+                sampled_requests = [self.requests[s.request_id] for s in output.scheduled if not s.is_prefill]
+                tokens = sample(logits, [r.sampling_params for r in sampled_requests],
+                                [r.generator for r in sampled_requests])
+            else:
+                t2 = t1
+            finished = self._update(sampled_requests, tokens, output)
+            t3 = time.perf_counter()
+            trace = self._build_trace(output, arrived, finished, sampled_requests, tokens,
+                                      (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+            self.trace_seconds += time.perf_counter() - t3
+            self.step_count += 1
+            return trace
+
+    def _admit_arrivals(self) -> tuple[str, ...]:
+        arrived = []
+        now = time.perf_counter()
+        while self.pending and self.pending[0].arrival_step <= self.step_count:
+            request = self.pending.pop(0)
+            request.arrival_time = now
+            self.scheduler.add(request)
+            arrived.append(request.request_id)
+        return tuple(arrived)
+
+    def _update(self, sampled_requests: list[Request], tokens: list[int], output) -> tuple[str, ...]:
+        """Append sampled tokens, apply stop rules, free finished requests' blocks."""
+        now = time.perf_counter()
+        for s in output.scheduled:
+            r = self.requests[s.request_id]
+            if r.first_scheduled_step is None:
+                r.first_scheduled_step = self.step_count
+        finished = []
+        for r, token in zip(sampled_requests, tokens):
+            r.output_token_ids.append(token)
+            if r.first_token_step is None:
+                r.first_token_step, r.first_token_time = self.step_count, now
+            reason, stop = self._check_stop(r, token)
+            if reason:
+                r.stop_reason = stop
+                self.scheduler.remove(r)
+                self._finish(r, reason)
+                finished.append(r.request_id)
+        return tuple(finished)
+
+    def _check_stop(self, r: Request, token: int) -> tuple[str | None, str | None]:
+        p = r.sampling_params
+        if not p.ignore_eos and token in self.eos_token_ids:
+            return "stop", None
+        if p.stop:
+            text = self._decode(r.output_token_ids)
+            for s in p.stop:
+                if s in text:
+                    r.output_text = text[: text.index(s)]
+                    return "stop", s
+        if len(r.output_token_ids) >= p.max_tokens or r.num_tokens >= self.max_model_len:
+            return "length", None
+        return None, None
+
+    def _finish(self, r: Request, reason: str) -> None:
+        r.status = RequestStatus.FINISHED
+        r.finish_reason = reason
+        r.finished_step, r.finished_time = self.step_count, time.perf_counter()
+        r.num_computed_tokens = min(r.num_computed_tokens, r.num_tokens)
+        if r.stop_reason is None:
+            r.output_text = self._decode(r.output_token_ids)
+
+    def _decode(self, token_ids: Iterable[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    # -- records --------------------------------------------------------------------------
+    def _build_trace(self, output, arrived, finished, sampled_requests, tokens,
+                     schedule_ms: float, forward_ms: float, sample_ms: float) -> StepTrace:
+        allocated, freed = self.kv.drain_events()
+        pieces = self.tokenizer.convert_ids_to_tokens(tokens) if tokens else []
+        return StepTrace(
+            step=self.step_count,
+            scheduled=tuple(ScheduledChunk(s.request_id, s.num_new_tokens, s.kind, s.start, s.resumed) for s in output.scheduled),
+            token_budget=self.config.max_num_batched_tokens,
+            num_batched_tokens=output.num_batched_tokens,
+            arrived=arrived,
+            preempted=output.preempted,
+            finished=finished,
+            sampled=tuple(SampledToken(r.request_id, t, p) for r, t, p in zip(sampled_requests, tokens, pieces)),
+            blocks_allocated=allocated,
+            blocks_freed=freed,
+            num_free_blocks=self.kv.num_free_blocks,
+            num_used_blocks=self.config.num_blocks - self.kv.num_free_blocks,
+            num_waiting=len(self.scheduler.waiting) + len(self.pending),
+            num_running=len(self.scheduler.running),
+            schedule_ms=schedule_ms,
+            forward_ms=forward_ms,
+            sample_ms=sample_ms,
+        )
+
+    def metrics(self, r: Request) -> RequestMetrics:
+        ttft_ms = tpot_ms = e2e_ms = None
+        if r.first_token_time is not None and r.arrival_time is not None:
+            ttft_ms = (r.first_token_time - r.arrival_time) * 1e3
+        if r.finished_time is not None and r.arrival_time is not None:
+            e2e_ms = (r.finished_time - r.arrival_time) * 1e3
+            if len(r.output_token_ids) > 1 and r.first_token_time is not None:
+                tpot_ms = (r.finished_time - r.first_token_time) * 1e3 / (len(r.output_token_ids) - 1)
+        return RequestMetrics(
+            request_id=r.request_id, arrival_step=r.arrival_step,
+            first_token_step=r.first_token_step, finished_step=r.finished_step,
+            num_output_tokens=len(r.output_token_ids),
+            ttft_steps=None if r.first_token_step is None else r.first_token_step - r.arrival_step + 1,
+            ttft_ms=ttft_ms, tpot_ms=tpot_ms, e2e_ms=e2e_ms, num_preemptions=r.num_preemptions)
+
+    def snapshot(self) -> Snapshot:
+        """An immutable copy of the engine's state, taken under the lock."""
+        with self.lock:
+            bs = self.config.block_size
+            owners: dict[int, list[tuple[Request, int]]] = {}
+            for rid, table in self.kv.block_tables.items():
+                for logical, block_id in enumerate(table):
+                    owners.setdefault(block_id, []).append((self.requests[rid], logical))
+            blocks = []
+            for block in self.kv.pool.blocks:
+                held = owners.get(block.block_id, [])
+                ids: tuple[int, ...] = ()
+                if held:
+                    r, logical = held[0]
+                    lo = logical * bs
+                    ids = tuple(r.all_token_ids[lo: min(lo + bs, r.num_computed_tokens)])
+                blocks.append(BlockState(block.block_id, block.ref_count,
+                                         tuple(r.request_id for r, _ in held), len(ids), ids,
+                                         self._decode(ids) if ids else ""))
+            requests = tuple(self._request_state(r) for r in self.requests.values())
+            return Snapshot(
+                step=self.step_count, block_size=bs, num_blocks=self.config.num_blocks,
+                kv_bytes_per_token=self.kv_cache_bytes_per_token, blocks=tuple(blocks),
+                requests=requests,
+                waiting=tuple(r.request_id for r in self.pending) + tuple(
+                    r.request_id for r in self.scheduler.waiting),
+                running=tuple(r.request_id for r in self.scheduler.running),
+                metrics=tuple(self.metrics(r) for r in self.requests.values()))
+
+    def _request_state(self, r: Request) -> RequestState:
+        return RequestState(
+            request_id=r.request_id, status=r.status.value, arrival_step=r.arrival_step,
+            num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=len(r.output_token_ids),
+            num_computed_tokens=r.num_computed_tokens, max_tokens=r.sampling_params.max_tokens,
+            block_table=tuple(self.kv.block_tables.get(r.request_id, ())),
+            num_preemptions=r.num_preemptions,
+            prompt=r.prompt if r.prompt is not None else self._decode(r.prompt_token_ids),
+            output_text=r.output_text if r.is_finished else self._decode(r.output_token_ids),
+            finish_reason=r.finish_reason)
+
+    def get_output(self, request_id: str) -> RequestOutput:
+        with self.lock:
+            r = self.requests.get(request_id)
+            if r is None:
+                raise ValueError(f"request_id: unknown request {request_id!r}")
+            text = r.output_text if r.is_finished else self._decode(r.output_token_ids)
+            return RequestOutput(r.request_id, r.prompt, tuple(r.prompt_token_ids),
+                                 (CompletionOutput(0, text, tuple(r.output_token_ids), r.finish_reason,
+                                                   r.stop_reason),),
+                                 r.is_finished, self.metrics(r))
+
+    def check_integrity(self) -> None:
+        with self.lock:
+            self.scheduler.check_integrity()
+            live = [r for r in self.requests.values() if r not in self.pending]
+            self.kv.check_integrity(live)
+            for r in self.pending:
+                if r.request_id in self.kv.block_tables:
+                    raise AssertionError(f"pending request {r.request_id} holds blocks")
+            if not self.has_unfinished_requests() and self.kv.num_free_blocks != self.config.num_blocks:
+                raise AssertionError("all requests finished but blocks are still in use")
+
+
+class LLM:
+    """Offline batch generation, as vLLM's ``LLM``: ``LLM(model).generate(prompts, params)``."""
+
+    def __init__(self, model: str = "smollm2-135m", **knobs: Any) -> None:
+        self.llm_engine = LLMEngine(model, **knobs)
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)
+        if isinstance(sampling_params, SamplingParams) or sampling_params is None:
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError("sampling_params: one per prompt, or a single one for all")
+        engine = self.llm_engine
+        # Validate every prompt before adding any, so a bad one leaves nothing half-queued.
+        for p in prompts:
+            tokens, _ = engine._tokenize(p)
+            engine._validate_request(tokens, None)
+        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        while engine.has_unfinished_requests():
+            engine.step()
+        return [engine.get_output(i) for i in ids]
+
+
+__all__ = ["LLM", "LLMEngine", "RequestOutput", "CompletionOutput", "SharedModel", "get_shared_model",
+           "cdiv"]

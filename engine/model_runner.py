@@ -1,0 +1,57 @@
+"""Owns the KV tensors of one engine and runs one flattened forward per step.
+
+The weights (``LlamaModel``) are shared read-only between engines; each engine has its own
+pool: per layer, K and V of shape ``[num_blocks, block_size, kv_heads, head_dim]``.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.forward_batch import ForwardBatch, build_forward_batch
+from engine.kv_cache import KVCacheManager
+from engine.models.llama import LlamaModel
+from engine.request import Request
+from engine.scheduler import SchedulerOutput
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
+                 kv_cache_dtype: torch.dtype) -> None:
+        self.model = model
+        c = model.config
+        shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=kv_cache_dtype), torch.zeros(shape, dtype=kv_cache_dtype))
+            for _ in range(c.num_hidden_layers)
+        ]
+        self.kv_cache_dtype = kv_cache_dtype
+
+    @property
+    def kv_cache_bytes_per_token(self) -> int:
+        """K and V, every layer, one token: 2 * layers * kv_heads * head_dim * bytes."""
+        c = self.model.config
+        elem = torch.empty((), dtype=self.kv_cache_dtype).element_size()
+        return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * elem
+
+    @property
+    def kv_cache_total_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv_caches)
+
+    def prepare(self, output: SchedulerOutput, requests: dict[str, Request],
+                kv: KVCacheManager) -> ForwardBatch:
+        chunks, starts, slots, sample_flags = [], [], [], []
+        for s in output.scheduled:
+            r = requests[s.request_id]
+            end = s.start + s.num_new_tokens
+            chunks.append(r.all_token_ids[s.start:end])
+            starts.append(s.start)
+            slots.append(kv.slot_mapping(s.request_id, 0, end))
+            sample_flags.append(not s.is_prefill)
+        return build_forward_batch(chunks, starts, slots, sample_flags)
+
+    @torch.inference_mode()
+    def execute(self, batch: ForwardBatch) -> torch.Tensor:
+        """-> logits [S, V] fp32 for the rows in batch.logits_indices."""
+        return self.model.forward(batch, self.kv_caches)
