@@ -1,0 +1,84 @@
+"""Shared pieces of the Hugging Face parity tests: prompts, the HF reference, an engine driver."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from engine import LLMEngine, SamplingParams
+from engine.engine import get_shared_model
+from engine.models.loader import load_model
+from engine.trace import StepTrace
+
+LONG = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+        "combined movable metal type, oil-based ink and a wooden press adapted from wine making. "
+        "Within a few decades printing shops had spread to more than two hundred cities across Europe, "
+        "and the price of books fell so far that ordinary merchants could own them. Scholars argue "
+        "about how much this changed the Reformation, science and the rise of vernacular languages, "
+        "but few doubt that it changed how ideas travelled. Summarise this in one sentence:")
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Hello, my name is",
+    "The quick brown fox jumps over the lazy dog and then",
+    "1 2 3 4",
+    LONG,
+    "Write a haiku about the sea.",
+    "def fibonacci(n):",
+    "In 1969, astronauts first",
+    "List three primary colours:",
+    "Translate to French: good morning",
+    LONG[:200] + " Continue the story:",
+    "Q: What is 12 times 12?\nA:",
+    "The three laws of thermodynamics are",
+    "Once upon a time",
+    "import numpy as np\nx = np.arange(10)\n",
+    "A short poem about autumn leaves:",
+]
+
+
+@lru_cache(maxsize=4)
+def hf_model(name: str):
+    """The Hugging Face reference model built from the very same weights as the engine."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    loaded = load_model(name)
+    hf = LlamaForCausalLM(LlamaConfig(**loaded.config.to_hf()))
+    hf.load_state_dict(loaded.weights, strict=not loaded.config.tie_word_embeddings)
+    if loaded.config.tie_word_embeddings:
+        hf.tie_weights()
+    return hf.eval()
+
+
+@lru_cache(maxsize=256)
+def hf_greedy(name: str, prompt: str, max_tokens: int) -> tuple[int, ...]:
+    """Hugging Face ``generate`` (greedy, batch 1, no padding): the oracle for every path."""
+    shared = get_shared_model(name)
+    ids = torch.tensor([shared.tokenizer(prompt, add_special_tokens=False).input_ids])
+    eos = sorted(set(shared.model.config.eos_token_ids) | {shared.tokenizer.eos_token_id})
+    with torch.inference_mode():
+        out = hf_model(name).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                      do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+    return tuple(out[0, ids.shape[1]:].tolist())
+
+
+def run_engine(engine: LLMEngine, prompts: list[str], max_tokens: int,
+               arrival_steps: list[int] | None = None) -> tuple[list[tuple[int, ...]], list[StepTrace]]:
+    """Greedy run to completion, checking every manager's integrity after every step."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    arrivals = arrival_steps or [None] * len(prompts)
+    ids = [engine.add_request(p, params, arrival_step=a) for p, a in zip(prompts, arrivals)]
+    traces = []
+    for _ in range(10_000):
+        if not engine.has_unfinished_requests():
+            break
+        traces.append(engine.step())
+        engine.check_integrity()
+    assert not engine.has_unfinished_requests(), "engine did not finish"
+    return [engine.get_output(i).outputs[0].token_ids for i in ids], traces
+
+
+def assert_matches_hf(name: str, prompts: list[str], outputs: list[tuple[int, ...]], max_tokens: int) -> None:
+    for prompt, got in zip(prompts, outputs):
+        want = hf_greedy(name, prompt, max_tokens)
+        assert got == want, f"prompt {prompt[:40]!r}: engine {got} != HF {want}"
