@@ -1,0 +1,1147 @@
+"""The sizing answer: memory per device under a serving framework's budget rule, the verdict,
+the searches (longest context, most sequences, fewest devices), the roofline speeds, what
+would make it fit, the command line that serves it, and every formula with its numbers.
+
+Budget rules (sizing.md §3.5, §1):
+  none         usable = device memory (x usable share for unified memory); needs = weights + KV
+               + activations + overhead.
+  vllm         usable = gpu_memory_utilization x total; activations profiled at
+               max_num_batched_tokens; the KV pool is whatever is left (reserved up front).
+  sglang       weights + KV pool <= mem_fraction_static x total; the rest is held back for
+               activations (shown as "reserve" when the activations need less).
+  vllm-ascend  as vLLM with block size 128; on 310P also a dense FP16 mask of
+               max_model_len^2 x 2 B and the KV budget halved ("reserve" = the other half).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from fractions import Fraction as F
+
+from .arch import ModelSpec
+from .formats import KV_DTYPES, WEIGHT_FORMATS, KVDtype, SizingError, WeightFormat, kv_dtype, weight_format
+from .hardware import FRAMEWORKS, GiB, MiB, Hardware, get_hardware
+from .models import get_model
+
+DEFAULT_CONTEXT = 4096
+DEFAULT_OUTPUT = 512
+ACT_COEFF = 11  # aiconfigurator's LLAMA activation coefficient at TP1 (sizing.md §3.4)
+COMM_LATENCY_S = 8e-6  # per all-reduce / stage hop (assumed)
+MAX_DEVICES = 64
+MAX_CONTEXT_SEARCH = 1 << 24
+MAX_BATCH_SEARCH = 1 << 20
+
+
+def nccl_bytes(devices: int) -> int:
+    """aiconfigurator: NCCL buffers 342 MiB at TP2, 392 MiB at TP4/8 (sizing.md §3.5)."""
+    if devices <= 1:
+        return 0
+    return (342 if devices == 2 else 392) * MiB
+
+
+def sglang_fraction(tp: int) -> float:
+    """SGLang's default mem_fraction_static by TP (server_args; newer versions size it from capacity)."""
+    if tp >= 16:
+        return 0.79
+    if tp >= 8:
+        return 0.81
+    if tp >= 4:
+        return 0.85
+    if tp >= 2:
+        return 0.87
+    return 0.88
+
+
+def roofline_decode_tokens_per_s(bytes_per_token: float, bandwidth: float, efficiency: float = 1.0) -> float:
+    """Memory-bound decode: tokens/s = bandwidth x efficiency / bytes read per token."""
+    return bandwidth * efficiency / bytes_per_token
+
+
+def ascend_mask_bytes(max_model_len: int) -> int:
+    """vllm-ascend 310P dense FP16 causal mask: max_model_len^2 x 2 bytes."""
+    return max_model_len * max_model_len * 2
+
+
+# --------------------------------------------------------------------------------------
+# inputs
+
+
+@dataclass(frozen=True)
+class Workload:
+    batch: int = 1  # concurrent sequences
+    context: int | None = None  # total tokens per sequence (text + image tokens + output)
+    prompt: int | None = None  # text tokens of the prompt
+    output: int | None = None  # generated tokens
+    images: int | None = None  # images per sequence (vision-language models)
+    tiles: int | None = None  # tiles per image (InternVL: up to 12 + thumbnail)
+
+
+@dataclass(frozen=True)
+class Settings:
+    weights: str = "auto"
+    kv_dtype: str = "auto"
+    vision_dtype: str = "auto"
+    tp: int | None = None
+    pp: int = 1
+    framework: str = "auto"
+    gpu_memory_utilization: float | None = None  # vLLM util / SGLang mem_fraction_static
+    block_size: int | None = None
+    max_num_batched_tokens: int | None = None
+    eta_memory: float | None = None
+    eta_compute: float | None = None
+
+
+def _pos_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) and not (isinstance(value, float) and value.is_integer()):
+        raise SizingError(f"{name} must be a whole number, got {value!r}")
+    value = int(value)
+    if value < minimum:
+        raise SizingError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _fraction_in(name: str, value, low: float = 0.0, high: float = 1.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low < value <= high:
+        raise SizingError(f"{name} must be in ({low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _ceil(x) -> int:
+    return int(math.ceil(x)) if not isinstance(x, F) else -((-x.numerator) // x.denominator)
+
+
+def _round_up(n: int, block: int) -> int:
+    return -(-n // block) * block
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:,.2f} GiB"
+
+
+def _fmt_bytes(n: float) -> str:
+    n = float(n)
+    if abs(n) >= GiB:
+        return f"{n / GiB:,.2f} GiB"
+    if abs(n) >= MiB:
+        return f"{n / MiB:,.1f} MiB"
+    if abs(n) >= 1024:
+        return f"{n / 1024:,.1f} KiB"
+    return f"{n:,.0f} B"
+
+
+def rate(flops: float) -> str:
+    """FLOP/s for people: TFLOP/s above 1e12, else GFLOP/s."""
+    return f"{flops / 1e12:,.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.1f} GFLOP/s"
+
+
+FRAMEWORK_LABELS = {"none": "no serving framework (plain)", "vllm": "vLLM", "sglang": "SGLang",
+                    "vllm-ascend": "vllm-ascend"}
+
+
+def _tok(n: int) -> str:
+    return f"{n:,}"
+
+
+# --------------------------------------------------------------------------------------
+# the resolved plan
+
+
+class Plan:
+    """Inputs resolved to numbers; cheap memory and speed evaluation for any (batch, context, tp, pp)."""
+
+    def __init__(self, model: ModelSpec, hw: Hardware, workload: Workload, settings: Settings):
+        self.model, self.hw, self.settings, self.workload_in = model, hw, settings, workload
+        self.warnings: list[str] = []
+        self.notes: list[str] = list(model.notes)
+        self._resolve_framework()
+        self._resolve_formats()
+        self._resolve_parallel()
+        self._resolve_workload(workload)
+        self._static: dict[tuple[int, int], list[dict]] = {}
+        self._platform_warnings()
+
+    # -- resolution ----------------------------------------------------------------
+    def _resolve_framework(self) -> None:
+        s, hw = self.settings, self.hw
+        fw = str(s.framework or "auto").strip().lower()
+        if fw == "auto":
+            fw = hw.default_framework
+        if fw not in FRAMEWORKS:
+            raise SizingError(f"unknown framework {s.framework!r}; choose one of: auto, {', '.join(FRAMEWORKS)}")
+        if fw == "vllm-ascend" and not hw.is_ascend:
+            raise SizingError(f"vllm-ascend runs on Ascend NPUs only; for {hw.name} use vllm, sglang or none")
+        if fw == "vllm" and hw.is_ascend:
+            self.notes.append("vLLM on Ascend is the vllm-ascend plugin: its rules are applied")
+            fw = "vllm-ascend"
+        if fw == "sglang" and hw.is_310p:
+            self.warnings.append("SGLang has no Ascend 310P support; the budget is SGLang's rule only on paper")
+        if fw in ("vllm", "sglang") and hw.device_class in ("apple", "cpu"):
+            self.warnings.append(f"{fw} has no Metal backend and a slow CPU path; llama.cpp or MLX is the usual choice here")
+        self.framework = fw
+        self.ascend_310p_rules = fw == "vllm-ascend" and hw.is_310p
+        if fw in ("vllm", "vllm-ascend"):
+            util = 0.9 if s.gpu_memory_utilization is None else s.gpu_memory_utilization
+            self.util = _fraction_in("gpu_memory_utilization", util)
+        elif fw == "sglang":
+            self.util = None if s.gpu_memory_utilization is None else _fraction_in(
+                "mem_fraction_static", s.gpu_memory_utilization)
+        else:
+            self.util = None
+        if s.block_size is not None:
+            self.block = _pos_int("block_size", s.block_size)
+        else:
+            self.block = {"none": 1, "vllm": 16, "sglang": 1, "vllm-ascend": 128}[fw]
+        big = hw.memory_bytes >= 70 * GiB
+        if s.max_num_batched_tokens is not None:
+            self.batched_tokens = _pos_int("max_num_batched_tokens", s.max_num_batched_tokens)
+        else:
+            self.batched_tokens = 8192 if (big and fw != "none") else 2048
+        self.eta_m = _fraction_in("memory efficiency", hw.eta_memory if s.eta_memory is None else s.eta_memory)
+        self.eta_c = _fraction_in("compute efficiency", hw.eta_compute if s.eta_compute is None else s.eta_compute)
+
+    def _sixteen(self, ckpt: str) -> str:
+        if ckpt == "fp16" or not self.hw.supports_bf16:
+            return "fp16"
+        return "bf16"
+
+    def _resolve_formats(self) -> None:
+        s, hw, model = self.settings, self.hw, self.model
+        ckpt = model.checkpoint_dtype
+        self.exact_scale: F | None = None
+        requested = str(s.weights or "auto").strip().lower()
+        auto = requested in ("auto", "checkpoint")
+        if auto:
+            if ckpt == "fp8" and (hw.is_ascend or hw.device_class in ("apple", "cpu")):
+                fmt = weight_format(self._sixteen("bf16"))
+                self.warnings.append(f"the checkpoint is FP8; {hw.name} has no FP8 path, so it is sized as"
+                                     f" {fmt.label} (twice the bytes)")
+            elif ckpt == "fp8":
+                fmt = weight_format("fp8")
+            elif ckpt == "fp32":
+                fmt = weight_format(self._sixteen("bf16"))
+                self.notes.append(f"FP32 checkpoint served in {fmt.label} (choose --weights fp32 to keep 4 B/param)")
+            else:
+                fmt = weight_format(self._sixteen(ckpt))
+        else:
+            fmt = weight_format(requested)
+            if fmt.key == "bf16" and not hw.supports_bf16:
+                self.warnings.append(f"{hw.name} has no BF16: BF16 weights would run as FP16 (--dtype float16);"
+                                     " sized as FP16 (same bytes)")
+                fmt = weight_format("fp16")
+        if fmt.compute == "fp8" and not hw.supports_fp8:
+            if hw.is_ascend or hw.device_class in ("apple", "cpu"):
+                self.warnings.append(f"{hw.name} has no FP8 support in the usual runtimes; FP8 weights are"
+                                     " sized for comparison only")
+            else:
+                self.notes.append(f"{hw.name} has no FP8 tensor cores: FP8 weights run weight-only"
+                                  " (dequantised to 16 bit, Marlin kernels); speed at the FP16 peak")
+        if fmt.compute == "int8" and not hw.int8_ops:
+            self.notes.append(f"{hw.name} has no INT8 matrix units in this runtime: W8A8 runs at the 16-bit peak")
+        self.fmt: WeightFormat = fmt
+        self.small_bytes = F(4) if fmt.key == "fp32" else F(2)  # norms, biases, unquantised embeddings
+        self.small_for_layers = F(4) if fmt.family == "gguf" else self.small_bytes  # GGUF keeps norms in F32
+        self.act_dtype = "fp32" if fmt.key == "fp32" else self._sixteen(ckpt if ckpt in ("bf16", "fp16") else "bf16")
+        self.act_bytes = 4 if fmt.key == "fp32" else 2
+
+        kv = str(s.kv_dtype or "auto").strip().lower()
+        self.kv: KVDtype = kv_dtype("fp32" if fmt.key == "fp32" else self.act_dtype) if kv == "auto" else kv_dtype(kv)
+        if self.kv.key == "bf16" and not hw.supports_bf16:
+            self.warnings.append(f"{hw.name} has no BF16: a BF16 KV cache would be FP16 (same bytes)")
+            self.kv = kv_dtype("fp16")
+        if self.kv.key in ("q8_0", "q4_0") and self.framework != "none":
+            self.warnings.append(f"KV type {self.kv.key} is a llama.cpp cache type; {self.framework} does not offer it")
+        if self.kv.key == "int4" and self.framework in ("vllm", "sglang", "vllm-ascend"):
+            self.warnings.append(f"an INT4 KV cache is not offered by {self.framework}")
+        if self.kv.key == "fp8" and (hw.is_ascend or hw.device_class in ("apple",)):
+            self.warnings.append(f"an FP8 KV cache is not available on {hw.name}")
+
+        vis = str(s.vision_dtype or "auto").strip().lower()
+        if vis == "auto":
+            self.vision_fmt = weight_format("fp32" if fmt.key == "fp32" else self.act_dtype)
+        else:
+            self.vision_fmt = weight_format(vis)
+            if self.vision_fmt.key == "bf16" and not hw.supports_bf16:
+                self.vision_fmt = weight_format("fp16")
+        if vis != "auto" and model.vision is None:
+            self.notes.append("--vision-dtype ignored: the model has no vision tower")
+
+        # per-group bytes (Fractions)
+        g = self._group_bytes(fmt, self.vision_fmt)
+        if auto and model.checkpoint is not None:
+            # exact bytes from the safetensors headers, spread over the groups in proportion
+            as_stored = self._group_bytes(weight_format(ckpt), weight_format(ckpt))
+            formula_total = sum(as_stored["layers"], F(0)) + as_stored["rest"]
+            if formula_total:
+                self.exact_scale = F(model.checkpoint.stored_bytes) / formula_total
+                g = {k: ([b * self.exact_scale for b in v] if isinstance(v, list) else v * self.exact_scale)
+                     for k, v in g.items()}
+                self.notes.append(f"weights: exact {model.checkpoint.stored_bytes:,} B from {model.checkpoint.tensors}"
+                                  f" tensors in {model.checkpoint.files} safetensors file(s)"
+                                  f" ({', '.join(model.checkpoint.dtypes)})")
+        elif model.checkpoint is not None:
+            self.notes.append(f"checkpoint on disk: {model.checkpoint.stored_bytes:,} B"
+                              f" ({', '.join(model.checkpoint.dtypes)}); sized as {fmt.label} instead")
+        self.layer_bytes, self.expert_bytes = g["layers"], g["experts"]
+        self.embed_bytes, self.lm_head_bytes = g["embed"], g["lm_head"]
+        self.final_norm_bytes, self.vision_bytes = g["final_norm"], g["vision"]
+
+    def _group_bytes(self, fmt: WeightFormat, vision_fmt: WeightFormat) -> dict:
+        model = self.model
+        bpp = fmt.bytes_per_param
+        small = F(4) if fmt.key == "fp32" else F(2)
+        small_layers = F(4) if fmt.family == "gguf" else small
+        emb_bpp = bpp if fmt.quantizes_embeddings else small
+        g = dict(
+            layers=[lay.linear_params * bpp + (lay.params - lay.linear_params) * small_layers for lay in model.layers],
+            experts=[lay.expert_params * bpp for lay in model.layers],
+            embed=model.embed_params * emb_bpp, lm_head=model.lm_head_params * emb_bpp,
+            final_norm=model.final_norm_params * small,
+            vision=(model.vision.total_params * vision_fmt.bytes_per_param) if model.vision else F(0),
+        )
+        g["rest"] = g["embed"] + g["lm_head"] + g["final_norm"] + g["vision"]
+        return g
+
+    def _resolve_parallel(self) -> None:
+        s, model, hw = self.settings, self.model, self.hw
+        pp = _pos_int("pp (pipeline parallel size)", s.pp)
+        if s.tp is None:
+            tp = hw.devices_per_card if self._tp_valid(hw.devices_per_card) else 1
+        else:
+            tp = _pos_int("tp (tensor parallel size)", s.tp)
+        if tp > MAX_DEVICES or pp > MAX_DEVICES:
+            raise SizingError(f"tp and pp must be <= {MAX_DEVICES}")
+        if not self._tp_valid(tp):
+            raise SizingError(self._tp_problem(tp))
+        if pp > model.num_layers:
+            raise SizingError(f"pp {pp} is more than the model's {model.num_layers} layers")
+        self.tp, self.pp = tp, pp
+        if model.num_kv_heads and tp > model.num_kv_heads and model.layers[0].kv_heads:
+            self.notes.append(f"TP {tp} > {model.num_kv_heads} KV heads: KV heads are replicated"
+                              f" (each device holds 1 KV head per layer)")
+
+    def _tp_problem(self, tp: int) -> str:
+        m = self.model
+        if m.num_heads and m.num_heads % tp:
+            return f"tp {tp} does not divide the {m.num_heads} attention heads"
+        kv = m.layers[0].kv_heads
+        if kv and kv % tp and tp % kv:
+            return f"tp {tp} and the {kv} KV heads must divide one another"
+        return ""
+
+    def _tp_valid(self, tp: int) -> bool:
+        return tp >= 1 and not self._tp_problem(tp)
+
+    def _resolve_workload(self, w: Workload) -> None:
+        model = self.model
+        self.batch = _pos_int("batch (concurrent sequences)", w.batch)
+        vision = model.vision
+        tiles = vision.max_tiles if vision else 0
+        if w.tiles is not None:
+            tiles = _pos_int("tiles per image", w.tiles)
+            if tiles > 40:
+                raise SizingError(f"tiles per image must be <= 40 (InternViT's tested maximum), got {tiles}")
+        if w.images is not None:
+            images = _pos_int("images per sequence", w.images, minimum=0)
+            if images and vision is None:
+                raise SizingError(f"{model.display_name} has no vision tower; images must be 0")
+        else:
+            images = None
+        per_image = tiles * vision.tokens_per_tile if vision else 0
+        out = None if w.output is None else _pos_int("output tokens", w.output)
+        prompt = None if w.prompt is None else _pos_int("prompt tokens", w.prompt)
+        if w.context is not None:
+            context = _pos_int("context (tokens per sequence)", w.context, minimum=2)
+        elif prompt is not None:
+            context = None
+        else:
+            context = DEFAULT_CONTEXT if not model.max_position else min(DEFAULT_CONTEXT, model.max_position)
+        if context is not None:
+            if out is None:
+                out = min(DEFAULT_OUTPUT, max(1, context // 8)) if prompt is None else context - prompt
+            if out >= context:
+                raise SizingError(f"output tokens ({out:,}) must be fewer than the context ({context:,})")
+            if images is None:
+                images = 1 if vision and per_image + out < context else 0
+                if vision and not images:
+                    self.notes.append(f"no image assumed: a {tiles}-tile image ({per_image:,} tokens) does not fit"
+                                      f" in {context:,} tokens of context")
+            text = context - out - images * per_image
+            if prompt is not None and prompt != text:
+                raise SizingError(f"prompt ({prompt:,}) + images ({images * per_image:,}) + output ({out:,})"
+                                  f" != context ({context:,}); give two of them")
+            if text < 0:
+                raise SizingError(f"{images} image(s) x {tiles} tiles = {images * per_image:,} tokens do not fit in"
+                                  f" {context:,} tokens of context with {out:,} output tokens")
+            prompt = text
+        else:
+            out = DEFAULT_OUTPUT if out is None else out
+            images = images or 0
+            context = prompt + images * per_image + out
+        self.context, self.output, self.prompt_text = context, out, prompt
+        self.images, self.tiles = images, (tiles if images else 0)
+        self.image_tokens = images * per_image
+        self.prompt_total = self.prompt_text + self.image_tokens
+        if model.max_position and context > model.max_position:
+            self.warnings.append(f"context {context:,} is beyond the model's max_position_embeddings"
+                                 f" ({model.max_position:,}); vLLM refuses it unless forced")
+
+    def _platform_warnings(self) -> None:
+        hw, model = self.hw, self.model
+        if hw.is_310p:
+            ckpt = model.checkpoint_dtype
+            self.warnings.append(
+                "310P is FP16-only: no BF16 (MindIE and vllm-ascend); "
+                + ("this BF16 checkpoint runs as FP16 (--dtype float16) — same bytes, watch for FP16 overflow"
+                   if ckpt in ("bf16", "fp32") else "serve with --dtype float16"))
+            default_len = model.max_position or self.context
+            self.warnings.append(
+                f"always set --max-model-len on 310P: the dense FP16 attention mask is max_model_len^2 x 2 B ="
+                f" {_fmt_bytes(ascend_mask_bytes(self.context))} at {self.context:,}"
+                + (f"; the model's default {default_len:,} would take {_fmt_bytes(ascend_mask_bytes(default_len))}"
+                   if default_len != self.context else ""))
+            if self.framework == "vllm-ascend":
+                self.warnings.append("vllm-ascend halves the KV budget on 310P (workspace reserve): only half of"
+                                     " the memory left after weights goes to the KV cache")
+            self.warnings.append("vllm-ascend's 310P path is experimental (eager mode; documented models: Qwen3"
+                                 " dense W8A8SC, Qwen2.5-7B on 2 chips, Qwen3-VL early access): check support"
+                                 f" for {model.display_name} before relying on this verdict")
+
+    # -- static per (tp, pp) ---------------------------------------------------------
+    def stages(self, pp: int) -> list[list[int]]:
+        n = self.model.num_layers
+        sizes = [n // pp] * pp
+        for i in range(2, n % pp + 2):  # vLLM get_pp_indices: extra layers before the last stage
+            sizes[-i] += 1
+        out, start = [], 0
+        for size in sizes:
+            out.append(list(range(start, start + size)))
+            start += size
+        return out
+
+    def static(self, tp: int, pp: int) -> list[dict]:
+        key = (tp, pp)
+        if key in self._static:
+            return self._static[key]
+        model, kv = self.model, self.kv
+        result = []
+        for si, idx in enumerate(self.stages(pp)):
+            first, last = si == 0, si == pp - 1
+            w = sum((self.layer_bytes[i] for i in idx), F(0))
+            llm_extra = F(0)
+            vis = F(0)
+            if first:
+                llm_extra += self.embed_bytes
+                vis = self.vision_bytes
+            if last:
+                llm_extra += self.lm_head_bytes + self.final_norm_bytes
+                if model.tied and pp > 1:
+                    llm_extra += self.embed_bytes  # the last stage keeps its own copy of a tied LM head
+            # KV per token per device, grouped by window
+            kv_by_window: dict[int | None, F] = {}
+            kv_full_tp1 = F(0)
+            state = F(0)
+            attn_flops_by_window: dict[int | None, int] = {}
+            moe_layers = []
+            active = 0
+            for i in idx:
+                lay = model.layers[i]
+                active += lay.active_params
+                if lay.num_experts:
+                    moe_layers.append(i)
+                if lay.kv_elems:
+                    if lay.kv_heads:
+                        heads_per_rank = lay.kv_heads // tp if lay.kv_heads >= tp else 1
+                        share = F(heads_per_rank, lay.kv_heads)
+                    else:
+                        share = F(1)  # MLA latent is replicated on every TP rank
+                    per_tok = lay.kv_elems * share * kv.bytes_per_elem + lay.kv_scale_slots * share * kv.per_head_scale_bytes
+                    kv_by_window[lay.window] = kv_by_window.get(lay.window, F(0)) + per_tok
+                    kv_full_tp1 += lay.kv_elems * kv.bytes_per_elem + lay.kv_scale_slots * kv.per_head_scale_bytes
+                    attn_flops_by_window[lay.window] = attn_flops_by_window.get(lay.window, 0) + lay.attn_flops_per_ctx_token
+                if lay.state_elems:
+                    state += F(lay.state_elems, tp) * kv.bytes_per_elem
+            if first:
+                active += model.embed_params
+            if last:
+                active += model.lm_head_params + model.final_norm_params
+            result.append(dict(
+                layers=idx, first=first, last=last, weights_llm=(w + llm_extra) / tp, weights_vision=vis / tp,
+                weights=(w + llm_extra + vis) / tp, kv_by_window=kv_by_window, state=state,
+                kv_per_token_full=sum(kv_by_window.values(), F(0)), active_params=active,
+                attn_flops_by_window=attn_flops_by_window, moe_layers=moe_layers,
+            ))
+        self._static[key] = result
+        return result
+
+    # -- memory ------------------------------------------------------------------------
+    def capacity(self) -> int:
+        return self.hw.memory_bytes
+
+    def usable(self) -> int:
+        hw, fw = self.hw, self.framework
+        share = hw.usable_fraction
+        if fw in ("vllm", "vllm-ascend"):
+            return int(hw.memory_bytes * min(self.util, share))
+        return int(hw.memory_bytes * share)
+
+    def activation_parts(self, batch: int) -> dict[str, int]:
+        m = self.model
+        if self.framework == "none":
+            tokens = min(batch * self.prompt_total, self.batched_tokens) if self.prompt_total else 1
+        else:
+            tokens = self.batched_tokens
+        width = max(m.hidden, m.num_heads * m.head_dim)
+        llm = self.act_bytes * tokens * width * ACT_COEFF
+        logits = batch * m.vocab * 4
+        vision = 0
+        if m.vision and self.images:
+            vision = self.images * self.tiles * m.vision.patch_tokens * m.vision.hidden * self.act_bytes * ACT_COEFF
+        return {"tokens": tokens, "llm": llm, "logits": logits, "vision": vision}
+
+    def kv_bytes_stage(self, st: dict, batch: int, context: int) -> F:
+        total = F(0)
+        for window, per_tok in st["kv_by_window"].items():
+            tokens = context if window is None else min(context, window)
+            total += batch * _round_up(tokens, self.block) * per_tok
+        return total + batch * st["state"]
+
+    def room_tokens(self, st: dict, pool: int) -> int:
+        """Longest single-sequence context whose KV fits in ``pool`` bytes (sliding layers saturate)."""
+        if pool <= 0 or not st["kv_by_window"]:
+            return 0
+        per_tok = st["kv_per_token_full"]
+        if None in st["kv_by_window"] and len(st["kv_by_window"]) == 1:
+            return int(pool // (per_tok * self.block)) * self.block
+        ok = lambda s: self.kv_bytes_stage(st, 1, s) - st["state"] <= pool  # noqa: E731
+        if not ok(1):
+            return 0
+        return _search_max(ok, 1, MAX_CONTEXT_SEARCH)
+
+    def memory(self, batch: int, context: int, tp: int | None = None, pp: int | None = None) -> list[dict]:
+        """Per-stage, per-device memory (bytes) for this workload; the worst stage decides."""
+        tp = self.tp if tp is None else tp
+        pp = self.pp if pp is None else pp
+        cap = self.capacity()
+        usable = self.usable()
+        act = sum(v for k, v in self.activation_parts(batch).items() if k != "tokens")
+        mask = ascend_mask_bytes(context) if self.ascend_310p_rules else 0
+        overhead = self.hw.runtime_overhead_bytes + nccl_bytes(tp * pp)
+        frac = None
+        if self.framework == "sglang":
+            frac = self.util if self.util is not None else sglang_fraction(tp)
+        out = []
+        for st in self.static(tp, pp):
+            weights = _ceil(st["weights"])
+            kv = _ceil(self.kv_bytes_stage(st, batch, context))
+            non_kv = weights + act + mask + overhead
+            if self.framework == "sglang":
+                reserve = max(0, int((1 - frac) * cap) - act - overhead)
+                pool = min(int(frac * cap) - weights, usable - non_kv)
+            elif self.ascend_310p_rules:
+                reserve = kv
+                pool = (usable - non_kv) // 2
+            else:
+                reserve = 0
+                pool = usable - non_kv
+            total = non_kv + kv + reserve
+            room = self.room_tokens(st, pool)
+            out.append(dict(weights=weights, kv=kv, activations=act, mask=mask, overhead=overhead, reserve=reserve,
+                            total=total, usable=usable, capacity=cap, kv_pool=max(0, pool), kv_room_tokens=room,
+                            fits=total <= usable, stage_layers=len(st["layers"])))
+        return out
+
+    def fits(self, batch: int, context: int, tp: int | None = None, pp: int | None = None) -> bool:
+        return all(s["fits"] for s in self.memory(batch, context, tp, pp))
+
+    # -- speed ---------------------------------------------------------------------------
+    def speed(self, batch: int, context: int, efficiency: bool = True) -> dict:
+        model, hw = self.model, self.hw
+        tp, pp = self.tp, self.pp
+        eta_m = self.eta_m * self.fmt.eta_factor if efficiency else 1.0
+        eta_c = self.eta_c if efficiency else 1.0
+        peak, peak_label = hw.peak(self.fmt.compute if self.fmt.compute != "bf16" else self.act_dtype)
+        peak16, _ = hw.peak(self.act_dtype)
+        link = hw.interconnect or 32e9
+        decode_time = 0.0
+        decode_mem_time = decode_comp_time = 0.0
+        decode_bytes = decode_flops = 0.0
+        for st in self.static(tp, pp):
+            w = float(st["weights_llm"])
+            for i in st["moe_layers"]:  # only the experts a batch touches are read
+                lay = model.layers[i]
+                distinct = lay.num_experts * (1 - (1 - lay.top_k / lay.num_experts) ** batch)
+                w -= float(lay.num_experts * self.expert_bytes[i]) / tp
+                w += distinct * float(self.expert_bytes[i]) / tp
+            kv = float(self.kv_bytes_stage(st, batch, context))
+            bytes_ = w + kv
+            attn = sum(f * (context if win is None else min(context, win)) for win, f in st["attn_flops_by_window"].items())
+            flops = (2 * st["active_params"] + attn) * batch / tp
+            t_mem = bytes_ / (hw.bandwidth * eta_m)
+            t_comp = flops / (peak * eta_c)
+            decode_time += max(t_mem, t_comp)
+            decode_mem_time += t_mem
+            decode_comp_time += t_comp
+            decode_bytes += bytes_
+            decode_flops += flops
+        comm = 0.0
+        if tp > 1:
+            per = 2 * (tp - 1) / tp * batch * model.hidden * self.act_bytes / link + COMM_LATENCY_S
+            comm += 2 * model.num_layers * per
+        if pp > 1:
+            comm += (pp - 1) * (batch * model.hidden * self.act_bytes / link + COMM_LATENCY_S)
+        decode_time += comm
+        # prefill (all sequences' prompts, chunked at the batched-token budget)
+        tokens = batch * self.prompt_total
+        p_flops = 0.0
+        for st in self.static(tp, pp):
+            attn = 0.0
+            s = self.prompt_total
+            for win, f in st["attn_flops_by_window"].items():
+                w_ = s if win is None else min(s, win)
+                pairs = s * w_ - w_ * (w_ - 1) / 2  # causal (query, key) pairs
+                attn += f * pairs
+            p_flops += (2 * st["active_params"] * tokens + attn * batch) / tp
+        v_flops = 0.0
+        if model.vision and self.images:
+            v = model.vision
+            n_tiles = batch * self.images * self.tiles
+            v_flops = n_tiles * (2 * v.params * v.patch_tokens + 4 * v.layers * v.patch_tokens ** 2 * v.hidden
+                                 + 2 * v.projector_params * v.tokens_per_tile) / tp
+        chunks = max(1, math.ceil(tokens / self.batched_tokens)) if self.framework != "none" else max(
+            1, math.ceil(tokens / self.batched_tokens))
+        stages = self.static(tp, pp)
+        w_llm = float(sum(st["weights_llm"] for st in stages))
+        w_vis = float(sum(st["weights_vision"] for st in stages))
+        kv_write = float(sum(self.kv_bytes_stage(st, batch, self.prompt_total) for st in stages))
+        p_bytes = chunks * w_llm + (w_vis if self.images else 0) + kv_write
+        p_comp = p_flops / (peak * eta_c) + v_flops / (peak16 * eta_c)
+        p_mem = p_bytes / (hw.bandwidth * eta_m)
+        prefill = max(p_comp, p_mem) + (comm * chunks if tp > 1 or pp > 1 else 0)
+        return dict(
+            decode_step_s=decode_time, decode_tokens_per_s=1 / decode_time, decode_tokens_per_s_total=batch / decode_time,
+            decode_bound="memory" if decode_mem_time >= decode_comp_time else "compute",
+            decode_bytes=decode_bytes, decode_flops=decode_flops, comm_s=comm,
+            prefill_s=prefill, prefill_bound="compute" if p_comp >= p_mem else "memory",
+            prefill_flops=p_flops + v_flops, prefill_bytes=p_bytes, vision_flops=v_flops,
+            peak=peak, peak_label=peak_label, bandwidth=hw.bandwidth, eta_memory=eta_m, eta_compute=eta_c,
+        )
+
+
+# --------------------------------------------------------------------------------------
+# the answer
+
+
+@dataclass
+class Estimate:
+    # identity
+    model: str
+    model_name: str
+    hardware: str
+    hardware_name: str
+    framework: str
+    weights_format: str
+    kv_dtype: str
+    vision_dtype: str | None
+    # workload
+    batch: int
+    context: int
+    prompt_tokens: int
+    output_tokens: int
+    images: int
+    tiles: int
+    image_tokens: int
+    tp: int
+    pp: int
+    devices: int
+    device_unit: str  # "chip" for multi-chip cards, else "device"
+    # parameters and memory (bytes)
+    params_total: int
+    params_active: int
+    params_vision: int
+    weight_bytes: int
+    weight_bytes_per_device: int
+    kv_bytes_per_token: int
+    kv_bytes_per_token_per_device: int
+    kv_bytes: int
+    kv_bytes_per_device: int
+    activation_bytes: int
+    mask_bytes: int
+    overhead_bytes: int
+    reserve_bytes: int
+    total_bytes_per_device: int
+    usable_bytes_per_device: int
+    device_memory_bytes: int
+    kv_pool_bytes: int
+    kv_room_tokens: int
+    # verdict and searches
+    fits: bool
+    verdict: str
+    verdict_key: str
+    reason: str
+    devices_needed: int | None
+    devices_needed_tp: int | None
+    devices_needed_pp: int | None
+    max_context: int
+    max_batch: int
+    # speed
+    prefill_seconds: float
+    prefill_seconds_roofline: float
+    prefill_bound: str
+    decode_tokens_per_s: float
+    decode_tokens_per_s_roofline: float
+    decode_tokens_per_s_total: float
+    bound: str
+    efficiency_memory: float
+    efficiency_compute: float
+    peak_flops: float
+    peak_label: str
+    bandwidth_bytes_per_s: float
+    ridge_flops_per_byte: float
+    decode_bytes_per_step: float
+    decode_flops_per_step: float
+    prefill_flops: float
+    prefill_bytes: float
+    # advice
+    serve_command: str
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    suggestions: list[str] = field(default_factory=list)
+    alternatives: list[dict] = field(default_factory=list)
+    formulas: dict[str, str] = field(default_factory=dict)
+    stages: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _verdict_words(fits: bool, devices_needed: int | None, current: int, hw: Hardware) -> tuple[str, str]:
+    unit = "chip" if hw.devices_per_card > 1 else "device"
+    if fits:
+        return "fits", f"fits on {current} {unit}{'s' if current > 1 else ''}"
+    if devices_needed:
+        return "fits_with_more", f"fits with {devices_needed} {unit}s"
+    return "does_not_fit", "does not fit"
+
+
+def _search_max(pred, lo_ok: int, hi: int) -> int:
+    """Largest n in [lo_ok, hi] with pred(n), given pred(lo_ok) is True and pred is monotone."""
+    if pred(hi):
+        return hi
+    lo, hi_bad = lo_ok, hi
+    while hi_bad - lo > 1:
+        mid = (lo + hi_bad) // 2
+        if pred(mid):
+            lo = mid
+        else:
+            hi_bad = mid
+    return lo
+
+
+def _max_context(plan: Plan, batch: int) -> int:
+    if not plan.fits(batch, 1):
+        return 0
+    cap = plan.model.max_position or MAX_CONTEXT_SEARCH
+    return _search_max(lambda s: plan.fits(batch, s), 1, cap)
+
+
+def _max_batch(plan: Plan, context: int) -> int:
+    if not plan.fits(1, context):
+        return 0
+    hi = 1
+    while hi < MAX_BATCH_SEARCH and plan.fits(hi * 2, context):
+        hi *= 2
+    if hi >= MAX_BATCH_SEARCH:
+        return MAX_BATCH_SEARCH
+    return _search_max(lambda b: plan.fits(b, context), hi, hi * 2)
+
+
+def _devices_needed(plan: Plan) -> tuple[int, int, int] | None:
+    n_layers = plan.model.num_layers
+    tps = [t for t in (8, 4, 2, 1) if plan._tp_valid(t)]
+    for n in range(1, MAX_DEVICES + 1):
+        for tp in tps:
+            if n % tp:
+                continue
+            pp = n // tp
+            if pp > n_layers:
+                continue
+            if plan.fits(plan.batch, plan.context, tp, pp):
+                return n, tp, pp
+    return None
+
+
+def _alt_formats(plan: Plan) -> list[str]:
+    """The current format, the 16-bit baseline, and the usual smaller ones this hardware can run."""
+    hw, fw = plan.hw, plan.framework
+    keys = [plan.fmt.key, plan._sixteen(plan.model.checkpoint_dtype)]
+    if hw.supports_fp8 or hw.device_class.startswith("nvidia") and not hw.is_ascend and hw.device_class != "nvidia-edge":
+        keys.append("fp8")
+    keys += ["w8a8", "int4"]
+    if fw == "none":
+        keys += ["q8_0", "q4_k_m"]
+    return list(dict.fromkeys(keys))
+
+
+def _support_note(plan: Plan, key: str) -> str:
+    hw, fw = plan.hw, plan.framework
+    if hw.is_310p:
+        return {"fp16": "supported", "w8a8": "supported (msmodelslim W8A8 / W8A8SC)"}.get(
+            key, "not documented for 310P")
+    if key == "fp8" and not hw.supports_fp8:
+        return "weight-only (no FP8 units)"
+    if key == "w8a8" and not hw.int8_ops:
+        return "no INT8 units"
+    if WEIGHT_FORMATS[key].family == "gguf":
+        return "llama.cpp" if fw == "none" else "llama.cpp (vLLM gguf is experimental)"
+    return "supported"
+
+
+def _with(plan: Plan, **changes) -> Plan:
+    return Plan(plan.model, plan.hw, plan.workload_in, replace(plan.settings, **changes))
+
+
+def serve_command(plan: Plan) -> str:
+    m, fw, fmt = plan.model, plan.framework, plan.fmt
+    model_id = m.hf_id or m.display_name
+    dtype = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(plan.act_dtype, "auto")
+    if fmt.family == "gguf" or (fw == "none" and plan.hw.device_class in ("apple", "cpu", "nvidia-edge")):
+        quant = fmt.key.upper() if fmt.family == "gguf" else "Q8_0"
+        parts = [f"llama-server -m {model_id.split('/')[-1]}-{quant}.gguf", f"-c {plan.batch * plan.context}",
+                 f"-np {plan.batch}", "-ngl 999"]
+        if plan.kv.key in ("q8_0", "q4_0"):
+            parts.append(f"--cache-type-k {plan.kv.key} --cache-type-v {plan.kv.key}")
+        if m.vision:
+            parts.append(f"--mmproj mmproj-{model_id.split('/')[-1]}-f16.gguf")
+        return " ".join(parts)
+    if fw == "sglang":
+        frac = plan.util if plan.util is not None else sglang_fraction(plan.tp)
+        parts = ["python -m sglang.launch_server", f"--model-path {model_id}"]
+        if m.trust_remote_code:
+            parts.append("--trust-remote-code")
+        parts += [f"--dtype {dtype}", f"--context-length {plan.context}", f"--max-running-requests {plan.batch}",
+                  f"--mem-fraction-static {frac:.2f}", f"--chunked-prefill-size {plan.batched_tokens}"]
+        if plan.tp > 1:
+            parts.append(f"--tp-size {plan.tp}")
+        if plan.pp > 1:
+            parts.append(f"--pp-size {plan.pp}")
+        if fmt.sglang_quantization and fmt.family != "float":
+            parts.append(f"--quantization {fmt.sglang_quantization}")
+        if plan.kv.sglang_name and plan.kv.sglang_name != "auto":
+            parts.append(f"--kv-cache-dtype {plan.kv.sglang_name}")
+        return " ".join(parts)
+    # vllm / vllm-ascend (and "none" on GPUs: what vLLM would need)
+    parts = []
+    if fw == "vllm-ascend":
+        parts.append("PYTORCH_NPU_ALLOC_CONF=max_split_size_mb:256")
+    parts += ["vllm serve", model_id]
+    if m.trust_remote_code:
+        parts.append("--trust-remote-code")
+    parts.append(f"--dtype {dtype}")
+    if fmt.family != "float":
+        q = "ascend" if fw == "vllm-ascend" else fmt.vllm_quantization
+        if q:
+            parts.append(f"--quantization {q}")
+    if plan.kv.vllm_name and plan.kv.vllm_name != "auto":
+        parts.append(f"--kv-cache-dtype {plan.kv.vllm_name}")
+    util = plan.util if plan.util is not None else 0.9
+    parts += [f"--max-model-len {plan.context}", f"--max-num-seqs {plan.batch}",
+              f"--max-num-batched-tokens {max(plan.batched_tokens, 1)}", f"--gpu-memory-utilization {util:.2f}"]
+    if plan.tp > 1:
+        parts.append(f"--tensor-parallel-size {plan.tp}")
+    if plan.pp > 1:
+        parts.append(f"--pipeline-parallel-size {plan.pp}")
+    if fw == "vllm-ascend":
+        parts.append(f"--block-size {plan.block}")
+        if plan.hw.is_310p:
+            parts.append("--enforce-eager")
+    elif plan.settings.block_size is not None:
+        parts.append(f"--block-size {plan.block}")
+    if m.vision:
+        parts.append(f"--limit-mm-per-prompt '{{\"image\": {max(1, plan.images)}}}'")
+    return " ".join(parts)
+
+
+def estimate(model, hardware, workload: Workload | None = None, settings: Settings | None = None,
+             *, detail: bool = True) -> Estimate:
+    """The full answer. ``model``/``hardware`` are names, paths or spec objects.
+
+    ``detail=False`` skips the alternatives and suggestions (used by the comparison table).
+    """
+    model = get_model(model) if not isinstance(model, ModelSpec) else model
+    hw = get_hardware(hardware) if not isinstance(hardware, Hardware) else hardware
+    workload = workload or Workload()
+    settings = settings or Settings()
+    plan = Plan(model, hw, workload, settings)
+    B, S = plan.batch, plan.context
+    stages = plan.memory(B, S)
+    worst = max(stages, key=lambda s: s["total"] - s["usable"])
+    fits = all(s["fits"] for s in stages)
+    sp = plan.speed(B, S)
+    roof = plan.speed(B, S, efficiency=False)
+    dn = _devices_needed(plan)
+    max_ctx = _max_context(plan, B)
+    max_b = _max_batch(plan, S)
+    verdict_key, verdict = _verdict_words(fits, dn[0] if dn else None, plan.tp * plan.pp, hw)
+
+    weight_total = _ceil(sum(plan.layer_bytes, F(0)) + plan.embed_bytes + plan.lm_head_bytes
+                         + plan.final_norm_bytes + plan.vision_bytes)
+    kv_total_tp1 = _ceil(sum(plan.kv_bytes_stage(st, B, S) for st in plan.static(1, 1)))
+    kv_per_token = _ceil(sum((st["kv_per_token_full"] for st in plan.static(1, 1)), F(0)))
+    kv_per_token_dev = _ceil(max(st["kv_per_token_full"] for st in plan.static(plan.tp, plan.pp)))
+    params_total = model.params_total
+    if model.checkpoint is not None and model.checkpoint.all_float:
+        params_total = model.checkpoint.numel
+
+    # why
+    over = worst["total"] - worst["usable"]
+    parts = {"weights": worst["weights"], "KV cache": worst["kv"], "activations": worst["activations"],
+             "mask": worst["mask"], "overhead": worst["overhead"], "reserve": worst["reserve"]}
+    biggest = max(parts, key=parts.get)
+    unit = "chip" if hw.devices_per_card > 1 else "device"
+    if fits:
+        reason = (f"{gib(worst['total'])} needed per {unit} of {gib(worst['usable'])} usable"
+                  f" ({gib(worst['usable'] - worst['total'])} to spare)")
+    else:
+        reason = (f"{gib(worst['total'])} needed per {unit} but only {gib(worst['usable'])} usable"
+                  f" (over by {gib(over)}; largest part: {biggest} {gib(parts[biggest])})")
+        if worst["weights"] > worst["usable"]:
+            reason += "; the weights alone do not fit"
+    if not fits and not dn:
+        reason += f"; not even on {MAX_DEVICES} {unit}s"
+
+    est = Estimate(
+        model=model.key, model_name=model.display_name, hardware=hw.key, hardware_name=hw.name,
+        framework=plan.framework, weights_format=plan.fmt.key, kv_dtype=plan.kv.key,
+        vision_dtype=plan.vision_fmt.key if model.vision else None,
+        batch=B, context=S, prompt_tokens=plan.prompt_total, output_tokens=plan.output, images=plan.images,
+        tiles=plan.tiles, image_tokens=plan.image_tokens, tp=plan.tp, pp=plan.pp, devices=plan.tp * plan.pp,
+        device_unit=unit,
+        params_total=params_total, params_active=model.params_active,
+        params_vision=model.vision.total_params if model.vision else 0,
+        weight_bytes=weight_total, weight_bytes_per_device=max(s["weights"] for s in stages),
+        kv_bytes_per_token=kv_per_token, kv_bytes_per_token_per_device=kv_per_token_dev,
+        kv_bytes=kv_total_tp1, kv_bytes_per_device=worst["kv"], activation_bytes=worst["activations"],
+        mask_bytes=worst["mask"], overhead_bytes=worst["overhead"], reserve_bytes=worst["reserve"],
+        total_bytes_per_device=worst["total"], usable_bytes_per_device=worst["usable"],
+        device_memory_bytes=hw.memory_bytes, kv_pool_bytes=min(s["kv_pool"] for s in stages),
+        kv_room_tokens=min(s["kv_room_tokens"] for s in stages),
+        fits=fits, verdict=verdict, verdict_key=verdict_key, reason=reason,
+        devices_needed=dn[0] if dn else None, devices_needed_tp=dn[1] if dn else None,
+        devices_needed_pp=dn[2] if dn else None, max_context=max_ctx, max_batch=max_b,
+        prefill_seconds=sp["prefill_s"], prefill_seconds_roofline=roof["prefill_s"], prefill_bound=sp["prefill_bound"],
+        decode_tokens_per_s=sp["decode_tokens_per_s"], decode_tokens_per_s_roofline=roof["decode_tokens_per_s"],
+        decode_tokens_per_s_total=sp["decode_tokens_per_s_total"], bound=sp["decode_bound"],
+        efficiency_memory=sp["eta_memory"], efficiency_compute=plan.eta_c, peak_flops=sp["peak"],
+        peak_label=sp["peak_label"], bandwidth_bytes_per_s=hw.bandwidth,
+        ridge_flops_per_byte=sp["peak"] / hw.bandwidth, decode_bytes_per_step=roof["decode_bytes"],
+        decode_flops_per_step=roof["decode_flops"], prefill_flops=roof["prefill_flops"],
+        prefill_bytes=roof["prefill_bytes"], serve_command=serve_command(plan),
+        warnings=list(dict.fromkeys(plan.warnings)), notes=list(dict.fromkeys(plan.notes)), stages=stages,
+    )
+    if detail:
+        est.alternatives = _alternatives(plan)
+        est.suggestions = _suggestions(plan, est)
+    est.formulas = _formulas(plan, est, sp, roof)
+    return est
+
+
+def _alternatives(plan: Plan) -> list[dict]:
+    rows = []
+    for key in _alt_formats(plan):
+        try:
+            alt = plan if key == plan.fmt.key else _with(plan, weights=key)
+        except SizingError:
+            continue
+        mem = alt.memory(alt.batch, alt.context)
+        worst = max(mem, key=lambda s: s["total"] - s["usable"])
+        sp = alt.speed(alt.batch, alt.context)
+        roof = alt.speed(alt.batch, alt.context, efficiency=False)
+        weights = _ceil(sum(alt.layer_bytes, F(0)) + alt.embed_bytes + alt.lm_head_bytes + alt.final_norm_bytes
+                        + alt.vision_bytes)
+        rows.append(dict(format=key, label=WEIGHT_FORMATS[key].label, weight_bytes=weights,
+                         total_bytes_per_device=worst["total"], fits=all(s["fits"] for s in mem),
+                         kv_room_tokens=min(s["kv_room_tokens"] for s in mem),
+                         decode_tokens_per_s=sp["decode_tokens_per_s"],
+                         decode_tokens_per_s_roofline=roof["decode_tokens_per_s"],
+                         prefill_seconds=sp["prefill_s"], support=_support_note(plan, key),
+                         current=key == plan.fmt.key))
+    return rows
+
+
+def _suggestions(plan: Plan, est: Estimate) -> list[str]:
+    if est.fits:
+        return []
+    out = []
+    unit = "chip" if plan.hw.devices_per_card > 1 else "device"
+    # a smaller format: the largest one that fits
+    candidates = sorted((r for r in est.alternatives if r["fits"] and not r["current"]),
+                        key=lambda r: -r["weight_bytes"])
+    if candidates:
+        r = candidates[0]
+        out.append(f"use {r['label']}: {gib(r['total_bytes_per_device'])} per {unit}, fits"
+                   f" (decode ≈ {r['decode_tokens_per_s']:.1f} tok/s; {r['support']})")
+    if est.devices_needed:
+        out.append(f"use {est.devices_needed} {unit}s (tp {est.devices_needed_tp}, pp {est.devices_needed_pp})")
+    if 0 < est.max_context < est.context:
+        out.append(f"shorten the context to {est.max_context:,} tokens at {est.batch} sequence(s)")
+    if 0 < est.max_batch < est.batch:
+        out.append(f"serve at most {est.max_batch:,} sequences at {est.context:,} tokens")
+    if plan.model.has_kv and plan.kv.bytes_per_elem >= 2 and not (plan.hw.is_ascend or plan.hw.device_class == "apple"):
+        try:
+            alt = _with(plan, kv_dtype="fp8")
+            if alt.fits(alt.batch, alt.context):
+                out.append("use an FP8 KV cache (--kv-cache-dtype fp8): halves the KV bytes")
+        except SizingError:
+            pass
+    if not out:
+        out.append("nothing within reach fits: a smaller model, or more memory per device")
+    return out
+
+
+def _formulas(plan: Plan, est: Estimate, sp: dict, roof: dict) -> dict[str, str]:
+    m, hw = plan.model, plan.hw
+    f: dict[str, str] = {}
+    f["parameters"] = "\n".join(list(m.param_formula) + [
+        f"embeddings V*h = {m.vocab:,}*{m.hidden:,} = {m.embed_params:,}"
+        + (" (tied: the LM head shares it)" if m.tied else f"; LM head V*h = {m.lm_head_params:,}"),
+        f"total = {est.params_total:,}; active per token = {est.params_active:,}"])
+    fmt = plan.fmt
+    wline = (f"weights = layers' matmul params x {float(fmt.bytes_per_param):.4g} B ({fmt.label})"
+             f" + embeddings/LM head x {float(fmt.bytes_per_param if fmt.quantizes_embeddings else plan.small_bytes):.4g} B"
+             f" + norms/biases x {float(plan.small_for_layers):.4g} B")
+    if m.vision:
+        wline += f" + vision/projector {m.vision.total_params:,} x {float(plan.vision_fmt.bytes_per_param):.4g} B ({plan.vision_fmt.label})"
+    wline += f" = {est.weight_bytes:,} B = {gib(est.weight_bytes)}"
+    if plan.exact_scale is not None:
+        wline += " (scaled to the exact safetensors bytes)"
+    if est.devices > 1:
+        wline += f"; per device (tp {plan.tp}, pp {plan.pp}, worst stage) = {gib(est.weight_bytes_per_device)}"
+    f["weights"] = wline
+    kv = plan.kv
+    if m.has_kv:
+        f["kv_per_token"] = (m.kv_formula + f"; x {float(kv.bytes_per_elem):.4g} B ({kv.label})"
+                             + (f" + scales 4 B per head per layer" if kv.per_head_scale_bytes else "")
+                             + f" = {est.kv_bytes_per_token:,} B/token = {_fmt_bytes(est.kv_bytes_per_token)}")
+        windows = sorted({lay.window for lay in m.layers if lay.window})
+        wtxt = f"; sliding layers hold min(S, {', '.join(f'{w:,}' for w in windows)}) tokens" if windows else ""
+        f["kv_total"] = (f"KV = B x ceil(S/block)*block x KV/token = {est.batch} x {_round_up(est.context, plan.block):,}"
+                         f" x {est.kv_bytes_per_token:,}{wtxt} = {est.kv_bytes:,} B = {gib(est.kv_bytes)}"
+                         + (f"; per device {gib(est.kv_bytes_per_device)}" if est.devices > 1 else ""))
+    else:
+        f["kv_per_token"] = m.kv_formula + f"; x {float(kv.bytes_per_elem):.4g} B"
+        f["kv_total"] = f"state = B x state/sequence = {est.kv_bytes:,} B = {gib(est.kv_bytes)} (independent of context)"
+    ap = plan.activation_parts(est.batch)
+    act = (f"activations = {plan.act_bytes} B x {ap['tokens']:,} tokens x max(h, nh*d) {max(m.hidden, m.num_heads * m.head_dim):,}"
+           f" x {ACT_COEFF} = {_fmt_bytes(ap['llm'])} + logits B x V x 4 = {est.batch} x {m.vocab:,} x 4 = {_fmt_bytes(ap['logits'])}")
+    if ap["vision"]:
+        act += (f" + vision {plan.images} x {plan.tiles} tiles x {m.vision.patch_tokens} tokens x {m.vision.hidden}"
+                f" x {plan.act_bytes} B x {ACT_COEFF} = {_fmt_bytes(ap['vision'])}")
+    act += f" = {_fmt_bytes(est.activation_bytes)}"
+    act += ("  (vLLM profiles at max_num_batched_tokens)" if plan.framework in ("vllm", "vllm-ascend")
+            else "  (SGLang: chunked prefill size)" if plan.framework == "sglang"
+            else "  (prefill in chunks of at most this many tokens)")
+    f["activations"] = act
+    f["overhead"] = (f"overhead = runtime {_fmt_bytes(hw.runtime_overhead_bytes)}"
+                     + (f" + NCCL/HCCL buffers {_fmt_bytes(nccl_bytes(est.devices))}" if est.devices > 1 else "")
+                     + f" = {_fmt_bytes(est.overhead_bytes)}")
+    cap = hw.memory_bytes
+    if plan.framework in ("vllm", "vllm-ascend"):
+        budget = f"usable = gpu_memory_utilization x total = {plan.util:.2f} x {gib(cap)} = {gib(est.usable_bytes_per_device)}"
+        if hw.usable_fraction < 1:
+            budget += f" (capped at the unified-memory share {hw.usable_fraction:.2f})"
+    elif plan.framework == "sglang":
+        frac = plan.util if plan.util is not None else sglang_fraction(plan.tp)
+        budget = (f"SGLang: weights + KV pool <= mem_fraction_static x total = {frac:.2f} x {gib(cap)} = {gib(frac * cap)};"
+                  f" reserve = (1 - {frac:.2f}) x total - activations - overhead = {gib(est.reserve_bytes)}")
+    else:
+        budget = (f"usable = device memory {gib(cap)}" + (f" x unified-memory share {hw.usable_fraction:.2f}"
+                                                          if hw.usable_fraction < 1 else "")
+                  + f" = {gib(est.usable_bytes_per_device)}")
+    if plan.ascend_310p_rules:
+        budget += (f"; 310P mask = max_model_len^2 x 2 = {est.context:,}^2 x 2 = {_fmt_bytes(est.mask_bytes)};"
+                   f" KV pool = (usable - weights - activations - mask - overhead) / 2 = {gib(est.kv_pool_bytes)}"
+                   f" (reserve = the other half, sized to this workload's KV: {gib(est.reserve_bytes)})")
+    f["budget"] = budget
+    f["fits"] = (f"per device: weights {gib(est.weight_bytes_per_device)} + KV {gib(est.kv_bytes_per_device)}"
+                 f" + activations {gib(est.activation_bytes)}" + (f" + mask {gib(est.mask_bytes)}" if est.mask_bytes else "")
+                 + f" + overhead {gib(est.overhead_bytes)}" + (f" + reserve {gib(est.reserve_bytes)}" if est.reserve_bytes else "")
+                 + f" = {gib(est.total_bytes_per_device)} {'<=' if est.fits else '>'} usable {gib(est.usable_bytes_per_device)}"
+                 f" -> {est.verdict}")
+    if m.has_kv:
+        f["kv_room"] = (f"KV room = pool / KV-per-token-per-device = {gib(est.kv_pool_bytes)} / {est.kv_bytes_per_token_per_device:,} B"
+                        + (" (sliding layers stop growing at their window)" if any(l.window for l in m.layers) else "")
+                        + f" = {est.kv_room_tokens:,} tokens; largest context at {est.batch} sequence(s) = {est.max_context:,}"
+                        + (f" (capped at max_position_embeddings {m.max_position:,})" if m.max_position and est.max_context == m.max_position else "")
+                        + f"; most sequences at {est.context:,} tokens = {est.max_batch:,}")
+    bw = hw.bandwidth
+    f["decode"] = (f"decode step = max(bytes / (BW x eta_mem), FLOPs / (peak x eta_compute)) [+ TP/PP communication]:"
+                   f" bytes/step = LLM weights read + KV read = {roof['decode_bytes'] / 1e9:,.3f} GB,"
+                   f" BW = {bw / 1e9:,.1f} GB/s, FLOPs/step = {roof['decode_flops'] / 1e9:,.1f} GFLOP,"
+                   f" peak = {rate(sp['peak'])} {sp['peak_label']}; roofline (eta = 1):"
+                   f" {est.decode_tokens_per_s_roofline:,.1f} tok/s per sequence;"
+                   f" with eta_mem {plan.eta_m:.2f}" + (f" x {plan.fmt.label} kernel factor {plan.fmt.eta_factor:.2f}" if plan.fmt.eta_factor != 1 else "")
+                   + f" / eta_compute {plan.eta_c:.2f}: {est.decode_tokens_per_s:,.1f} tok/s"
+                   f" ({est.bound}-bound; {est.decode_tokens_per_s_total:,.1f} tok/s over {est.batch} sequence(s))")
+    f["prefill"] = (f"prefill = max(FLOPs / (peak x eta), bytes / (BW x eta)): FLOPs = 2 x active params x"
+                    f" {est.batch * est.prompt_tokens:,} tokens + causal attention"
+                    + (f" + vision {roof['vision_flops'] / 1e12:,.2f} TFLOP" if roof["vision_flops"] else "")
+                    + f" = {roof['prefill_flops'] / 1e12:,.2f} TFLOP; roofline {est.prefill_seconds_roofline:,.3f} s;"
+                    f" with eta: {est.prefill_seconds:,.3f} s ({est.prefill_bound}-bound)")
+    f["ridge"] = (f"ridge point = peak / BW = {rate(sp['peak'])} / {bw / 1e9:,.1f} GB/s ="
+                  f" {est.ridge_flops_per_byte:,.0f} FLOP/byte; decode intensity"
+                  f" {roof['decode_flops'] / max(roof['decode_bytes'], 1):,.1f}, prefill intensity"
+                  f" {roof['prefill_flops'] / max(roof['prefill_bytes'], 1):,.0f} FLOP/byte")
+    return f
+
+
+def kv_bytes_per_token(model, kv: str = "fp16") -> int:
+    """KV-cache bytes per token over all layers (one sequence, no TP): the engine contract."""
+    model = get_model(model) if not isinstance(model, ModelSpec) else model
+    k = kv_dtype(kv)
+    total = F(0)
+    for lay in model.layers:
+        if lay.kv_elems:
+            total += lay.kv_elems * k.bytes_per_elem + lay.kv_scale_slots * k.per_head_scale_bytes
+    return _ceil(total)
+
+
+def weight_bytes(model, weights: str = "fp16") -> int:
+    """Weight bytes of a model in a format (no hardware rules applied)."""
+    model = get_model(model) if not isinstance(model, ModelSpec) else model
+    fmt = weight_format(weights)
+    small = F(4) if fmt.key == "fp32" else F(2)
+    small_layers = F(4) if fmt.family == "gguf" else small
+    emb = fmt.bytes_per_param if fmt.quantizes_embeddings else small
+    total = sum((lay.linear_params * fmt.bytes_per_param + (lay.params - lay.linear_params) * small_layers
+                 for lay in model.layers), F(0))
+    total += (model.embed_params + model.lm_head_params) * emb + model.final_norm_params * small
+    if model.vision:
+        total += model.vision.total_params * small
+    return _ceil(total)
+
+
+def compare_hardware(model, keys: list[str], workload: Workload | None = None, settings: Settings | None = None) -> list[dict]:
+    """One row per hardware preset: fits? devices needed? tokens/s. Errors become a row note."""
+    rows = []
+    for key in keys:
+        try:
+            hw = get_hardware(key)
+            s = replace(settings or Settings(), framework="auto", tp=None)
+            if settings is not None and settings.framework not in ("auto", None):
+                fw = settings.framework
+                if fw == "vllm-ascend" and not hw.is_ascend:
+                    fw = "auto"
+                s = replace(s, framework=fw)
+            est = estimate(model, hw, workload, s, detail=False)
+            rows.append(dict(hardware=key, name=hw.name, memory_gib=hw.memory_bytes / GiB, framework=est.framework,
+                             fits=est.fits, verdict=est.verdict, devices_needed=est.devices_needed,
+                             total_gib=est.total_bytes_per_device / GiB, usable_gib=est.usable_bytes_per_device / GiB,
+                             decode_tokens_per_s=est.decode_tokens_per_s,
+                             decode_tokens_per_s_roofline=est.decode_tokens_per_s_roofline,
+                             prefill_seconds=est.prefill_seconds, max_context=est.max_context, error=""))
+        except SizingError as exc:
+            rows.append(dict(hardware=key, name=key, memory_gib=None, framework="", fits=False, verdict="n/a",
+                             devices_needed=None, total_gib=None, usable_gib=None, decode_tokens_per_s=None,
+                             decode_tokens_per_s_roofline=None, prefill_seconds=None, max_context=None,
+                             error=str(exc)))
+    return rows

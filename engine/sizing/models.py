@@ -1,0 +1,176 @@
+"""Where a model comes from: a preset, a config.json path, pasted JSON, or a local folder.
+
+A local folder gives exact weight bytes from its safetensors headers (8-byte little-endian
+header length, then a JSON header of ``name -> {dtype, shape, data_offsets}``), read without
+torch or the safetensors package, as hf-mem does.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+from .arch import Checkpoint, ModelSpec, model_from_config
+from .formats import FLOAT_SAFETENSORS, SAFETENSORS_DTYPE_BYTES, SizingError
+from .hardware import PRESETS_DIR
+
+MAX_HEADER = 100 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=1)
+def _preset_files() -> dict[str, Path]:
+    folder = PRESETS_DIR / "models"
+    return {p.stem: p for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+
+
+@functools.lru_cache(maxsize=64)
+def _preset_dict(key: str) -> dict:
+    return json.loads(_preset_files()[key].read_text())
+
+
+def model_presets() -> list[str]:
+    return list(_preset_files())
+
+
+def model_preset_config(key: str) -> dict:
+    return _preset_dict(key)
+
+
+def _norm(name: str) -> str:
+    return "".join(c for c in str(name).lower() if c.isalnum())
+
+
+def parse_config_text(text: str, key: str = "pasted") -> ModelSpec:
+    """Pasted or uploaded config.json text."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SizingError("the uploaded config is not UTF-8 text") from None
+    if not str(text).strip():
+        raise SizingError("the config text is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SizingError(f"malformed config JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    return model_from_config(data, key)
+
+
+def read_safetensors_header(path: str | Path) -> dict:
+    """The JSON header of one .safetensors file (tensor name -> dtype, shape, data_offsets)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise SizingError(f"{path.name}: too short to be a safetensors file")
+            n = int.from_bytes(head, "little")
+            if n <= 0 or n > MAX_HEADER or n > size - 8:
+                raise SizingError(f"{path.name}: bad safetensors header length {n}")
+            header = json.loads(fh.read(n))
+    except OSError as exc:
+        raise SizingError(f"cannot read {path}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise SizingError(f"{path.name}: safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise SizingError(f"{path.name}: safetensors header is not a JSON object")
+    return header
+
+
+def checkpoint_from_folder(folder: str | Path) -> Checkpoint | None:
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    files: list[Path]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+        except (OSError, json.JSONDecodeError):
+            raise SizingError(f"{index.name} is not valid JSON") from None
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+        if len(files) > 1:  # Mistral-style repos ship both layouts
+            files = [f for f in files if f.name != "consolidated.safetensors"] or files
+    if not files:
+        return None
+    stored = numel = tensors = 0
+    dtypes: set[str] = set()
+    for f in files:
+        if not f.is_file():
+            raise SizingError(f"the index lists {f.name} but the file is missing")
+        for name, info in read_safetensors_header(f).items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype = str(info["dtype"])
+                shape = [int(x) for x in info["shape"]]
+                start, end = (int(x) for x in info["data_offsets"])
+            except (KeyError, TypeError, ValueError):
+                raise SizingError(f"{f.name}: tensor {name!r} has a malformed header entry") from None
+            if dtype not in SAFETENSORS_DTYPE_BYTES:
+                raise SizingError(f"{f.name}: tensor {name!r} has unknown dtype {dtype!r}")
+            count = math.prod(shape)
+            if end - start != count * SAFETENSORS_DTYPE_BYTES[dtype]:
+                raise SizingError(f"{f.name}: tensor {name!r} byte range does not match its shape and dtype")
+            stored += end - start
+            numel += count
+            tensors += 1
+            dtypes.add(dtype)
+    return Checkpoint(str(folder), len(files), tensors, stored, numel, tuple(sorted(dtypes)),
+                      all(d in FLOAT_SAFETENSORS for d in dtypes))
+
+
+def model_from_folder(folder: str | Path) -> ModelSpec:
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise SizingError(f"no config.json in {folder}")
+    spec = model_from_path(cfg_path, key=folder.name)
+    ckpt = checkpoint_from_folder(folder)
+    if ckpt is None:
+        return spec
+    from dataclasses import replace
+
+    source = dict(spec.source)
+    source.setdefault("hf_id", str(folder))
+    return replace(spec, checkpoint=ckpt, source=source, hf_id=spec.hf_id or str(folder),
+                   display_name=spec.display_name if spec.display_name != folder.name else folder.name)
+
+
+def model_from_path(path: str | Path, key: str | None = None) -> ModelSpec:
+    path = Path(path)
+    if path.is_dir():
+        return model_from_folder(path)
+    if not path.is_file():
+        raise SizingError(f"config file not found: {path}")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SizingError(f"cannot read {path}: {exc}") from None
+    spec = parse_config_text(text, key or path.parent.name or path.stem)
+    return spec
+
+
+def get_model(name: str) -> ModelSpec:
+    """A preset key (case and punctuation ignored), a display name, a config.json path or a folder."""
+    if isinstance(name, ModelSpec):
+        return name
+    text = str(name or "").strip()
+    if not text:
+        raise SizingError("no model given; see --list-models")
+    files = _preset_files()
+    if text in files:
+        return model_from_config(_preset_dict(text), text)
+    wanted = _norm(text)
+    for key in files:
+        source = _preset_dict(key).get("_source", {})
+        if wanted in (_norm(key), _norm(source.get("display_name", "")), _norm(source.get("hf_id", ""))):
+            return model_from_config(_preset_dict(key), key)
+    path = Path(text)
+    if path.exists():
+        return model_from_path(path)
+    if text.endswith(".json") or "/" in text:
+        raise SizingError(f"config file or folder not found: {text}")
+    raise SizingError(f"unknown model {text!r}; see --list-models, or pass a config.json path or a model folder")
