@@ -1,6 +1,7 @@
 """Hardware-fit calculator internals (pure Python; no torch). Public API: engine.memory."""
 from .arch import Checkpoint, LayerSpec, ModelSpec, VisionSpec, model_from_config
-from .estimate import (Estimate, Plan, Settings, Workload, ascend_mask_bytes, compare_hardware, estimate,
+from .estimate import (FRAMEWORK_LABELS, Estimate, Plan, Settings, Workload, ascend_mask_bytes, compare_hardware,
+                       concurrency_curve, estimate, gib, rate,
                        kv_bytes_per_token, roofline_decode_tokens_per_s, serve_command, weight_bytes)
 from .formats import KV_DTYPES, WEIGHT_FORMATS, SizingError, kv_dtype, weight_format
 from .hardware import (FRAMEWORKS, GiB, MiB, Hardware, custom_hardware, get_hardware, hardware_from_dict,
@@ -10,7 +11,7 @@ from .models import (checkpoint_from_folder, get_model, model_from_folder, model
 
 __all__ = [
     "Checkpoint", "LayerSpec", "ModelSpec", "VisionSpec", "model_from_config", "Estimate", "Plan", "Settings",
-    "Workload", "ascend_mask_bytes", "compare_hardware", "estimate", "kv_bytes_per_token",
+    "Workload", "FRAMEWORK_LABELS", "ascend_mask_bytes", "compare_hardware", "concurrency_curve", "gib", "rate", "estimate", "kv_bytes_per_token",
     "roofline_decode_tokens_per_s", "serve_command", "weight_bytes", "KV_DTYPES", "WEIGHT_FORMATS", "SizingError",
     "kv_dtype", "weight_format", "FRAMEWORKS", "GiB", "MiB", "Hardware", "custom_hardware", "get_hardware",
     "hardware_from_dict", "hardware_info", "hardware_presets", "measure_this_machine", "checkpoint_from_folder",

@@ -407,26 +407,56 @@ class Plan:
                                  f" for {model.display_name} before relying on this verdict")
 
     # -- static per (tp, pp) ---------------------------------------------------------
-    def stages(self, pp: int) -> list[list[int]]:
+    def stage_sizes(self, pp: int) -> list[int]:
+        """Layers per pipeline stage, as vLLM's get_pp_indices splits them (extra layers before the last)."""
         n = self.model.num_layers
         sizes = [n // pp] * pp
-        for i in range(2, n % pp + 2):  # vLLM get_pp_indices: extra layers before the last stage
+        for i in range(2, n % pp + 2):
             sizes[-i] += 1
-        out, start = [], 0
-        for size in sizes:
-            out.append(list(range(start, start + size)))
-            start += size
-        return out
+        return sizes
+
+    def _prefix(self) -> dict:
+        """Prefix sums over layers, so a stage's totals cost O(groups), not O(layers)."""
+        if hasattr(self, "_prefix_cache"):
+            return self._prefix_cache
+        model, kv = self.model, self.kv
+        n = model.num_layers
+        weights = [F(0)] * (n + 1)
+        active = [0] * (n + 1)
+        state = [0] * (n + 1)
+        groups: dict[tuple, list] = {}  # (window, kv_heads) -> prefix of (bytes/token at tp 1)
+        flops: dict = {}  # window -> prefix of attention FLOPs per context token
+        for i, lay in enumerate(model.layers):
+            weights[i + 1] = weights[i] + self.layer_bytes[i]
+            active[i + 1] = active[i] + lay.active_params
+            state[i + 1] = state[i] + lay.state_elems
+            per_tok = (lay.kv_elems * kv.bytes_per_elem + lay.kv_scale_slots * kv.per_head_scale_bytes
+                       if lay.kv_elems else F(0))
+            for key, table, value in (((lay.window, lay.kv_heads), groups, per_tok),
+                                      (lay.window, flops, lay.attn_flops_per_ctx_token)):
+                if lay.kv_elems and key not in table:
+                    table[key] = [F(0) if table is groups else 0] * (n + 1)
+            for key, arr in groups.items():
+                arr[i + 1] = arr[i] + (per_tok if (lay.kv_elems and key == (lay.window, lay.kv_heads)) else 0)
+            for key, arr in flops.items():
+                arr[i + 1] = arr[i] + (lay.attn_flops_per_ctx_token if (lay.kv_elems and key == lay.window) else 0)
+        self._prefix_cache = dict(weights=weights, active=active, state=state, groups=groups, flops=flops,
+                                  moe=[i for i, lay in enumerate(model.layers) if lay.num_experts])
+        return self._prefix_cache
 
     def static(self, tp: int, pp: int) -> list[dict]:
         key = (tp, pp)
         if key in self._static:
             return self._static[key]
         model, kv = self.model, self.kv
+        pre = self._prefix()
         result = []
-        for si, idx in enumerate(self.stages(pp)):
+        start = 0
+        for si, size in enumerate(self.stage_sizes(pp)):
+            a, b = start, start + size
+            start = b
             first, last = si == 0, si == pp - 1
-            w = sum((self.layer_bytes[i] for i in idx), F(0))
+            w = pre["weights"][b] - pre["weights"][a]
             llm_extra = F(0)
             vis = F(0)
             if first:
@@ -436,39 +466,28 @@ class Plan:
                 llm_extra += self.lm_head_bytes + self.final_norm_bytes
                 if model.tied and pp > 1:
                     llm_extra += self.embed_bytes  # the last stage keeps its own copy of a tied LM head
-            # KV per token per device, grouped by window
             kv_by_window: dict[int | None, F] = {}
-            kv_full_tp1 = F(0)
-            state = F(0)
-            attn_flops_by_window: dict[int | None, int] = {}
-            moe_layers = []
-            active = 0
-            for i in idx:
-                lay = model.layers[i]
-                active += lay.active_params
-                if lay.num_experts:
-                    moe_layers.append(i)
-                if lay.kv_elems:
-                    if lay.kv_heads:
-                        heads_per_rank = lay.kv_heads // tp if lay.kv_heads >= tp else 1
-                        share = F(heads_per_rank, lay.kv_heads)
-                    else:
-                        share = F(1)  # MLA latent is replicated on every TP rank
-                    per_tok = lay.kv_elems * share * kv.bytes_per_elem + lay.kv_scale_slots * share * kv.per_head_scale_bytes
-                    kv_by_window[lay.window] = kv_by_window.get(lay.window, F(0)) + per_tok
-                    kv_full_tp1 += lay.kv_elems * kv.bytes_per_elem + lay.kv_scale_slots * kv.per_head_scale_bytes
-                    attn_flops_by_window[lay.window] = attn_flops_by_window.get(lay.window, 0) + lay.attn_flops_per_ctx_token
-                if lay.state_elems:
-                    state += F(lay.state_elems, tp) * kv.bytes_per_elem
+            for (window, heads), arr in pre["groups"].items():
+                per_tok = arr[b] - arr[a]
+                if not per_tok:
+                    continue
+                if heads:
+                    share = F(heads // tp if heads >= tp else 1, heads)
+                else:
+                    share = F(1)  # MLA latent is replicated on every TP rank
+                kv_by_window[window] = kv_by_window.get(window, F(0)) + per_tok * share
+            attn_flops = {w: arr[b] - arr[a] for w, arr in pre["flops"].items() if arr[b] - arr[a]}
+            active = pre["active"][b] - pre["active"][a]
             if first:
                 active += model.embed_params
             if last:
                 active += model.lm_head_params + model.final_norm_params
             result.append(dict(
-                layers=idx, first=first, last=last, weights_llm=(w + llm_extra) / tp, weights_vision=vis / tp,
-                weights=(w + llm_extra + vis) / tp, kv_by_window=kv_by_window, state=state,
+                layers=range(a, b), first=first, last=last, weights_llm=(w + llm_extra) / tp,
+                weights_vision=vis / tp, weights=(w + llm_extra + vis) / tp, kv_by_window=kv_by_window,
+                state=F(pre["state"][b] - pre["state"][a], tp) * kv.bytes_per_elem,
                 kv_per_token_full=sum(kv_by_window.values(), F(0)), active_params=active,
-                attn_flops_by_window=attn_flops_by_window, moe_layers=moe_layers,
+                attn_flops_by_window=attn_flops, moe_layers=[i for i in pre["moe"] if a <= i < b],
             ))
         self._static[key] = result
         return result
@@ -545,7 +564,7 @@ class Plan:
                 pool = usable - non_kv
             total = non_kv + kv + reserve
             room = self.room_tokens(st, pool)
-            out.append(dict(weights=weights, kv=kv, activations=act, mask=mask, overhead=overhead, reserve=reserve,
+            out.append(dict(weights=weights, weights_vision=_ceil(st["weights_vision"]), kv=kv, activations=act, mask=mask, overhead=overhead, reserve=reserve,
                             total=total, usable=usable, capacity=cap, kv_pool=max(0, pool), kv_room_tokens=room,
                             fits=total <= usable, stage_layers=len(st["layers"])))
         return out
@@ -660,6 +679,7 @@ class Estimate:
     params_vision: int
     weight_bytes: int
     weight_bytes_per_device: int
+    vision_weight_bytes_per_device: int
     kv_bytes_per_token: int
     kv_bytes_per_token_per_device: int
     kv_bytes: int
@@ -758,7 +778,9 @@ def _max_batch(plan: Plan, context: int) -> int:
 def _devices_needed(plan: Plan) -> tuple[int, int, int] | None:
     n_layers = plan.model.num_layers
     tps = [t for t in (8, 4, 2, 1) if plan._tp_valid(t)]
-    for n in range(1, MAX_DEVICES + 1):
+    weights = float(sum(plan.static(1, 1)[0]["weights"] for _ in (0,)))
+    lower = max(1, int(weights // max(plan.usable(), 1)))  # the weights alone need at least this many
+    for n in range(lower, MAX_DEVICES + 1):
         for tp in tps:
             if n % tp:
                 continue
@@ -774,7 +796,8 @@ def _alt_formats(plan: Plan) -> list[str]:
     """The current format, the 16-bit baseline, and the usual smaller ones this hardware can run."""
     hw, fw = plan.hw, plan.framework
     keys = [plan.fmt.key, plan._sixteen(plan.model.checkpoint_dtype)]
-    if hw.supports_fp8 or hw.device_class.startswith("nvidia") and not hw.is_ascend and hw.device_class != "nvidia-edge":
+    # FP8 natively, or weight-only (Marlin) on NVIDIA Ampere and newer (BF16 support marks them)
+    if hw.supports_fp8 or (hw.device_class in ("nvidia-datacenter", "nvidia-consumer") and hw.supports_bf16):
         keys.append("fp8")
     keys += ["w8a8", "int4"]
     if fw == "none":
@@ -919,6 +942,7 @@ def estimate(model, hardware, workload: Workload | None = None, settings: Settin
         params_total=params_total, params_active=model.params_active,
         params_vision=model.vision.total_params if model.vision else 0,
         weight_bytes=weight_total, weight_bytes_per_device=max(s["weights"] for s in stages),
+        vision_weight_bytes_per_device=worst["weights_vision"],
         kv_bytes_per_token=kv_per_token, kv_bytes_per_token_per_device=kv_per_token_dev,
         kv_bytes=kv_total_tp1, kv_bytes_per_device=worst["kv"], activation_bytes=worst["activations"],
         mask_bytes=worst["mask"], overhead_bytes=worst["overhead"], reserve_bytes=worst["reserve"],
@@ -1145,3 +1169,16 @@ def compare_hardware(model, keys: list[str], workload: Workload | None = None, s
                              decode_tokens_per_s_roofline=None, prefill_seconds=None, max_context=None,
                              error=str(exc)))
     return rows
+
+
+def concurrency_curve(model, hardware, workload: Workload | None = None, settings: Settings | None = None,
+                      contexts: list[int] | None = None) -> list[dict]:
+    """Most concurrent sequences that fit at each context length (for the page's curve)."""
+    model = get_model(model) if not isinstance(model, ModelSpec) else model
+    hw = get_hardware(hardware) if not isinstance(hardware, Hardware) else hardware
+    plan = Plan(model, hw, workload or Workload(), settings or Settings())
+    if contexts is None:
+        top = model.max_position or 131072
+        contexts = sorted({c for c in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, top)
+                           if c <= top and c >= 2})
+    return [{"context": c, "max_batch": _max_batch(plan, c)} for c in contexts]

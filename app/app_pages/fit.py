@@ -1,0 +1,245 @@
+"""Will it fit? — the hardware-fit calculator page.
+
+Thin script: controls -> engine.memory -> visualizers.memory -> st.*. Every control is bound
+to the URL (bind="query-params"), so a sizing answer is a shareable link. Any input, however
+wrong, ends in a message (st.error), never a traceback.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from engine import memory as calc
+from visualizers import memory as vm
+
+PRESET_MODELS = calc.model_presets()
+PRESET_HARDWARE = calc.hardware_presets()
+CUSTOM = "custom"
+FRAMEWORK_OPTIONS = ["auto", "none", "vllm", "sglang", "vllm-ascend"]
+WEIGHT_OPTIONS = ["auto", *calc.WEIGHT_FORMATS]
+KV_OPTIONS = ["auto", *calc.KV_DTYPES]
+VISION_OPTIONS = ["auto", "fp32", "bf16", "fp16", "fp8", "w8a8"]
+BOUND_KEYS = ("model", "hw", "c_mem", "c_bw", "c_tf", "c_int8", "c_bf16", "c_fw", "batch", "ctx", "out", "img",
+              "tiles", "w", "kv", "vis", "fw", "tp", "pp", "util", "block", "eta_m", "eta_c")
+
+
+@st.cache_data(show_spinner=False)
+def _model_label(key: str) -> str:
+    cfg = calc.model_preset_config(key)
+    spec = calc.get_model(key)
+    return f"{cfg.get('_source', {}).get('display_name', key)} ({spec.params_total / 1e9:.2f} B)"
+
+
+@st.cache_data(show_spinner=False)
+def _hardware_label(key: str) -> str:
+    return calc.hardware_info(key).get("name", key)
+
+
+def _format_label(key: str) -> str:
+    return "auto (checkpoint / hardware)" if key == "auto" else calc.WEIGHT_FORMATS[key].label
+
+
+def _kv_label(key: str) -> str:
+    return "auto (model dtype)" if key == "auto" else calc.KV_DTYPES[key].label
+
+
+def _framework_label(key: str) -> str:
+    return "auto (by hardware)" if key == "auto" else calc.FRAMEWORK_LABELS[key]
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _compare(model_key: str, config_text: str, workload: calc.Workload, settings: calc.Settings) -> list[dict]:
+    model = calc.get_model(model_key) if model_key != CUSTOM else calc.parse_config_text(config_text)
+    return calc.compare_hardware(model, PRESET_HARDWARE, workload, settings)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _curve(model_key: str, config_text: str, hw_key: str, custom_hw: tuple, workload: calc.Workload,
+           settings: calc.Settings) -> list[dict]:
+    model = calc.get_model(model_key) if model_key != CUSTOM else calc.parse_config_text(config_text)
+    hw = calc.get_hardware(hw_key) if hw_key != CUSTOM else calc.custom_hardware(*custom_hw[:3], **dict(custom_hw[3]))
+    return calc.concurrency_curve(model, hw, workload, settings)
+
+
+st.title("📐 Will it fit?")
+st.caption("Does model X fit on device Y, and how fast will it run? Every control below is kept in the URL:"
+           " copy the address bar to share this exact answer.")
+
+# ---------------------------------------------------------------------------------------
+# controls
+url_before = {k: st.query_params.get(k) for k in st.query_params}
+with st.sidebar:
+    st.header("Model")
+    model_key = st.selectbox("Model", [*PRESET_MODELS, CUSTOM], index=PRESET_MODELS.index("internvl2-8b"),
+                             key="model", bind="query-params", help="a preset, or 'custom' to paste a config.json")
+    if model_key != CUSTOM:
+        st.caption(_model_label(model_key))
+    config_text = ""
+    if model_key == CUSTOM:
+        uploaded = st.file_uploader("Upload a config.json", type=["json"], key="cfg_file")
+        pasted = st.text_area("…or paste config.json", height=180, key="cfg_text",
+                              placeholder='{"model_type": "llama", "hidden_size": 4096, ...}')
+        if uploaded is not None:
+            config_text = uploaded.getvalue().decode("utf-8", errors="replace")
+        else:
+            config_text = pasted or ""
+
+    st.header("Hardware")
+    hw_key = st.selectbox("Device", [*PRESET_HARDWARE, CUSTOM], index=PRESET_HARDWARE.index("atlas-300v-pro"),
+                          key="hw", bind="query-params", help="a preset, or 'custom' to type in your own")
+    if hw_key != CUSTOM:
+        st.caption(_hardware_label(hw_key))
+    custom_hw: tuple = ()
+    if hw_key == CUSTOM:
+        c1, c2 = st.columns(2)
+        c_mem = c1.number_input("Memory per device (GiB)", min_value=0.5, max_value=4096.0, value=24.0,
+                                step=1.0, key="c_mem", bind="query-params")
+        c_bw = c2.number_input("Bandwidth (GB/s)", min_value=1.0, max_value=100000.0, value=300.0, step=10.0,
+                               key="c_bw", bind="query-params")
+        c_tf = c1.number_input("FP16 TFLOPS (dense)", min_value=0.01, max_value=100000.0, value=100.0, step=1.0,
+                               key="c_tf", bind="query-params")
+        c_int8 = c2.number_input("INT8 TOPS (0 = none)", min_value=0.0, max_value=200000.0, value=0.0, step=1.0,
+                                 key="c_int8", bind="query-params")
+        c_bf16 = st.toggle("BF16 supported", value=True, key="c_bf16", bind="query-params")
+        c_fw = st.selectbox("Usual framework", ["vllm", "sglang", "none"], key="c_fw", bind="query-params")
+        custom_hw = (float(c_mem), float(c_bw), float(c_tf),
+                     (("int8_tops", float(c_int8) or None), ("bf16", bool(c_bf16)), ("framework", c_fw)))
+
+    st.header("Workload")
+    c1, c2 = st.columns(2)
+    batch = c1.number_input("Concurrent sequences", min_value=1, max_value=1_000_000, value=1, step=1,
+                            key="batch", bind="query-params")
+    context = c2.number_input("Context (tokens/sequence)", min_value=2, max_value=100_000_000, value=4096,
+                              step=1024, key="ctx", bind="query-params",
+                              help="prompt text + image tokens + output")
+    output = c1.number_input("Output tokens", min_value=1, max_value=100_000_000, value=512, step=128,
+                             key="out", bind="query-params")
+    images = c2.number_input("Images per sequence", min_value=0, max_value=64, value=None, step=1,
+                             key="img", bind="query-params", placeholder="auto",
+                             help="vision-language models; auto = 1 image if it fits")
+    tiles = c1.number_input("Tiles per image", min_value=1, max_value=40, value=None, step=1, key="tiles",
+                            bind="query-params", placeholder="auto", help="InternVL: 256 tokens per tile")
+
+    st.header("Precision")
+    weights = st.selectbox("Weights", WEIGHT_OPTIONS, key="w", bind="query-params",
+                           help="; ".join(f"{k}: {_format_label(k)}" for k in WEIGHT_OPTIONS))
+    kv = st.selectbox("KV cache", KV_OPTIONS, key="kv", bind="query-params",
+                      help="; ".join(f"{k}: {_kv_label(k)}" for k in KV_OPTIONS))
+    vision = st.selectbox("Vision tower", VISION_OPTIONS, key="vis", bind="query-params",
+                          help="precision of the vision tower and projector (VLMs); auto = 16-bit")
+
+    st.header("Serving")
+    framework = st.selectbox("Framework (budget rule)", FRAMEWORK_OPTIONS, key="fw", bind="query-params",
+                             help="; ".join(f"{k}: {_framework_label(k)}" for k in FRAMEWORK_OPTIONS))
+    c1, c2 = st.columns(2)
+    tp = c1.number_input("Tensor parallel", min_value=1, max_value=64, value=None, step=1, key="tp",
+                         bind="query-params", placeholder="auto")
+    pp = c2.number_input("Pipeline parallel", min_value=1, max_value=64, value=1, step=1, key="pp",
+                         bind="query-params")
+    util = c1.number_input("Memory fraction", min_value=0.05, max_value=1.0, value=None, step=0.01, key="util",
+                           bind="query-params", placeholder="default",
+                           help="vLLM gpu_memory_utilization (0.90) / SGLang mem_fraction_static")
+    block = c2.number_input("KV block size", min_value=1, max_value=1024, value=None, step=1, key="block",
+                            bind="query-params", placeholder="default")
+    eta_m = c1.number_input("Bandwidth efficiency", min_value=0.05, max_value=1.0, value=None, step=0.05,
+                            key="eta_m", bind="query-params", placeholder="device default")
+    eta_c = c2.number_input("Compute efficiency", min_value=0.05, max_value=1.0, value=None, step=0.05,
+                            key="eta_c", bind="query-params", placeholder="device default")
+
+# Streamlit drops URL values a bound widget cannot take (unknown model, batch=-5, ...): say so.
+dropped = [f"{k}={v}" for k, v in url_before.items() if k in BOUND_KEYS and st.query_params.get(k) != v]
+if dropped:
+    st.warning("Ignored link settings that are not valid here: " + ", ".join(dropped)
+               + " (the defaults are shown instead).", icon="🔗")
+
+# ---------------------------------------------------------------------------------------
+# the answer
+workload = calc.Workload(batch=int(batch), context=int(context), output=int(output),
+                         images=None if images is None else int(images), tiles=None if tiles is None else int(tiles))
+settings = calc.Settings(weights=weights, kv_dtype=kv, vision_dtype=vision, tp=None if tp is None else int(tp),
+                         pp=int(pp), framework=framework, gpu_memory_utilization=util,
+                         block_size=None if block is None else int(block), eta_memory=eta_m, eta_compute=eta_c)
+
+try:
+    if model_key == CUSTOM:
+        if not config_text.strip():
+            st.info("Paste or upload a Hugging Face config.json in the sidebar (composite ones with"
+                    " vision_config + llm_config/text_config work too).")
+            st.stop()
+        model = calc.parse_config_text(config_text)
+    else:
+        model = calc.get_model(model_key)
+    if hw_key == CUSTOM:
+        hardware = calc.custom_hardware(*custom_hw[:3], **dict(custom_hw[3]))
+    else:
+        with st.spinner("Measuring this machine…") if hw_key == "this-machine" else st.empty():
+            hardware = calc.get_hardware(hw_key)
+    est = calc.estimate(model, hardware, workload, settings)
+except calc.SizingError as exc:
+    st.error(f"Can't size this: {exc}", icon="🚫")
+    st.stop()
+except Exception as exc:  # noqa: BLE001 - the page promise: a message, never a traceback
+    st.error(f"Unexpected problem with these inputs ({type(exc).__name__}): {exc}", icon="🚫")
+    st.stop()
+
+# verdict first, in words and colour
+colour = {"fits": "green", "fits_with_more": "orange", "does_not_fit": "red"}[est.verdict_key]
+headline = {"fits": "Fits", "fits_with_more": "Fits with more devices", "does_not_fit": "Does not fit"}[est.verdict_key]
+st.markdown(f"## :{colour}[{headline}] — {est.model_name} on {est.devices} × {est.hardware_name}")
+box = {"fits": st.success, "fits_with_more": st.warning, "does_not_fit": st.error}[est.verdict_key]
+box(f"**{est.verdict[0].upper() + est.verdict[1:]}** with {calc.FRAMEWORK_LABELS[est.framework]}: {est.reason}.",
+    icon={"fits": "✅", "fits_with_more": "➕", "does_not_fit": "⛔"}[est.verdict_key])
+
+m = st.columns(5)
+m[0].metric("Weights", f"{est.weight_bytes / calc.GiB:.2f} GiB", f"{est.weights_format.upper()}", delta_color="off")
+m[1].metric("KV per token", f"{est.kv_bytes_per_token / 1024:,.1f} KiB", f"{est.kv_dtype.upper()}", delta_color="off")
+m[2].metric(f"Needed per {est.device_unit}", f"{est.total_bytes_per_device / calc.GiB:.2f} GiB",
+            f"of {est.usable_bytes_per_device / calc.GiB:.2f} GiB usable", delta_color="off")
+m[3].metric("Decode", f"{est.decode_tokens_per_s:,.1f} tok/s",
+            f"≤ {est.decode_tokens_per_s_roofline:,.1f} roofline, {est.bound}-bound", delta_color="off")
+m[4].metric("Time to first token", f"{est.prefill_seconds:,.2f} s",
+            f"≥ {est.prefill_seconds_roofline:,.2f} s roofline", delta_color="off")
+
+st.plotly_chart(vm.memory_bar(est), key="memory_bar", width="stretch", config={"displaylogo": False})
+
+room = (f"KV room: **{est.kv_pool_bytes / calc.GiB:.2f} GiB ≈ {est.kv_room_tokens:,} tokens** · "
+        if est.kv_bytes_per_token else "Constant recurrent state (no per-token KV) · ")
+st.markdown(room + f"longest context at {est.batch} sequence(s): **{est.max_context:,}** · most sequences at"
+            f" {est.context:,} tokens: **{est.max_batch:,}** · fewest {est.device_unit}s that fit:"
+            f" **{est.devices_needed if est.devices_needed else 'none ≤ 64'}**")
+
+if est.suggestions:
+    st.subheader("What would make it fit")
+    st.markdown("\n".join(f"- {s}" for s in est.suggestions))
+for w in est.warnings:
+    st.warning(w, icon="⚠️")
+for n in est.notes:
+    st.caption(f"ℹ️ {n}")
+
+st.subheader("Serve it")
+st.code(est.serve_command, language="bash")
+
+tab_cmp, tab_fmt, tab_roof, tab_ctx = st.tabs(["Every device", "Other formats", "Roofline", "Context vs sequences"])
+with tab_cmp:
+    try:
+        rows = _compare(model_key, config_text, workload, settings)
+        st.dataframe(vm.compare_table(rows), key="compare_table", hide_index=True, width="stretch")
+        st.caption("Same model and settings on every preset (framework chosen per device unless you picked one)."
+                   " Where it needs more devices, speed is for that many.")
+    except calc.SizingError as exc:
+        st.error(f"Comparison unavailable: {exc}")
+with tab_fmt:
+    st.dataframe(vm.alternatives_table(est), key="formats_table", hide_index=True, width="stretch")
+with tab_roof:
+    st.plotly_chart(vm.roofline_figure(est), key="roofline", width="stretch", config={"displaylogo": False})
+    st.caption(est.formulas.get("ridge", ""))
+with tab_ctx:
+    try:
+        curve = _curve(model_key, config_text, hw_key, custom_hw, workload, settings)
+        st.plotly_chart(vm.concurrency_figure(curve, est.context, est.batch), key="curve", width="stretch",
+                        config={"displaylogo": False})
+    except calc.SizingError as exc:
+        st.error(f"Curve unavailable: {exc}")
+
+with st.expander("Formulas, with the numbers filled in"):
+    st.code(vm.formula_text(est), language=None)
+    st.dataframe(vm.memory_table(est), key="memory_table", hide_index=True)

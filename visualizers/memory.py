@@ -1,0 +1,190 @@
+"""Hardware-fit calculator views: estimate records -> plotly Figures / pandas DataFrames.
+
+Pure functions (no streamlit, no engine mutation). Inputs are ``engine.memory.Estimate``
+objects (or the plain dicts ``compare_hardware`` / ``concurrency_curve`` return).
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from visualizers.theme import MEMORY_COLORS, VERDICT_COLORS
+
+GiB = 1 << 30
+
+#: (field on the estimate, label, colour key) in stacking order
+COMPONENTS = (
+    ("llm_weights", "weights", "weights"),
+    ("vision_weight_bytes_per_device", "vision tower", "vision"),
+    ("kv_bytes_per_device", "KV cache", "kv_cache"),
+    ("activation_bytes", "activations", "activations"),
+    ("mask_bytes", "310P attention mask", "mask"),
+    ("overhead_bytes", "overhead", "overhead"),
+    ("reserve_bytes", "framework reserve", "free"),
+)
+
+
+def _components(est) -> list[tuple[str, int, str]]:
+    values = {
+        "llm_weights": est.weight_bytes_per_device - est.vision_weight_bytes_per_device,
+        "vision_weight_bytes_per_device": est.vision_weight_bytes_per_device,
+        "kv_bytes_per_device": est.kv_bytes_per_device,
+        "activation_bytes": est.activation_bytes,
+        "mask_bytes": est.mask_bytes,
+        "overhead_bytes": est.overhead_bytes,
+        "reserve_bytes": est.reserve_bytes,
+    }
+    return [(label, int(values[name]), color) for name, label, color in COMPONENTS if values[name] > 0]
+
+
+def verdict_color(est) -> str:
+    return VERDICT_COLORS[est.verdict_key]
+
+
+def memory_bar(est) -> go.Figure:
+    """Stacked horizontal bar: what one device holds, against its usable and total memory."""
+    fig = go.Figure()
+    unit = est.device_unit
+    for label, value, color in _components(est):
+        fig.add_trace(go.Bar(
+            name=label, y=[f"per {unit}"], x=[value / GiB], orientation="h",
+            marker_color=MEMORY_COLORS[color] if color != "free" else "#BBBBBB",
+            marker_pattern_shape="/" if color == "free" else "",
+            hovertemplate=f"{label}: %{{x:.2f}} GiB<extra></extra>", text=[f"{value / GiB:.2f}"],
+            textposition="inside", insidetextanchor="middle",
+        ))
+    usable = est.usable_bytes_per_device / GiB
+    total = est.device_memory_bytes / GiB
+    needed = est.total_bytes_per_device / GiB
+    top = max(total, needed) * 1.05
+    fig.add_vline(x=usable, line_dash="dash", line_color="#333333", line_width=2,
+                  annotation_text=f"usable {usable:.1f} GiB", annotation_position="top")
+    if abs(total - usable) > 0.01:
+        fig.add_vline(x=total, line_color="#999999", line_width=1,
+                      annotation_text=f"total {total:.1f} GiB", annotation_position="bottom")
+    if needed > usable:
+        fig.add_vrect(x0=usable, x1=needed, fillcolor=MEMORY_COLORS["over"], opacity=0.15, line_width=0)
+    fig.update_layout(
+        barmode="stack", height=230, margin=dict(l=10, r=10, t=40, b=40),
+        xaxis=dict(title="GiB", range=[0, top], fixedrange=True), yaxis=dict(fixedrange=True),
+        legend=dict(orientation="h", yanchor="bottom", y=1.12, x=0), dragmode=False,
+        title=dict(text=f"{needed:.2f} GiB needed of {usable:.2f} GiB usable per {unit}", font=dict(size=14)),
+    )
+    return fig
+
+
+def memory_table(est) -> pd.DataFrame:
+    rows = [{"component": label, "bytes": value, "GiB": round(value / GiB, 3)} for label, value, _ in _components(est)]
+    rows.append({"component": "total needed", "bytes": est.total_bytes_per_device,
+                 "GiB": round(est.total_bytes_per_device / GiB, 3)})
+    rows.append({"component": "usable", "bytes": est.usable_bytes_per_device,
+                 "GiB": round(est.usable_bytes_per_device / GiB, 3)})
+    return pd.DataFrame(rows)
+
+
+def compare_table(rows: list[dict]) -> pd.DataFrame:
+    """One row per hardware preset (from engine.memory.compare_hardware)."""
+    out = []
+    for r in rows:
+        out.append({
+            "hardware": r["name"],
+            "fits?": ("yes" if r["fits"] else ("with more" if r["devices_needed"] else "no")) if not r["error"] else "n/a",
+            "devices needed": r["devices_needed"],
+            "memory GiB": None if r["memory_gib"] is None else round(r["memory_gib"], 1),
+            "needed GiB/device": None if r["total_gib"] is None else round(r["total_gib"], 2),
+            "usable GiB": None if r["usable_gib"] is None else round(r["usable_gib"], 2),
+            "decode tok/s (expected)": None if r["decode_tokens_per_s"] is None else round(r["decode_tokens_per_s"], 1),
+            "decode tok/s (roofline)": None if r["decode_tokens_per_s_roofline"] is None
+            else round(r["decode_tokens_per_s_roofline"], 1),
+            "TTFT s": None if r["prefill_seconds"] is None else round(r["prefill_seconds"], 2),
+            "framework": r["framework"],
+            "note": r["error"],
+        })
+    return pd.DataFrame(out)
+
+
+def alternatives_table(est) -> pd.DataFrame:
+    rows = []
+    for a in est.alternatives:
+        rows.append({
+            "format": a["label"] + (" (current)" if a["current"] else ""),
+            "weights GiB": round(a["weight_bytes"] / GiB, 2),
+            "needed GiB/device": round(a["total_bytes_per_device"] / GiB, 2),
+            "fits?": "yes" if a["fits"] else "no",
+            "decode tok/s (roofline)": round(a["decode_tokens_per_s_roofline"], 1),
+            "decode tok/s (expected)": round(a["decode_tokens_per_s"], 1),
+            "KV room tokens": a["kv_room_tokens"],
+            "support": a["support"],
+        })
+    return pd.DataFrame(rows)
+
+
+def roofline_figure(est) -> go.Figure:
+    """Log-log roofline: attainable FLOP/s vs arithmetic intensity, with prefill and decode placed."""
+    peak = est.peak_flops
+    bw = est.bandwidth_bytes_per_s
+    ridge = peak / bw
+    decode_ai = est.decode_flops_per_step / max(est.decode_bytes_per_step, 1.0)
+    prefill_ai = est.prefill_flops / max(est.prefill_bytes, 1.0)
+    lo = 10 ** math.floor(math.log10(max(min(decode_ai, ridge, prefill_ai) / 3, 1e-2)))
+    hi = 10 ** math.ceil(math.log10(max(decode_ai, ridge, prefill_ai) * 3))
+    xs = [lo * (hi / lo) ** (i / 60) for i in range(61)]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=[min(peak, x * bw) / 1e12 for x in xs], mode="lines", name="roof (peak, BW)",
+                             line=dict(color="#333333", width=2), hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=[ridge], y=[peak / 1e12], mode="markers+text", name="ridge point",
+                             marker=dict(symbol="diamond", size=11, color="#888888"),
+                             text=[f"ridge {ridge:,.0f} FLOP/B"], textposition="top left",
+                             hovertemplate="ridge %{x:,.0f} FLOP/byte<extra></extra>"))
+    e = est.efficiency_compute
+    points = (
+        ("decode", decode_ai, est.decode_flops_per_step * est.decode_tokens_per_s_roofline / est.batch,
+         est.decode_flops_per_step * est.decode_tokens_per_s / est.batch, MEMORY_COLORS["kv_cache"], est.bound),
+        ("prefill", prefill_ai, est.prefill_flops / max(est.prefill_seconds_roofline, 1e-12),
+         est.prefill_flops / max(est.prefill_seconds, 1e-12), MEMORY_COLORS["weights"], est.prefill_bound),
+    )
+    for name, ai, roof_rate, real_rate, color, bound in points:
+        fig.add_trace(go.Scatter(
+            x=[ai], y=[roof_rate / 1e12], mode="markers+text", name=f"{name} ({bound}-bound)",
+            marker=dict(size=14, color=color), text=[name], textposition="bottom right",
+            hovertemplate=f"{name}: %{{x:,.1f}} FLOP/byte, %{{y:,.2f}} TFLOP/s at the roof<extra></extra>"))
+        fig.add_trace(go.Scatter(
+            x=[ai], y=[real_rate / 1e12], mode="markers", name=f"{name} expected",
+            marker=dict(size=10, color=color, symbol="circle-open", line=dict(width=2)),
+            hovertemplate=f"{name} expected: %{{y:,.2f}} TFLOP/s<extra></extra>", showlegend=False))
+    fig.update_layout(
+        height=380, margin=dict(l=10, r=10, t=40, b=40), dragmode=False,
+        xaxis=dict(type="log", title="arithmetic intensity (FLOP / byte moved)", fixedrange=True),
+        yaxis=dict(type="log", title=f"attainable TFLOP/s ({est.peak_label})", fixedrange=True),
+        title=dict(text=f"Roofline: {est.hardware_name} — filled at the roof, open with efficiency"
+                        f" {est.efficiency_memory:.2f}/{e:.2f}", font=dict(size=14)),
+        legend=dict(orientation="h", yanchor="bottom", y=-0.35, x=0),
+    )
+    return fig
+
+
+def concurrency_figure(points: list[dict], context: int | None = None, batch: int | None = None) -> go.Figure:
+    """Most concurrent sequences that fit vs context length."""
+    fig = go.Figure(go.Scatter(
+        x=[p["context"] for p in points], y=[p["max_batch"] for p in points], mode="lines+markers",
+        line=dict(color=MEMORY_COLORS["kv_cache"]), name="max sequences",
+        hovertemplate="%{x:,} tokens: %{y:,} sequences<extra></extra>"))
+    if context and batch:
+        fig.add_trace(go.Scatter(x=[context], y=[batch], mode="markers", name="this workload",
+                                 marker=dict(size=12, symbol="x", color="#EE6677")))
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=40), dragmode=False,
+                      xaxis=dict(type="log", title="context (tokens per sequence)", fixedrange=True),
+                      yaxis=dict(type="log", title="concurrent sequences that fit", fixedrange=True),
+                      title=dict(text="How many sequences fit at each context length", font=dict(size=14)))
+    return fig
+
+
+def formula_text(est) -> str:
+    """All formulas with numbers, as one monospace block."""
+    lines = []
+    for name, text in est.formulas.items():
+        for i, line in enumerate(text.splitlines()):
+            lines.append(f"{(name + ':') if i == 0 else '':14} {line}")
+    return "\n".join(lines)
