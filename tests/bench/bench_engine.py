@@ -1,0 +1,143 @@
+"""Engine throughput against Hugging Face, batch-1 decode against the bandwidth bound, and the
+cost of recording traces — all measured side by side in this one process.
+
+Workload: 16 requests on smollm2-135m (fp32), prompts 16..512 tokens, outputs 16..128 tokens,
+greedy, EOS ignored so every side produces exactly the same number of tokens.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from engine import LLMEngine, SamplingParams
+from engine.engine import get_shared_model
+from tests.parity import LONG, hf_model
+
+MODEL = "smollm2-135m"
+NUM_REQUESTS = 16
+
+
+def workload(tokenizer) -> tuple[list[list[int]], list[int]]:
+    """Deterministic prompts of 16..512 tokens and output lengths of 16..128."""
+    source = tokenizer((LONG + " ") * 12, add_special_tokens=False).input_ids
+    rng = random.Random(0)
+    prompt_lens = [16 + round(i * (512 - 16) / (NUM_REQUESTS - 1)) for i in range(NUM_REQUESTS)]
+    output_lens = [16 + round(i * (128 - 16) / (NUM_REQUESTS - 1)) for i in range(NUM_REQUESTS)]
+    rng.shuffle(prompt_lens)
+    rng.shuffle(output_lens)
+    prompts = [source[(7 * i) % 50:][:n] for i, n in enumerate(prompt_lens)]
+    return prompts, output_lens
+
+
+def copy_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Bytes/s moved by a large tensor copy, STREAM convention (read + write)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
+    return 2 * nbytes / best
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _no_eos(n: int):
+    """Greedy for exactly n tokens. (min_new_tokens would mask EOS logits and change argmax.)"""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def hf_request_by_request(prompts, output_lens) -> tuple[float, list[list[int]]]:
+    model = hf_model(MODEL)
+    outs = []
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for p, n in zip(prompts, output_lens):
+            ids = torch.tensor([p])
+            g = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=_no_eos(n))
+            outs.append(g[0, len(p):].tolist())
+    return time.perf_counter() - t0, outs
+
+
+def hf_padded_static_batch(prompts, output_lens) -> float:
+    """One left-padded batch that runs until its longest member is done."""
+    model = hf_model(MODEL)
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    n = max(output_lens)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=mask, generation_config=_no_eos(n))
+    return time.perf_counter() - t0
+
+
+def engine_run(prompts, output_lens) -> tuple[float, float, float, list[list[int]]]:
+    """-> (wall seconds, seconds inside step(), seconds building traces, outputs)."""
+    engine = LLMEngine(MODEL, max_num_seqs=NUM_REQUESTS, max_num_batched_tokens=512, num_blocks=1024)
+    ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+           for p, n in zip(prompts, output_lens)]
+    step_seconds = 0.0
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        step_seconds += _timed(engine.step)
+    wall = time.perf_counter() - t0
+    return wall, step_seconds, engine.trace_seconds, [list(engine.get_output(i).outputs[0].token_ids) for i in ids]
+
+
+def batch1_decode_seconds(prompt: list[int], steps: int = 64) -> float:
+    engine = LLMEngine(MODEL, max_num_seqs=1)
+    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
+    engine.step()  # prefill
+    times = [_timed(engine.step) for _ in range(steps)]
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run() -> dict:
+    torch.manual_seed(0)
+    shared = get_shared_model(MODEL)
+    prompts, output_lens = workload(shared.tokenizer)
+    total_out = sum(output_lens)
+
+    eng_wall, eng_steps, eng_trace, eng_outs = engine_run(prompts, output_lens)
+    hf_seq_wall, hf_outs = hf_request_by_request(prompts, output_lens)
+    hf_pad_wall = hf_padded_static_batch(prompts, output_lens)
+    bw = copy_bandwidth()
+    weight_bytes = shared.model.weight_bytes
+    decode_s = batch1_decode_seconds(prompts[0])
+
+    eng_tps, seq_tps, pad_tps = total_out / eng_wall, total_out / hf_seq_wall, total_out / hf_pad_wall
+    bound_tps = bw / weight_bytes
+    identical = sum(a == b for a, b in zip(eng_outs, hf_outs))
+    rows = [
+        {"metric": "engine throughput", "value": eng_tps, "unit": "tok/s"},
+        {"metric": "HF generate request by request", "value": seq_tps, "unit": "tok/s"},
+        {"metric": "HF generate one padded static batch", "value": pad_tps, "unit": "tok/s"},
+        {"metric": "engine / HF request-by-request", "value": eng_tps / seq_tps, "unit": "x",
+         "target": ">= 4", "met": eng_tps / seq_tps >= 4},
+        {"metric": "engine / HF padded static batch", "value": eng_tps / pad_tps, "unit": "x",
+         "target": "> 1", "met": eng_tps / pad_tps > 1},
+        {"metric": "copy bandwidth (read+write)", "value": bw / 1e9, "unit": "GB/s"},
+        {"metric": "weight bytes read per decode step", "value": weight_bytes / 1e6, "unit": "MB"},
+        {"metric": "batch-1 decode", "value": 1 / decode_s, "unit": "tok/s"},
+        {"metric": "batch-1 decode bandwidth bound", "value": bound_tps, "unit": "tok/s"},
+        {"metric": "batch-1 decode / bound", "value": (1 / decode_s) / bound_tps, "unit": "share",
+         "target": ">= 0.5", "met": (1 / decode_s) / bound_tps >= 0.5},
+        {"metric": "trace recording / step time", "value": eng_trace / eng_steps, "unit": "share",
+         "target": "< 0.05", "met": eng_trace / eng_steps < 0.05},
+        {"metric": "requests token-identical to HF", "value": identical, "unit": f"of {NUM_REQUESTS}",
+         "target": f"= {NUM_REQUESTS}", "met": identical == NUM_REQUESTS},
+    ]
+    return {"name": "engine", "model": MODEL, "threads": torch.get_num_threads(),
+            "workload": {"prompt_tokens": [len(p) for p in prompts], "output_tokens": output_lens},
+            "rows": rows}
