@@ -76,12 +76,11 @@ def memory_bar(est) -> go.Figure:
 
 
 def memory_table(est) -> pd.DataFrame:
-    rows = [{"component": label, "bytes": value, "GiB": round(value / GiB, 3)} for label, value, _ in _components(est)]
-    rows.append({"component": "total needed", "bytes": est.total_bytes_per_device,
-                 "GiB": round(est.total_bytes_per_device / GiB, 3)})
-    rows.append({"component": "usable", "bytes": est.usable_bytes_per_device,
-                 "GiB": round(est.usable_bytes_per_device / GiB, 3)})
-    return pd.DataFrame(rows)
+    """Per-device breakdown. Bytes as text: exact, and safe beyond int64 (absurd workloads)."""
+    rows = [(label, value) for label, value, _ in _components(est)]
+    rows += [("total needed", est.total_bytes_per_device), ("usable", est.usable_bytes_per_device)]
+    return pd.DataFrame([{"component": label, "bytes": f"{value:,}", "GiB": round(value / GiB, 3)}
+                         for label, value in rows])
 
 
 def compare_table(rows: list[dict]) -> pd.DataFrame:
@@ -92,12 +91,13 @@ def compare_table(rows: list[dict]) -> pd.DataFrame:
             "hardware": r["name"],
             "fits?": ("yes" if r["fits"] else ("with more" if r["devices_needed"] else "no")) if not r["error"] else "n/a",
             "devices needed": r["devices_needed"],
+            "tp x pp": "" if r["tp"] is None else f"{r['tp']} x {r['pp']}",
             "memory GiB": None if r["memory_gib"] is None else round(r["memory_gib"], 1),
             "needed GiB/device": None if r["total_gib"] is None else round(r["total_gib"], 2),
             "usable GiB": None if r["usable_gib"] is None else round(r["usable_gib"], 2),
-            "decode tok/s (expected)": None if r["decode_tokens_per_s"] is None else round(r["decode_tokens_per_s"], 1),
+            "decode tok/s (expected)": None if r["decode_tokens_per_s"] is None else round(r["decode_tokens_per_s"], 2),
             "decode tok/s (roofline)": None if r["decode_tokens_per_s_roofline"] is None
-            else round(r["decode_tokens_per_s_roofline"], 1),
+            else round(r["decode_tokens_per_s_roofline"], 2),
             "TTFT s": None if r["prefill_seconds"] is None else round(r["prefill_seconds"], 2),
             "framework": r["framework"],
             "note": r["error"],
@@ -140,8 +140,9 @@ def roofline_figure(est) -> go.Figure:
                              hovertemplate="ridge %{x:,.0f} FLOP/byte<extra></extra>"))
     e = est.efficiency_compute
     points = (
-        ("decode", decode_ai, est.decode_flops_per_step * est.decode_tokens_per_s_roofline / est.batch,
-         est.decode_flops_per_step * est.decode_tokens_per_s / est.batch, MEMORY_COLORS["kv_cache"], est.bound),
+        # decode_tokens_per_s is steps per second (one token per sequence per step)
+        ("decode", decode_ai, est.decode_flops_per_step * est.decode_tokens_per_s_roofline,
+         est.decode_flops_per_step * est.decode_tokens_per_s, MEMORY_COLORS["kv_cache"], est.bound),
         ("prefill", prefill_ai, est.prefill_flops / max(est.prefill_seconds_roofline, 1e-12),
          est.prefill_flops / max(est.prefill_seconds, 1e-12), MEMORY_COLORS["weights"], est.prefill_bound),
     )

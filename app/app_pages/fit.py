@@ -181,65 +181,73 @@ except Exception as exc:  # noqa: BLE001 - the page promise: a message, never a 
     st.error(f"Unexpected problem with these inputs ({type(exc).__name__}): {exc}", icon="🚫")
     st.stop()
 
-# verdict first, in words and colour
-colour = {"fits": "green", "fits_with_more": "orange", "does_not_fit": "red"}[est.verdict_key]
-headline = {"fits": "Fits", "fits_with_more": "Fits with more devices", "does_not_fit": "Does not fit"}[est.verdict_key]
-st.markdown(f"## :{colour}[{headline}] — {est.model_name} on {est.devices} × {est.hardware_name}")
-box = {"fits": st.success, "fits_with_more": st.warning, "does_not_fit": st.error}[est.verdict_key]
-box(f"**{est.verdict[0].upper() + est.verdict[1:]}** with {calc.FRAMEWORK_LABELS[est.framework]}: {est.reason}.",
-    icon={"fits": "✅", "fits_with_more": "➕", "does_not_fit": "⛔"}[est.verdict_key])
+def render(est) -> None:
+    """Everything below the controls; pure display of one estimate."""
+    # verdict first, in words and colour
+    colour = {"fits": "green", "fits_with_more": "orange", "does_not_fit": "red"}[est.verdict_key]
+    headline = {"fits": "Fits", "fits_with_more": "Fits with more devices", "does_not_fit": "Does not fit"}[est.verdict_key]
+    st.markdown(f"## :{colour}[{headline}] — {est.model_name} on {est.devices} × {est.hardware_name}")
+    box = {"fits": st.success, "fits_with_more": st.warning, "does_not_fit": st.error}[est.verdict_key]
+    box(f"**{est.verdict[0].upper() + est.verdict[1:]}** with {calc.FRAMEWORK_LABELS[est.framework]}: {est.reason}.",
+        icon={"fits": "✅", "fits_with_more": "➕", "does_not_fit": "⛔"}[est.verdict_key])
 
-m = st.columns(5)
-m[0].metric("Weights", f"{est.weight_bytes / calc.GiB:.2f} GiB", f"{est.weights_format.upper()}", delta_color="off")
-m[1].metric("KV per token", f"{est.kv_bytes_per_token / 1024:,.1f} KiB", f"{est.kv_dtype.upper()}", delta_color="off")
-m[2].metric(f"Needed per {est.device_unit}", f"{est.total_bytes_per_device / calc.GiB:.2f} GiB",
-            f"of {est.usable_bytes_per_device / calc.GiB:.2f} GiB usable", delta_color="off")
-m[3].metric("Decode", f"{est.decode_tokens_per_s:,.1f} tok/s",
-            f"≤ {est.decode_tokens_per_s_roofline:,.1f} roofline, {est.bound}-bound", delta_color="off")
-m[4].metric("Time to first token", f"{est.prefill_seconds:,.2f} s",
-            f"≥ {est.prefill_seconds_roofline:,.2f} s roofline", delta_color="off")
+    m = st.columns(5)
+    m[0].metric("Weights", f"{est.weight_bytes / calc.GiB:.2f} GiB", f"{est.weights_format.upper()}", delta_color="off")
+    m[1].metric("KV per token", f"{est.kv_bytes_per_token / 1024:,.1f} KiB", f"{est.kv_dtype.upper()}", delta_color="off")
+    m[2].metric(f"Needed per {est.device_unit}", f"{est.total_bytes_per_device / calc.GiB:.2f} GiB",
+                f"of {est.usable_bytes_per_device / calc.GiB:.2f} GiB usable", delta_color="off")
+    m[3].metric("Decode", f"{est.decode_tokens_per_s:,.1f} tok/s",
+                f"≤ {est.decode_tokens_per_s_roofline:,.1f} roofline, {est.bound}-bound", delta_color="off")
+    m[4].metric("Time to first token", f"{est.prefill_seconds:,.2f} s",
+                f"≥ {est.prefill_seconds_roofline:,.2f} s roofline", delta_color="off")
 
-st.plotly_chart(vm.memory_bar(est), key="memory_bar", width="stretch", config={"displaylogo": False})
+    st.plotly_chart(vm.memory_bar(est), key="memory_bar", width="stretch", config={"displaylogo": False})
 
-room = (f"KV room: **{est.kv_pool_bytes / calc.GiB:.2f} GiB ≈ {est.kv_room_tokens:,} tokens** · "
-        if est.kv_bytes_per_token else "Constant recurrent state (no per-token KV) · ")
-st.markdown(room + f"longest context at {est.batch} sequence(s): **{est.max_context:,}** · most sequences at"
-            f" {est.context:,} tokens: **{est.max_batch:,}** · fewest {est.device_unit}s that fit:"
-            f" **{est.devices_needed if est.devices_needed else 'none ≤ 64'}**")
+    room = (f"KV room: **{est.kv_pool_bytes / calc.GiB:.2f} GiB ≈ {est.kv_room_tokens:,} tokens** · "
+            if est.kv_bytes_per_token else "Constant recurrent state (no per-token KV) · ")
+    st.markdown(room + f"longest context at {est.batch} sequence(s): **{est.max_context:,}** · most sequences at"
+                f" {est.context:,} tokens: **{est.max_batch:,}** · fewest {est.device_unit}s that fit:"
+                f" **{est.devices_needed if est.devices_needed else 'none ≤ 64'}**")
 
-if est.suggestions:
-    st.subheader("What would make it fit")
-    st.markdown("\n".join(f"- {s}" for s in est.suggestions))
-for w in est.warnings:
-    st.warning(w, icon="⚠️")
-for n in est.notes:
-    st.caption(f"ℹ️ {n}")
+    if est.suggestions:
+        st.subheader("What would make it fit")
+        st.markdown("\n".join(f"- {s}" for s in est.suggestions))
+    for w in est.warnings:
+        st.warning(w, icon="⚠️")
+    for n in est.notes:
+        st.caption(f"ℹ️ {n}")
 
-st.subheader("Serve it")
-st.code(est.serve_command, language="bash")
+    st.subheader("Serve it")
+    st.code(est.serve_command, language="bash")
 
-tab_cmp, tab_fmt, tab_roof, tab_ctx = st.tabs(["Every device", "Other formats", "Roofline", "Context vs sequences"])
-with tab_cmp:
-    try:
-        rows = _compare(model_key, config_text, workload, settings)
-        st.dataframe(vm.compare_table(rows), key="compare_table", hide_index=True, width="stretch")
-        st.caption("Same model and settings on every preset (framework chosen per device unless you picked one)."
-                   " Where it needs more devices, speed is for that many.")
-    except calc.SizingError as exc:
-        st.error(f"Comparison unavailable: {exc}")
-with tab_fmt:
-    st.dataframe(vm.alternatives_table(est), key="formats_table", hide_index=True, width="stretch")
-with tab_roof:
-    st.plotly_chart(vm.roofline_figure(est), key="roofline", width="stretch", config={"displaylogo": False})
-    st.caption(est.formulas.get("ridge", ""))
-with tab_ctx:
-    try:
-        curve = _curve(model_key, config_text, hw_key, custom_hw, workload, settings)
-        st.plotly_chart(vm.concurrency_figure(curve, est.context, est.batch), key="curve", width="stretch",
-                        config={"displaylogo": False})
-    except calc.SizingError as exc:
-        st.error(f"Curve unavailable: {exc}")
+    tab_cmp, tab_fmt, tab_roof, tab_ctx = st.tabs(["Every device", "Other formats", "Roofline", "Context vs sequences"])
+    with tab_cmp:
+        try:
+            rows = _compare(model_key, config_text, workload, settings)
+            st.dataframe(vm.compare_table(rows), key="compare_table", hide_index=True, width="stretch")
+            st.caption("Same model and settings on every preset (framework chosen per device unless you picked one)."
+                       " Where it needs more devices, speed is for that many.")
+        except calc.SizingError as exc:
+            st.error(f"Comparison unavailable: {exc}")
+    with tab_fmt:
+        st.dataframe(vm.alternatives_table(est), key="formats_table", hide_index=True, width="stretch")
+    with tab_roof:
+        st.plotly_chart(vm.roofline_figure(est), key="roofline", width="stretch", config={"displaylogo": False})
+        st.caption(est.formulas.get("ridge", ""))
+    with tab_ctx:
+        try:
+            curve = _curve(model_key, config_text, hw_key, custom_hw, workload, settings)
+            st.plotly_chart(vm.concurrency_figure(curve, est.context, est.batch), key="curve", width="stretch",
+                            config={"displaylogo": False})
+        except calc.SizingError as exc:
+            st.error(f"Curve unavailable: {exc}")
 
-with st.expander("Formulas, with the numbers filled in"):
-    st.code(vm.formula_text(est), language=None)
-    st.dataframe(vm.memory_table(est), key="memory_table", hide_index=True)
+    with st.expander("Formulas, with the numbers filled in"):
+        st.code(vm.formula_text(est), language=None)
+        st.dataframe(vm.memory_table(est), key="memory_table", hide_index=True)
+
+
+try:
+    render(est)
+except Exception as exc:  # noqa: BLE001 - a message, never a traceback
+    st.error(f"Could not draw this answer ({type(exc).__name__}): {exc}", icon="🚫")

@@ -295,7 +295,7 @@ class Plan:
             layers=[lay.linear_params * bpp + (lay.params - lay.linear_params) * small_layers for lay in model.layers],
             experts=[lay.expert_params * bpp for lay in model.layers],
             embed=model.embed_params * emb_bpp, lm_head=model.lm_head_params * emb_bpp,
-            final_norm=model.final_norm_params * small,
+            final_norm=model.final_norm_params * small_layers,
             vision=(model.vision.total_params * vision_fmt.bytes_per_param) if model.vision else F(0),
         )
         g["rest"] = g["embed"] + g["lm_head"] + g["final_norm"] + g["vision"]
@@ -1138,7 +1138,7 @@ def weight_bytes(model, weights: str = "fp16") -> int:
     emb = fmt.bytes_per_param if fmt.quantizes_embeddings else small
     total = sum((lay.linear_params * fmt.bytes_per_param + (lay.params - lay.linear_params) * small_layers
                  for lay in model.layers), F(0))
-    total += (model.embed_params + model.lm_head_params) * emb + model.final_norm_params * small
+    total += (model.embed_params + model.lm_head_params) * emb + model.final_norm_params * small_layers
     if model.vision:
         total += model.vision.total_params * small
     return _ceil(total)
@@ -1157,15 +1157,19 @@ def compare_hardware(model, keys: list[str], workload: Workload | None = None, s
                     fw = "auto"
                 s = replace(s, framework=fw)
             est = estimate(model, hw, workload, s, detail=False)
+            fits, verdict, needed = est.fits, est.verdict, est.devices_needed
+            if not est.fits and est.devices_needed:  # report speed and memory where it does fit
+                est = estimate(model, hw, workload, replace(s, tp=est.devices_needed_tp, pp=est.devices_needed_pp),
+                               detail=False)
             rows.append(dict(hardware=key, name=hw.name, memory_gib=hw.memory_bytes / GiB, framework=est.framework,
-                             fits=est.fits, verdict=est.verdict, devices_needed=est.devices_needed,
+                             fits=fits, verdict=verdict, devices_needed=needed, tp=est.tp, pp=est.pp,
                              total_gib=est.total_bytes_per_device / GiB, usable_gib=est.usable_bytes_per_device / GiB,
                              decode_tokens_per_s=est.decode_tokens_per_s,
                              decode_tokens_per_s_roofline=est.decode_tokens_per_s_roofline,
                              prefill_seconds=est.prefill_seconds, max_context=est.max_context, error=""))
         except SizingError as exc:
             rows.append(dict(hardware=key, name=key, memory_gib=None, framework="", fits=False, verdict="n/a",
-                             devices_needed=None, total_gib=None, usable_gib=None, decode_tokens_per_s=None,
+                             devices_needed=None, tp=None, pp=None, total_gib=None, usable_gib=None, decode_tokens_per_s=None,
                              decode_tokens_per_s_roofline=None, prefill_seconds=None, max_context=None,
                              error=str(exc)))
     return rows

@@ -1,0 +1,189 @@
+"""The "Will it fit?" page through Streamlit's AppTest.
+
+Must show #4: any input on the page, however wrong, gives a message, never a traceback.
+Also: verdict first in words and colour, the stacked memory bar, the every-device table, the
+roofline, the formula expander, and settings taken from the URL (a sizing answer is a link).
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from engine.memory import hardware_presets
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "app" / "main.py"
+PAGE = ROOT / "app" / "app_pages" / "fit.py"
+TIMEOUT = 60
+
+
+@pytest.fixture(autouse=True)
+def clear_streamlit_caches():
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    yield
+    st.cache_data.clear()
+    st.cache_resource.clear()
+
+
+def _all_pages_exist() -> bool:
+    pages = re.findall(r'st\.Page\(\s*"([^"]+)"', MAIN.read_text())
+    return all((MAIN.parent / p).exists() for p in pages)
+
+
+def open_page(**query) -> AppTest:
+    """The fit page, reached through the app's navigation (as users do), with URL parameters.
+
+    While another page registered in app/main.py does not exist yet, the page script is run on its
+    own instead (it does not depend on the entry point)."""
+    if _all_pages_exist():
+        at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
+        for key, value in query.items():
+            at.query_params[key] = value
+        at.run()
+        at.switch_page("app_pages/fit.py")
+    else:
+        at = AppTest.from_file(str(PAGE), default_timeout=TIMEOUT)
+        for key, value in query.items():
+            at.query_params[key] = value
+    at.run()
+    return at
+
+
+def charts(at: AppTest) -> dict:
+    out = {}
+    for el in at.get("plotly_chart"):
+        spec = json.loads(el.proto.spec)
+        title = (spec.get("layout", {}).get("title") or {}).get("text", "")
+        out[title] = spec
+    return out
+
+
+def no_traceback(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def test_default_answers_the_motivating_question():
+    at = open_page()
+    no_traceback(at)
+    # verdict first, in words and colour
+    assert at.markdown[0].value.startswith("## :green[Fits] — InternVL2-8B on 1 × Atlas 300V Pro")
+    assert at.success and "Fits on 1 device" in at.success[0].value
+    warnings = " ".join(w.value for w in at.warning)
+    assert "FP16-only" in warnings and "--max-model-len" in warnings
+    assert any("13.54 GiB ≈ 110,848 tokens" in m.value for m in at.markdown)  # KV room
+    assert any(c.value.startswith("PYTORCH_NPU_ALLOC_CONF") for c in at.code)  # serve command
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Weights"] == "15.04 GiB"
+    assert metrics["KV per token"] == "128.0 KiB"
+
+
+def test_memory_bar_stacks_components_against_usable_memory():
+    at = open_page()
+    bar = next(spec for title, spec in charts(at).items() if "needed of" in title)
+    assert all(t["type"] == "bar" and t["orientation"] == "h" for t in bar["data"])
+    names = [t["name"] for t in bar["data"]]
+    assert names[:3] == ["weights", "vision tower", "KV cache"] and "activations" in names and "overhead" in names
+    assert bar["layout"]["barmode"] == "stack"
+    total = sum(t["x"][0] if isinstance(t["x"], list) else 0 for t in bar["data"])
+    assert total == pytest.approx(17.13, abs=0.01)
+    assert "of 43.20 GiB usable" in bar["layout"]["title"]["text"]
+
+
+def test_every_device_table_and_roofline_and_formulas():
+    at = open_page()
+    table = next(df.value for df in at.dataframe if "devices needed" in df.value.columns)
+    assert len(table) == len(hardware_presets())
+    assert {"fits?", "devices needed", "decode tok/s (expected)"} <= set(table.columns)
+    t4 = table[table["hardware"] == "T4 16GB"].iloc[0]
+    assert t4["fits?"] == "with more" and t4["devices needed"] == 2
+    roof = next(spec for title, spec in charts(at).items() if title.startswith("Roofline"))
+    assert roof["layout"]["xaxis"]["type"] == "log"
+    ridge = next(t for t in roof["data"] if t["name"] == "ridge point")
+    assert ridge["x"][0] == pytest.approx(70e12 / 204.8e9)
+    assert {"decode (memory-bound)", "prefill (compute-bound)"} <= {t["name"] for t in roof["data"]}
+    formulas = " ".join(c.value for c in at.code)
+    assert "KV elements/token = L x 2 x nkv x d = 32 x 2 x 8 x 128 = 65,536" in formulas
+    assert "usable = gpu_memory_utilization x total = 0.90 x 48.00 GiB = 43.20 GiB" in formulas
+
+
+def test_settings_come_from_the_url():
+    at = open_page(model="llama-3-70b", hw="rtx-4090", batch="4", ctx="8192", w="fp8", fw="vllm")
+    no_traceback(at)
+    assert at.markdown[0].value.startswith("## :orange[Fits with more devices] — Llama-3-70B on 1 × GeForce RTX 4090")
+    assert at.selectbox(key="model").value == "llama-3-70b"
+    assert at.number_input(key="batch").value == 4
+    assert at.number_input(key="ctx").value == 8192
+    assert any(m.value.startswith("- use ") for m in at.markdown)  # what would make it fit
+    serve = next(c.value for c in at.code if c.value.startswith("vllm serve"))
+    assert "--quantization fp8" in serve and "--max-model-len 8192" in serve and "--max-num-seqs 4" in serve
+
+
+def test_changing_a_control_changes_the_answer():
+    at = open_page()
+    at.selectbox(key="hw").set_value("t4").run()
+    no_traceback(at)
+    assert "T4 16GB" in at.markdown[0].value and ":orange[" in at.markdown[0].value
+    at.selectbox(key="w").set_value("int4").run()
+    assert at.markdown[0].value.startswith("## :green[Fits]")
+
+
+def test_bad_link_values_are_reported_not_crashed():
+    at = open_page(model="no-such-model", hw="t4", batch="-5", ctx="lots", tp="0", w="int3")
+    no_traceback(at)
+    warning = next(w.value for w in at.warning if "Ignored link settings" in w.value)
+    for fragment in ("model=no-such-model", "batch=-5", "ctx=lots", "tp=0", "w=int3"):
+        assert fragment in warning
+
+
+@pytest.mark.parametrize("query, fragment", [
+    ({"model": "llama-2-7b", "hw": "t4", "tp": "3"}, "does not divide"),
+    ({"model": "llama-2-7b", "hw": "t4", "ctx": "100", "out": "200"}, "fewer than the context"),
+    ({"model": "llama-2-7b", "hw": "t4", "img": "1"}, "no vision tower"),
+    ({"model": "internvl2-8b", "hw": "t4", "ctx": "1000", "img": "2"}, "do not fit"),
+    ({"model": "smollm2-135m", "hw": "t4", "pp": "40"}, "layers"),
+    ({"model": "llama-2-7b", "hw": "h100-sxm", "fw": "vllm-ascend"}, "Ascend"),
+])
+def test_impossible_combinations_give_a_message(query, fragment):
+    at = open_page(**query)
+    no_traceback(at)
+    assert at.error and fragment in at.error[0].value
+
+
+def test_custom_config_text():
+    at = open_page(model="custom")
+    no_traceback(at)
+    assert at.info and "config.json" in at.info[0].value
+    at.text_area(key="cfg_text").input('{"hidden_size": 4096,').run()
+    no_traceback(at)
+    assert at.error and "malformed config JSON" in at.error[0].value
+    at.text_area(key="cfg_text").input('{"model_type": "llama", "hidden_size": 4096}').run()
+    assert at.error and "num_hidden_layers" in at.error[0].value
+    cfg = json.loads((ROOT / "presets" / "models" / "mistral-7b.json").read_text())
+    at.text_area(key="cfg_text").input(json.dumps(cfg)).run()
+    no_traceback(at)
+    assert not at.error
+    assert "Mistral-7B" in at.markdown[0].value
+
+
+def test_custom_hardware_from_the_url():
+    at = open_page(model="internvl2-8b", hw="custom", c_mem="16", c_bw="500", c_tf="50", c_bf16="false")
+    no_traceback(at)
+    assert "Custom" in at.markdown[0].value
+    assert ":orange[" in at.markdown[0].value  # 15 GiB of weights do not fit 16 GiB at util 0.9
+    assert any("--dtype float16" in c.value for c in at.code)
+
+
+@pytest.mark.parametrize("query", [
+    {"model": "llama-3.1-405b", "hw": "jetson-agx-orin", "batch": "1000000", "ctx": "100000000"},
+    {"model": "mamba-1.4b", "hw": "apple-m3-max", "util": "0.05", "eta_m": "0.05", "eta_c": "0.05", "block": "1"},
+    {"model": "deepseek-v3", "hw": "atlas-300i-duo", "kv": "q4_0", "vis": "w8a8", "fw": "sglang", "pp": "61"},
+    {"model": "internvl2-8b", "hw": "this-machine", "img": "64", "tiles": "40", "ctx": "200000"},
+])
+def test_extreme_inputs_never_raise(query):
+    at = open_page(**query)
+    no_traceback(at)
+    assert at.error or at.markdown[0].value.startswith("## :")
