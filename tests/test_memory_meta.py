@@ -121,16 +121,16 @@ def test_synthetic_architectures_match_meta_device(label):
     kv_heads=st.sampled_from([1, 2, 4]),
     group=st.sampled_from([1, 2, 3]),
     head_dim=st.sampled_from([16, 32, 48]),
-    hidden=st.sampled_from([64, 96, 128]),
+    width_per_head=st.sampled_from([16, 24, 32]),  # transformers insists hidden % heads == 0
     inter=st.integers(32, 300),
     layers=st.integers(1, 4),
     vocab=st.integers(10, 3000),
     tied=st.booleans(),
     bias=st.booleans(),
 )
-def test_random_llama_family_configs_match_meta_device(model_type, kv_heads, group, head_dim, hidden, inter, layers,
-                                                       vocab, tied, bias):
-    cfg = dict(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+def test_random_llama_family_configs_match_meta_device(model_type, kv_heads, group, head_dim, width_per_head, inter,
+                                                       layers, vocab, tied, bias):
+    cfg = dict(hidden_size=width_per_head * kv_heads * group, intermediate_size=inter, num_hidden_layers=layers,
                num_attention_heads=kv_heads * group, num_key_value_heads=kv_heads, head_dim=head_dim,
                vocab_size=vocab, tie_word_embeddings=tied, pad_token_id=0, bos_token_id=0, eos_token_id=0)
     if model_type in ("llama", "qwen3", "gemma2"):
