@@ -3,7 +3,8 @@
 Pure Python — importing this module never imports torch or transformers. The implementation
 lives in ``engine/sizing/`` (one concept per file: ``arch`` config -> parameters and KV,
 ``formats`` bytes per format, ``hardware`` presets and this machine, ``models`` where a model
-comes from, ``estimate`` budget rules / verdict / searches / roofline, ``cli`` the command line).
+comes from, ``plan`` budget rules / memory / roofline, ``estimate`` the answer and its searches,
+``advice`` formats to try / what would fit / command lines / formulas, ``cli`` the command line).
 
     >>> from engine.memory import estimate, Workload
     >>> e = estimate("internvl2-8b", "atlas-300v-pro")

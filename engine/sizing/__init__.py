@@ -1,8 +1,9 @@
 """Hardware-fit calculator internals (pure Python; no torch). Public API: engine.memory."""
 from .arch import Checkpoint, LayerSpec, ModelSpec, VisionSpec, model_from_config
-from .estimate import (FRAMEWORK_LABELS, Estimate, Plan, Settings, Workload, ascend_mask_bytes, compare_hardware,
-                       concurrency_curve, estimate, gib, rate,
-                       kv_bytes_per_token, roofline_decode_tokens_per_s, serve_command, weight_bytes)
+from .advice import serve_command
+from .estimate import Estimate, compare_hardware, concurrency_curve, estimate, kv_bytes_per_token, weight_bytes
+from .plan import (FRAMEWORK_LABELS, Plan, Settings, Workload, ascend_mask_bytes, gib, rate,
+                   roofline_decode_tokens_per_s)
 from .formats import KV_DTYPES, WEIGHT_FORMATS, SizingError, kv_dtype, weight_format
 from .hardware import (FRAMEWORKS, GiB, MiB, Hardware, custom_hardware, get_hardware, hardware_from_dict,
                        hardware_info, hardware_presets, measure_this_machine)

@@ -13,7 +13,8 @@ import argparse
 import json
 import sys
 
-from .estimate import FRAMEWORK_LABELS, Estimate, Settings, Workload, estimate, gib, rate
+from .estimate import Estimate, estimate
+from .plan import FRAMEWORK_LABELS, Settings, Workload, gib, rate
 from .formats import KV_DTYPES, WEIGHT_FORMATS, SizingError
 from .hardware import GiB, get_hardware, hardware_info, hardware_presets
 from .models import get_model, model_preset_config, model_presets
