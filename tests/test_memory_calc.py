@@ -446,3 +446,12 @@ def test_workload_resolution():
 
 def test_kv_and_mib_units():
     assert MiB == 1 << 20 and GiB == 1 << 30
+
+
+def test_speed_and_command_are_also_given_where_it_fits():
+    e = estimate("llama-3-70b", "rtx-4090", Workload(batch=4, context=8192))
+    there = e.at_devices_needed
+    assert there["devices"] == e.devices_needed == 8 and there["tp"] == 8
+    assert "--tensor-parallel-size 8" in there["serve_command"]
+    assert there["decode_tokens_per_s_roofline"] > 5 * e.decode_tokens_per_s_roofline
+    assert estimate("llama-3-8b", "h100-sxm", detail=False).at_devices_needed is None

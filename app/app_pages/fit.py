@@ -196,10 +196,15 @@ def render(est) -> None:
     m[1].metric("KV per token", f"{est.kv_bytes_per_token / 1024:,.1f} KiB", f"{est.kv_dtype.upper()}", delta_color="off")
     m[2].metric(f"Needed per {est.device_unit}", f"{est.total_bytes_per_device / calc.GiB:.2f} GiB",
                 f"of {est.usable_bytes_per_device / calc.GiB:.2f} GiB usable", delta_color="off")
-    m[3].metric("Decode", f"{est.decode_tokens_per_s:,.1f} tok/s",
-                f"≤ {est.decode_tokens_per_s_roofline:,.1f} roofline, {est.bound}-bound", delta_color="off")
-    m[4].metric("Time to first token", f"{est.prefill_seconds:,.2f} s",
-                f"≥ {est.prefill_seconds_roofline:,.2f} s roofline", delta_color="off")
+    there = est.at_devices_needed  # when it only fits on more devices, speed is quoted there
+    speed = there or dict(decode_tokens_per_s=est.decode_tokens_per_s, prefill_seconds=est.prefill_seconds,
+                          decode_tokens_per_s_roofline=est.decode_tokens_per_s_roofline,
+                          prefill_seconds_roofline=est.prefill_seconds_roofline)
+    where = f" (on {there['devices']})" if there else ""
+    m[3].metric(f"Decode{where}", f"{speed['decode_tokens_per_s']:,.1f} tok/s",
+                f"≤ {speed['decode_tokens_per_s_roofline']:,.1f} roofline, {est.bound}-bound", delta_color="off")
+    m[4].metric(f"Time to first token{where}", f"{speed['prefill_seconds']:,.2f} s",
+                f"≥ {speed['prefill_seconds_roofline']:,.2f} s roofline", delta_color="off")
 
     st.plotly_chart(vm.memory_bar(est), key="memory_bar", width="stretch", config={"displaylogo": False})
 
@@ -218,7 +223,9 @@ def render(est) -> None:
         st.caption(f"ℹ️ {n}")
 
     st.subheader("Serve it")
-    st.code(est.serve_command, language="bash")
+    if there:
+        st.caption(f"On {there['devices']} {est.device_unit}s (tp {there['tp']}, pp {there['pp']}), where it fits:")
+    st.code(there["serve_command"] if there else est.serve_command, language="bash")
 
     tab_cmp, tab_fmt, tab_roof, tab_ctx = st.tabs(["Every device", "Other formats", "Roofline", "Context vs sequences"])
     with tab_cmp:

@@ -132,12 +132,18 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
                      f" most sequences at {e.context:,} tokens: {e.max_batch:,}")
     if e.devices_needed:
         lines.append(f"  devices  fewest that fit: {e.devices_needed} (tp {e.devices_needed_tp}, pp {e.devices_needed_pp})")
-    lines.append(f"  decode   <= {e.decode_tokens_per_s_roofline:,.1f} tok/s roofline ({e.bound}-bound:"
+    as_is = "" if e.fits else "as configured: "
+    lines.append(f"  decode   {as_is}<= {e.decode_tokens_per_s_roofline:,.1f} tok/s roofline ({e.bound}-bound:"
                  f" {e.decode_bytes_per_step / 1e9:,.2f} GB read per step at {e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s);"
                  f" expect ~{e.decode_tokens_per_s:,.1f} tok/s at efficiency {e.efficiency_memory:.2f}")
-    lines.append(f"  prefill  >= {e.prefill_seconds_roofline:,.2f} s roofline for {e.batch * e.prompt_tokens:,} prompt tokens"
+    lines.append(f"  prefill  {as_is}>= {e.prefill_seconds_roofline:,.2f} s roofline for {e.batch * e.prompt_tokens:,} prompt tokens"
                  f" ({e.prefill_bound}-bound, {e.prefill_flops / 1e12:,.1f} TFLOP at {rate(e.peak_flops)}"
                  f" {e.peak_label}); expect ~{e.prefill_seconds:,.2f} s at efficiency {e.efficiency_compute:.2f}")
+    there = e.at_devices_needed
+    if there:
+        lines.append(f"  fitted   on {there['devices']} {unit}s (tp {there['tp']}, pp {there['pp']}): decode <="
+                     f" {there['decode_tokens_per_s_roofline']:,.1f} tok/s roofline (~{there['decode_tokens_per_s']:,.1f});"
+                     f" prefill >= {there['prefill_seconds_roofline']:,.2f} s (~{there['prefill_seconds']:,.2f} s)")
     others = [a for a in e.alternatives if not a["current"]]
     if others:
         lines.append("  formats  " + "; ".join(
@@ -152,7 +158,7 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
         lines.append(f"  warning  {w}")
     for n in e.notes:
         lines.append(f"  note     {n}")
-    lines.append(f"  serve    {e.serve_command}")
+    lines.append(f"  serve    {there['serve_command'] if there else e.serve_command}")
     if formulas:
         lines.append("  formulas")
         for name, text in e.formulas.items():

@@ -92,6 +92,8 @@ class Estimate:
     prefill_bytes: float
     # advice
     serve_command: str
+    #: when it only fits on more devices: speed there ({tp, pp, decode_tokens_per_s, ...}); else None
+    at_devices_needed: dict | None
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     suggestions: list[str] = field(default_factory=list)
@@ -222,9 +224,16 @@ def estimate(model, hardware, workload: Workload | None = None, settings: Settin
         peak_label=sp["peak_label"], bandwidth_bytes_per_s=hw.bandwidth,
         ridge_flops_per_byte=sp["peak"] / hw.bandwidth, decode_bytes_per_step=roof["decode_bytes"],
         decode_flops_per_step=roof["decode_flops"], prefill_flops=roof["prefill_flops"],
-        prefill_bytes=roof["prefill_bytes"], serve_command=serve_command(plan),
+        prefill_bytes=roof["prefill_bytes"], serve_command=serve_command(plan), at_devices_needed=None,
         warnings=list(dict.fromkeys(plan.warnings)), notes=list(dict.fromkeys(plan.notes)), stages=stages,
     )
+    if not fits and dn:
+        there = Plan(model, hw, workload, replace(settings, tp=dn[1], pp=dn[2]))
+        sp2, roof2 = there.speed(B, S), there.speed(B, S, efficiency=False)
+        est.at_devices_needed = dict(
+            devices=dn[0], tp=dn[1], pp=dn[2], decode_tokens_per_s=sp2["decode_tokens_per_s"],
+            decode_tokens_per_s_roofline=roof2["decode_tokens_per_s"], prefill_seconds=sp2["prefill_s"],
+            prefill_seconds_roofline=roof2["prefill_s"], serve_command=serve_command(there))
     if detail:
         est.alternatives = _alternatives(plan)
         est.suggestions = _suggestions(plan, est)
