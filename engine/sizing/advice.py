@@ -199,7 +199,7 @@ def _formulas(plan: Plan, est, sp: dict, roof: dict) -> dict[str, str]:
             else "  (SGLang: chunked prefill size)" if plan.framework == "sglang"
             else "  (prefill in chunks of at most this many tokens)")
     f["activations"] = act
-    f["overhead"] = (f"overhead = runtime {_fmt_bytes(hw.runtime_overhead_bytes)}"
+    f["overhead"] = (f"overhead = runtime context {hw.runtime_overhead_bytes / 1e6:,.0f} MB"
                      + (f" + NCCL/HCCL buffers {_fmt_bytes(nccl_bytes(est.devices))}" if est.devices > 1 else "")
                      + f" = {_fmt_bytes(est.overhead_bytes)}")
     cap = hw.memory_bytes

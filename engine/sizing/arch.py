@@ -418,8 +418,8 @@ def _mla(cfg: dict, model_type: str) -> dict:
         layers=tuple(layers), family=("MoE + " if n_experts else "") + "MLA (latent KV)",
         param_formula=tuple(formula),
         kv_formula=(f"MLA KV elements/token = L x (kv_lora_rank + qk_rope_head_dim) = {n_layers} x ({kv_r} + {d_rope})"
-                    f" = {_n(n_layers * kv_elems)} (no factor 2; the naive MHA formula would give"
-                    f" 2 x {n_layers} x {nh} x {d_nope + d_rope} = {_n(2 * n_layers * nh * (d_nope + d_rope))})"),
+                    f" = {_n(n_layers * kv_elems)} (no factor 2; the naive MHA formula L x nh x (d_k + d_v) would give"
+                    f" {n_layers} x {nh} x ({d_nope + d_rope} + {d_v}) = {_n(n_layers * nh * (d_nope + d_rope + d_v))})"),
     )
 
 
