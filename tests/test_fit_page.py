@@ -105,6 +105,11 @@ def test_every_device_table_and_roofline_and_formulas():
     ridge = next(t for t in roof["data"] if t["name"] == "ridge point")
     assert ridge["x"][0] == pytest.approx(70e12 / 204.8e9)
     assert {"decode (memory-bound)", "prefill (compute-bound)"} <= {t["name"] for t in roof["data"]}
+    sources = next(df.value for df in at.dataframe if "confidence" in df.value.columns)
+    memory = sources[sources["figure"] == "memory (GiB)"].iloc[0]
+    assert memory["value"] == "48" and "pid-253542321" in memory["source"] and memory["confidence"].startswith("medium")
+    bf16 = sources[sources["figure"] == "BF16 TFLOPS (dense)"].iloc[0]
+    assert bf16["value"] == "not supported"
     formulas = " ".join(c.value for c in at.code)
     assert "KV elements/token = L x 2 x nkv x d = 32 x 2 x 8 x 128 = 65,536" in formulas
     assert "usable = gpu_memory_utilization x total = 0.90 x 48.00 GiB = 43.20 GiB" in formulas

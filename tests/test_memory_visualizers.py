@@ -96,3 +96,15 @@ def test_formula_text(est):
     text = vm.formula_text(est)
     assert text.splitlines()[0].startswith("parameters:")
     assert "kv_per_token:" in text and "131,072" in text
+
+
+def test_hardware_sources_table():
+    from engine.memory import custom_hardware, get_hardware
+
+    t = vm.hardware_sources_table(get_hardware("h100-sxm"))
+    assert {"memory (GiB)", "bandwidth (GB/s)", "FP16 TFLOPS (dense)", "FP8 TFLOPS (dense)"} <= set(t["figure"])
+    assert all(t["source"].str.len() > 0) and all(t["confidence"].str.len() > 0)
+    mine = vm.hardware_sources_table(get_hardware("this-machine"))
+    bw = mine[mine["figure"] == "bandwidth (GB/s)"].iloc[0]
+    assert bw["value"] != "not supported" and "measured" in bw["source"]
+    assert vm.hardware_sources_table(custom_hardware(8, 100, 10)).empty

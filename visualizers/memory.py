@@ -189,3 +189,23 @@ def formula_text(est) -> str:
         for i, line in enumerate(text.splitlines()):
             lines.append(f"{(name + ':') if i == 0 else '':14} {line}")
     return "\n".join(lines)
+
+
+def hardware_sources_table(hw) -> pd.DataFrame:
+    """Each preset figure with its value, source and confidence (empty for typed-in hardware)."""
+    labels = {"memory_gib": "memory (GiB)", "memory_visible_mib": "memory visible to the runtime (MiB)",
+              "usable_fraction": "usable share (unified memory)", "bandwidth_gb_s": "bandwidth (GB/s)",
+              "fp16_tflops": "FP16 TFLOPS (dense)", "bf16_tflops": "BF16 TFLOPS (dense)",
+              "fp8_tflops": "FP8 TFLOPS (dense)", "int8_tops": "INT8 TOPS (dense)", "fp32_tflops": "FP32 TFLOPS",
+              "interconnect_gb_s": "interconnect (GB/s per direction)", "runtime_overhead_mb": "runtime overhead (MB)"}
+    measured = {"memory_gib": hw.memory_bytes / GiB, "bandwidth_gb_s": hw.bandwidth / 1e9,
+                "fp16_tflops": hw.fp16_flops / 1e12} if hw.measured else {}
+    rows = []
+    for key, label in labels.items():
+        fig = hw.sources.get(key)
+        if not fig:
+            continue
+        value = measured.get(key, fig.get("value"))
+        rows.append({"figure": label, "value": "not supported" if value is None else f"{value:,.4g}",
+                     "source": fig.get("source", ""), "confidence": fig.get("confidence", "")})
+    return pd.DataFrame(rows)

@@ -181,7 +181,7 @@ except Exception as exc:  # noqa: BLE001 - the page promise: a message, never a 
     st.error(f"Unexpected problem with these inputs ({type(exc).__name__}): {exc}", icon="🚫")
     st.stop()
 
-def render(est) -> None:
+def render(est, hardware) -> None:
     """Everything below the controls; pure display of one estimate."""
     # verdict first, in words and colour
     colour = {"fits": "green", "fits_with_more": "orange", "does_not_fit": "red"}[est.verdict_key]
@@ -249,12 +249,19 @@ def render(est) -> None:
         except calc.SizingError as exc:
             st.error(f"Curve unavailable: {exc}")
 
+    with st.expander(f"{hardware.name}: figures, sources and confidence"):
+        rows = vm.hardware_sources_table(hardware)
+        if len(rows):
+            st.dataframe(rows, key="hw_sources", hide_index=True, width="stretch")
+        for note in hardware.notes:
+            st.caption(note)
+
     with st.expander("Formulas, with the numbers filled in"):
         st.code(vm.formula_text(est), language=None)
         st.dataframe(vm.memory_table(est), key="memory_table", hide_index=True)
 
 
 try:
-    render(est)
+    render(est, hardware)
 except Exception as exc:  # noqa: BLE001 - a message, never a traceback
     st.error(f"Could not draw this answer ({type(exc).__name__}): {exc}", icon="🚫")
