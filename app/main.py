@@ -1,19 +1,33 @@
-"""InferScope entry point: page configuration and navigation only.
+"""InferScope entry point: page configuration, navigation, and the controls the live views share.
 
 Pages live in app/app_pages/ (not pages/, which Streamlit would auto-discover as a legacy
 multipage app). Each page script stays thin: read controls, call engine / visualizers, render.
 """
-import streamlit as st
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts only app/ on the path
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app import controls  # noqa: E402
 
 st.set_page_config(page_title="InferScope", page_icon="🔬", layout="wide")
 
+GENERATE = st.Page("app_pages/generate.py", title="Generate", icon="💬", default=True)
+KV_CACHE = st.Page("app_pages/kv_cache.py", title="Paged KV cache", icon="🧱", url_path="kv-cache")
+BATCHING = st.Page("app_pages/batching.py", title="Batch composition", icon="📊", url_path="batching")
 PAGES = {
-    "Engine": [
-        st.Page("app_pages/generate.py", title="Generate", icon="💬", default=True),
-    ],
+    "Engine": [GENERATE, KV_CACHE, BATCHING],
     "Sizing": [
         st.Page("app_pages/fit.py", title="Will it fit?", icon="📐", url_path="fit"),
     ],
 }
+LIVE_PAGES = (KV_CACHE.url_path, BATCHING.url_path)
 
-st.navigation(PAGES, position="top").run()
+page = st.navigation(PAGES, position="top")
+if page.url_path in LIVE_PAGES:
+    controls.sidebar()
+page.run()

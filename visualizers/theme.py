@@ -27,6 +27,8 @@ def request_color(request_id: int | str) -> str:
     """Stable colour for a request id (ints map in order; strings through a stable hash)."""
     if isinstance(request_id, int):
         index = request_id
+    elif str(request_id).isdigit():  # the engine's own ids ("0", "1", ...) keep arrival order
+        index = int(request_id)
     else:
         index = sum((i + 1) * ord(c) for i, c in enumerate(str(request_id)))
     return REQUEST_COLORS[index % len(REQUEST_COLORS)]
@@ -59,3 +61,51 @@ VERDICT_COLORS: dict[str, str] = {
     "fits_with_more": "#EE7733",
     "does_not_fit": "#EE6677",
 }
+
+
+# Live engine views (paged KV cache, batch composition). --------------------------------------
+
+# The swim lane: what a request did in one engine step.
+LANE_STATES: tuple[str, ...] = ("not arrived", "waiting", "prefill", "decode", "preempted", "finished")
+LANE_STATE_COLORS: dict[str, str] = {
+    "not arrived": "#FFFFFF",
+    "waiting": "#DDDDDD",
+    "prefill": "#4477AA",  # prompt (or recompute) chunk
+    "decode": "#EE7733",  # one generated token
+    "preempted": "#EE6677",
+    "finished": "#A6D96A",
+}
+
+# Chunk kinds in the token-budget bars (a bar's colour is its request; the pattern is its kind).
+CHUNK_PATTERNS: dict[str, str] = {"prefill": "", "decode": "x"}
+CHUNK_KIND_COLORS: dict[str, str] = {"prefill": LANE_STATE_COLORS["prefill"], "decode": LANE_STATE_COLORS["decode"]}
+
+# Scheduling policies side by side.
+POLICY_COLORS: dict[str, str] = {"static": "#BBBBBB", "continuous": "#228833"}
+
+# Queue lines over time.
+QUEUE_COLORS: dict[str, str] = {"waiting": "#888888", "running": "#4477AA", "preempted": "#EE6677"}
+
+
+def discrete_colorscale(colors: list[str] | tuple[str, ...]) -> list[list[float | str]]:
+    """A stepped Plotly colorscale: integer code i (with zmin=0, zmax=len-1) gets colors[i].
+
+    Plotly interpolates between stops, so each colour gets a flat band with duplicated stops:
+    [[0, c0], [1/n, c0], [1/n, c1], [2/n, c1], ...].
+    """
+    n = len(colors)
+    scale: list[list[float | str]] = []
+    for i, color in enumerate(colors):
+        scale.append([i / n, color])
+        scale.append([(i + 1) / n, color])
+    return scale
+
+
+def request_label(request_id: str) -> str:
+    """How a request is named in every view: "r3" for the engine's id "3", else the id itself."""
+    return f"r{request_id}" if str(request_id).isdigit() else str(request_id)
+
+
+def request_sort_key(request_id: str) -> tuple[int, int | str]:
+    """Engine ids sort numerically ("2" before "10"); other ids after them, alphabetically."""
+    return (0, int(request_id)) if str(request_id).isdigit() else (1, str(request_id))

@@ -1,0 +1,61 @@
+"""Batch composition per iteration: tokens per request per step against the budget, the
+request x step swim lane, queues, latency, and static vs continuous batching side by side.
+Thin: RunView -> visualizers -> st.*."""
+from __future__ import annotations
+
+import streamlit as st
+
+from app import live, state
+from engine.run import RunView
+from visualizers import batching as vb
+from visualizers import comparison as vc
+
+INTRO = ("Each engine step computes one flattened batch of at most `max_num_batched_tokens` tokens. Bars show "
+         "which requests filled it (colour = request, solid = prefill chunk, hatched = decode); the swim lane "
+         "shows every request's state in every step.")
+
+
+def render(view: RunView, style: live.Style) -> None:
+    live.chart(vb.budget_figure(view.traces, style.font_size), "batch_budget", style)
+    live.chart(vb.swimlane_figure(view.traces, view.snapshot, style.font_size), "batch_swimlane", style)
+    left, right = st.columns(2)
+    with left:
+        live.chart(vb.queue_figure(view.traces, view.snapshot, style.font_size), "batch_queues", style)
+    with right:
+        live.chart(vb.latency_figure(view.snapshot, style.font_size), "batch_latency", style)
+    if style.explain:
+        with st.expander("Latency per request (table)"):
+            live.table(vb.latency_frame(view.snapshot), "latency")
+    comparison(view, style)
+    if style.explain:
+        live.exports(view)
+
+
+def comparison(view: RunView, style: live.Style) -> None:
+    st.subheader("Static vs continuous batching, same scenario", anchor=False)
+    runs = view.comparison
+    if not runs and not view.is_replay:
+        if style.explain:
+            st.caption("Runs the scenario to the end twice on the real engine, once per policy, every other knob "
+                       "equal.")
+        if st.button("Run both policies", key="run_comparison", icon=":material/compare_arrows:"):
+            bar = st.progress(0.0, text="Running…")
+            state.run_comparison(lambda policy, n: bar.progress(min(n / 400, 1.0), text=f"{policy}: step {n}"))
+            bar.empty()
+            runs = state.comparison()
+    if not runs:
+        if view.is_replay:
+            st.info("This recording has no comparison runs.")
+        return
+    max_seqs = int(view.meta.config.get("max_num_seqs", 1))
+    live.table(vc.policy_summary(runs, max_seqs), "policy_summary",
+               column_config={"tokens / step": st.column_config.NumberColumn(format="%.2f"),
+                              "tokens / s (measured)": st.column_config.NumberColumn(format="%.0f"),
+                              "mean TTFT (steps)": st.column_config.NumberColumn(format="%.1f"),
+                              "mean latency (steps)": st.column_config.NumberColumn(format="%.1f"),
+                              "mean E2E (ms)": st.column_config.NumberColumn(format="%.0f")})
+    live.chart(vc.lanes_side_by_side(runs, style.font_size), "policy_lanes", style)
+    live.chart(vc.latency_comparison_figure(runs, style.font_size), "policy_latency", style)
+
+
+live.page("Batch composition", render, INTRO)

@@ -1,0 +1,53 @@
+"""Paged KV cache: the block pool, each request's block table, what this step did, and the
+memory paging saves against a contiguous reservation. Thin: RunView -> visualizers -> st.*."""
+from __future__ import annotations
+
+import streamlit as st
+
+from app import live, state
+from app.state import K
+from engine.run import RunView
+from visualizers import kv_blocks as kv
+from visualizers.theme import request_label
+
+INTRO = ("Every square is one physical KV block; its colour is the request that owns it (the same colour in "
+         "every view), its opacity how full it is. A dark outline marks a block allocated in the last step, a "
+         "red one a block freed. Hover a block for its id, owner, ref count and the tokens it holds.")
+
+
+def render(view: RunView, style: live.Style) -> None:
+    snap = view.snapshot
+    holders = [r.request_id for r in kv.running_tables(snap)]
+    options = ["all", *holders]
+    if st.session_state.get(K.focus) not in options:
+        st.session_state[K.focus] = "all"
+    left, right = st.columns([3, 2])
+    with left:
+        live.chart(kv.block_grid(snap, view.last_trace, state.focus(), style.font_size), "kv_pool", style,
+                   width="content")
+    with right:
+        st.subheader("What the last step did", anchor=False)
+        live.table(kv.step_events_frame(view.last_trace), "events",
+                   column_config={"items": st.column_config.TextColumn(width="large")})
+        frame = kv.waste_frame(snap, view.meta.max_model_len)
+        live.chart(kv.waste_figure(frame, snap.num_blocks * snap.block_size, snap.step, style.font_size),
+                   "kv_waste", style)
+        if style.explain:
+            paged, contiguous = frame.iloc[0], frame.iloc[2]
+            st.caption(f"Paged: {kv.format_bytes(paged['wasted bytes'])} reserved but unused "
+                       f"({paged['wasted share of pool']:.1%} of the pool), only the slack in each request's "
+                       f"last block. Reserving max_model_len={view.meta.max_model_len} tokens per request "
+                       f"up front would leave {kv.format_bytes(contiguous['wasted bytes'])} unused "
+                       f"({contiguous['wasted share of pool']:.0%} of the pool).")
+    st.segmented_control("Highlight a request", options, key=K.focus, required=True,
+                         format_func=lambda r: "all" if r == "all" else request_label(r))
+    live.chart(kv.block_table_figure(snap, state.focus(), style.font_size), "kv_tables", style)
+    if style.explain:
+        with st.expander("Block tables with the tokens each block holds"):
+            live.table(kv.block_table_frame(snap), "block_tables",
+                       column_config={"fill": st.column_config.ProgressColumn(min_value=0, max_value=1,
+                                                                              format="percent")})
+        live.exports(view)
+
+
+live.page("Paged KV cache", render, INTRO)

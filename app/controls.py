@@ -1,0 +1,88 @@
+"""The controls every live view shares, in the sidebar: model, scenario, engine knobs,
+Step / Run N / Play-Pause / Reset, record and replay, presentation mode.
+
+Widgets keep their values across page switches (``persist_state="session"``); model,
+scenario and presentation mode are also in the URL, so a talk slide can link to an exact set-up.
+Keyboard: PageDown = Step (a presenter's clicker), N = Run N, P = Play/Pause, Home = Reset.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from app import state
+from app.state import K
+
+KNOB_LABELS = {
+    "block_size": ("Block size (tokens)", "Tokens per KV block (1 to 256)."),
+    "num_blocks": ("KV blocks in the pool", "Physical blocks; the pool holds blocks x block size tokens."),
+    "max_num_batched_tokens": ("Token budget per step", "max_num_batched_tokens: all requests together."),
+    "max_num_seqs": ("Max running requests", "max_num_seqs: most requests in one batch."),
+}
+
+
+def sidebar() -> None:
+    """Render the shared controls, then make sure the session has a run that matches them."""
+    state.init_defaults()
+    with st.sidebar:
+        _run_buttons()
+        _workload()
+        _knobs()
+        _record_replay()
+        st.toggle("Presentation mode", key=K.present, bind="query-params", persist_state="session",
+                  help="Large fonts, no explanations or exports; PageDown steps (a clicker works).")
+    state.ensure_run()
+
+
+def _run_buttons() -> None:
+    playing = state.playing()
+    with st.container(horizontal=True):
+        st.button("Step", key="step", on_click=state.step, args=(1,), shortcut="PageDown", type="primary",
+                  icon=":material/skip_next:")
+        st.button("Pause" if playing else "Play", key="play", on_click=state.toggle_play, shortcut="P",
+                  icon=":material/pause:" if playing else ":material/play_arrow:")
+        st.button("Reset", key="reset", on_click=state.reset, shortcut="Home", icon=":material/restart_alt:")
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        st.number_input("Steps", min_value=1, max_value=1000, step=1, key=K.run_n, persist_state="session",
+                        width=110)
+        st.button("Run N", key="run_n_button", on_click=state.request_steps, shortcut="N")
+        st.select_slider("Seconds per step (Play)", options=[0.25, 0.5, 1.0, 2.0], key=K.tick,
+                         persist_state="session")
+
+
+def _workload() -> None:
+    disabled = state.is_replay()
+    st.selectbox("Scenario", state.scenario_names(), key=K.scenario, on_change=state.on_scenario_change,
+                 format_func=lambda n: state.scenario(n).title, bind="query-params", persist_state="session",
+                 disabled=disabled)
+    st.selectbox("Model", state.MODELS, key=K.model, bind="query-params", persist_state="session",
+                 disabled=disabled, help="smollm2-135m: the real SmolLM2-135M-Instruct. tiny-random: instant, "
+                                         "gibberish text, same engine.")
+
+
+def _knobs() -> None:
+    disabled = state.is_replay()
+    with st.expander("Engine knobs", expanded=False):
+        for knob, (label, help_text) in KNOB_LABELS.items():
+            st.number_input(label, min_value=0, step=1, key=K.knob + knob, help=help_text,
+                            persist_state="session", disabled=disabled)
+        st.toggle("Chunked prefill", key=K.knob + "enable_chunked_prefill", persist_state="session",
+                  disabled=disabled, help="Split prompts larger than the remaining budget across steps.")
+        st.segmented_control("Policy", ["continuous", "static"], key=K.knob + "policy", required=True,
+                             persist_state="session", disabled=disabled,
+                             help="continuous: refill free slots every step; static: a batch runs until its "
+                                  "longest request finishes.")
+        st.caption("Changing a knob restarts the scenario.")
+
+
+def _record_replay() -> None:
+    with st.expander("Record / replay", expanded=state.is_replay()):
+        current = state.run()
+        if current is not None:
+            name = f"inferscope-{current.meta.scenario}-{current.meta.model}.json"
+            st.download_button("Download recording (JSON)", data=state.recording_json, file_name=name,
+                               mime="application/json", on_click="ignore", key="download_recording",
+                               icon=":material/download:")
+        st.file_uploader("Replay a recording", type=["json"], key=K.upload, on_change=state.load_recording_upload,
+                         help="Replays without loading the model: for talks on any laptop.")
+        if state.is_replay():
+            st.button("Back to live engine", key="leave_replay", on_click=state.leave_replay)

@@ -1,0 +1,138 @@
+"""Shared scaffolding of the live pages: the views fragment (Play ticks and Run N progress),
+the status header (live / REPLAY badge, step, queues), charts with export, presentation style.
+
+A page calls ``live.page(title, render)`` where ``render(view, style)`` draws that page's
+views from an immutable RunView. Everything that depends on the step is inside one keyed
+fragment, so Play reruns only the views.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from app import state
+from engine.run import RunView
+from visualizers.steps import step_table_csv
+
+FRAGMENT_KEY = "views"
+PRESENTATION_CSS = """
+<style>
+html { font-size: 21px; }
+[data-testid="stHeader"], [data-testid="stToolbar"], [data-testid="stDecoration"] { display: none; }
+</style>
+"""
+
+
+@dataclass(frozen=True)
+class Style:
+    font_size: int
+    explain: bool  # captions, explanations, export buttons
+
+    @classmethod
+    def current(cls) -> "Style":
+        present = state.presentation()
+        return cls(font_size=19 if present else 12, explain=not present)
+
+
+def chart_config(name: str) -> dict:
+    """Plotly's own toolbar gives the PNG export (camera icon), drawn by the browser."""
+    return {"displaylogo": False, "scrollZoom": False,
+            "toImageButtonOptions": {"format": "png", "filename": f"inferscope-{name}", "scale": 2},
+            "modeBarButtonsToRemove": ["zoom2d", "pan2d", "select2d", "lasso2d", "autoScale2d"]}
+
+
+def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch") -> None:
+    """A figure, plus (outside presentation mode) an HTML export of it."""
+    st.plotly_chart(fig, key=f"chart_{name}", width=width, config=chart_config(name))
+    if style.explain:
+        st.download_button(f"Figure as HTML", data=lambda: fig.to_html(include_plotlyjs=True, full_html=True),
+                           file_name=f"inferscope-{name}.html", mime="text/html", on_click="ignore",
+                           key=f"html_{name}", icon=":material/download:", type="tertiary")
+
+
+def table(frame: pd.DataFrame, name: str, **kwargs) -> None:
+    st.dataframe(frame, key=f"table_{name}", hide_index=True, **kwargs)
+
+
+def page(title: str, render: Callable[[RunView, Style], None], intro: str = "") -> None:
+    """Title, error/notice messages, then the views fragment."""
+    style = Style.current()
+    if not style.explain:
+        st.html(PRESENTATION_CSS)
+    st.header(title, anchor=False)
+    if intro and style.explain:
+        st.caption(intro)
+    run_every = state.tick_seconds() if state.playing() else None
+
+    @st.fragment(run_every=run_every, key=FRAGMENT_KEY)
+    def views() -> None:
+        _advance()
+        view = state.view()
+        if state.error():
+            st.error(state.error(), icon=":material/error:")
+        if view is None:
+            if not state.error():
+                st.info("No run yet: pick a scenario and a model in the sidebar.")
+            return
+        status(view, style)
+        render(view, style)
+
+    views()
+
+
+def _advance() -> None:
+    """Play: one step per tick. Run N: the requested steps, with a progress bar."""
+    current = state.run()
+    if current is None:
+        return
+    pending = state.take_pending_steps()
+    if pending:
+        bar = st.progress(0.0, text=f"Running {pending} steps…")
+        for i in range(pending):
+            if not current.step(1):
+                break
+            bar.progress((i + 1) / pending, text=f"Step {i + 1} of {pending}")
+        bar.empty()
+    elif state.playing():
+        if current.done:
+            state.stop_playing()
+            st.rerun()  # a full run stops the timer (run_every is fixed at the last full run)
+        state.step(1)
+
+
+def status(view: RunView, style: Style) -> None:
+    """One row: live/replay badge, scenario, model, steps, queues, pool, last step's engine time."""
+    m = view.meta
+    snap = view.snapshot
+    last = view.last_trace
+    with st.container(horizontal=True, vertical_alignment="center"):
+        if view.is_replay:
+            st.badge("REPLAY · recorded run, no model", icon=":material/replay:", color="orange")
+        else:
+            st.badge("LIVE engine", icon=":material/memory:", color="green")
+        st.badge(f"{m.title} · {m.model} · {m.policy}", color="gray")
+        if view.done:
+            st.badge("all requests finished", icon=":material/check:", color="blue")
+    statuses = [r.status for r in snap.requests]
+    cols = st.columns(6)
+    cols[0].metric("Steps done", view.step)
+    cols[1].metric("Running", statuses.count("running"))
+    cols[2].metric("Waiting", statuses.count("waiting") + statuses.count("preempted"),
+                   help="Arrived and queued (including preempted requests); not-yet-arrived ones are not counted.")
+    cols[3].metric("Finished", f"{statuses.count('finished')} / {len(statuses)}")
+    cols[4].metric("Free blocks", f"{snap.num_free_blocks} / {snap.num_blocks}")
+    cols[5].metric("Last step (engine)", f"{last.total_ms:.1f} ms" if last else "—",
+                   help="Schedule + forward + sample time of the last engine step, as the engine measured it.")
+    if state.notice() and view.is_replay and style.explain:
+        st.caption(state.notice())
+
+
+def exports(view: RunView) -> None:
+    """The step table as CSV (figures export next to each chart)."""
+    st.download_button("Step table (CSV)", data=lambda: step_table_csv(view.traces),
+                       file_name=f"inferscope-{view.meta.scenario}-steps.csv", mime="text/csv",
+                       on_click="ignore", key="csv_steps", icon=":material/table:")

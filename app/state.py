@@ -1,0 +1,334 @@
+"""The only module that touches ``st.session_state`` and ``st.cache_resource``.
+
+* Weights and tokenizers: one read-only copy per (model, dtype) for the whole process
+  (``st.cache_resource``), shared by every browser session.
+* Everything mutable is per session: the session's run (a LiveRun owning its own engine,
+  KV pool and scheduler, or a ReplayRun over a recording), its comparison runs, the Generate
+  page's last answer, play/pause. Every engine step happens under that run's lock.
+* Widget keys live here too (``K``), so pages and controls agree on them.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+import streamlit as st
+
+from engine.config import EngineConfig
+from engine.recording import Recording, from_json, record, to_json
+from engine.run import LiveRun, PolicyRun, ReplayRun, RunView, compare_policies
+from engine.scenario import Scenario, list_scenarios, load_scenario
+
+MODELS = ("smollm2-135m", "tiny-random")
+DEFAULT_SCENARIO = "chat-burst"
+KNOBS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "policy")
+
+
+class K:
+    """Session-state keys (widgets and plain values)."""
+
+    model = "live_model"
+    scenario = "live_scenario"
+    knob = "knob_"  # + knob name
+    run_n = "run_n"
+    tick = "tick"
+    present = "present"
+    focus = "focus"
+    upload = "recording_upload"
+    # plain (non-widget) state
+    run = "_run"
+    run_spec = "_run_spec"
+    error = "_run_error"
+    notice = "_run_notice"
+    playing = "_playing"
+    pending = "_pending_steps"
+    stop_play = "_stop_play"
+    generate = "_generate_result"
+
+
+_torch_once = threading.Lock()
+_torch_done = False
+
+
+def configure_torch() -> None:
+    """Cap torch's intra-op threads once per process (INFERSCOPE_TORCH_THREADS, default 1).
+
+    On small shared machines one thread per session is fastest: the tiny model's ops are too
+    small to split, and two sessions stepping at once would fight over the same cores.
+    """
+    global _torch_done
+    with _torch_once:
+        if _torch_done:
+            return
+        import torch
+
+        torch.set_num_threads(max(1, int(os.environ.get("INFERSCOPE_TORCH_THREADS", "1"))))
+        _torch_done = True
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def shared_model(name: str):
+    """Weights + tokenizer, loaded once per process; read-only, so sessions may share them."""
+    from engine.engine import get_shared_model
+
+    configure_torch()
+    return get_shared_model(name)
+
+
+def load_model(name: str):
+    """``shared_model`` with a progress message (the first smollm2 load converts the GGUF)."""
+    if name not in MODELS:
+        raise ValueError(f"model: choose one of {MODELS}, got {name!r}")
+    with st.spinner(f"Loading {name} weights (first load converts the bundled model, about a minute)…"):
+        return shared_model(name)
+
+
+@st.cache_data(show_spinner=False)
+def scenario_names() -> list[str]:
+    return list_scenarios()
+
+
+@st.cache_data(show_spinner=False)
+def scenario(name: str) -> Scenario:
+    return load_scenario(name)
+
+
+# -- controls' values -------------------------------------------------------------------------
+
+def init_defaults() -> None:
+    """First run of a session: the default scenario's model and knobs (the URL may override)."""
+    ss = st.session_state
+    if K.scenario not in ss:
+        name = st.query_params.get(K.scenario, DEFAULT_SCENARIO)
+        ss[K.scenario] = name if name in scenario_names() else DEFAULT_SCENARIO
+    sc = scenario(ss[K.scenario])
+    if K.model not in ss:
+        name = st.query_params.get(K.model, sc.model)
+        ss[K.model] = name if name in MODELS else MODELS[0]
+    for knob, value in scenario_knobs(sc).items():
+        ss.setdefault(K.knob + knob, value)
+    ss.setdefault(K.run_n, 10)
+    ss.setdefault(K.tick, 0.5)
+    ss.setdefault(K.playing, False)
+    if ss.pop(K.stop_play, False):
+        ss[K.playing] = False
+
+
+def scenario_knobs(sc: Scenario) -> dict[str, Any]:
+    """The scenario's knobs with EngineConfig defaults for the ones it leaves out."""
+    defaults = {f.name: f.default for f in fields(EngineConfig)}
+    return {k: sc.knobs.get(k, defaults[k]) for k in KNOBS}
+
+
+def on_scenario_change() -> None:
+    """Widget callback: a new scenario brings its own knobs (the chosen model stays)."""
+    ss = st.session_state
+    try:
+        sc = scenario(ss[K.scenario])
+    except ValueError as e:
+        ss[K.error] = str(e)
+        return
+    for knob, value in scenario_knobs(sc).items():
+        ss[K.knob + knob] = value
+    ss[K.playing] = False
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the controls ask for; a run is rebuilt whenever this changes."""
+
+    model: str
+    scenario: str
+    knobs: tuple[tuple[str, Any], ...]
+
+
+def requested_spec() -> RunSpec:
+    ss = st.session_state
+    return RunSpec(ss[K.model], ss[K.scenario], tuple((k, ss[K.knob + k]) for k in KNOBS))
+
+
+# -- the session's run ------------------------------------------------------------------------
+
+def run() -> LiveRun | ReplayRun | None:
+    return st.session_state.get(K.run)
+
+
+def is_replay() -> bool:
+    return isinstance(run(), ReplayRun)
+
+
+def ensure_run() -> None:
+    """Build the session's live run if there is none or the controls changed (not in replay).
+
+    Problems (a bad knob, a prompt too long for the pool) end up as a message in
+    ``K.error`` and leave no run, never as an exception.
+    """
+    ss = st.session_state
+    if is_replay():
+        return
+    spec = requested_spec()
+    if ss.get(K.run) is not None and ss.get(K.run_spec) == spec:
+        return
+    if ss.get(K.run_spec) == spec and ss.get(K.error):
+        return  # same bad request as last time: keep the message, do not retry every rerun
+    build_run(spec)
+
+
+def build_run(spec: RunSpec) -> None:
+    ss = st.session_state
+    ss[K.run], ss[K.run_spec], ss[K.error] = None, spec, None
+    ss[K.playing] = False
+    try:
+        sc = scenario(spec.scenario)
+        model = load_model(spec.model)
+        ss[K.run] = LiveRun.from_scenario(sc, model, **dict(spec.knobs))
+    except (ValueError, OSError) as e:
+        ss[K.error] = str(e)
+
+
+def reset() -> None:
+    """Widget callback: back to step 0 (a replay rewinds; a live run is rebuilt from the controls)."""
+    ss = st.session_state
+    current = run()
+    ss[K.playing] = False
+    ss[K.pending] = 0
+    if isinstance(current, ReplayRun):
+        current.reset()
+    else:
+        ss[K.run] = None
+        ss[K.run_spec] = None
+        ss[K.error] = None
+
+
+def step(n: int = 1) -> None:
+    """Widget callback: ``n`` steps of the session's run, under its lock."""
+    current = run()
+    if current is None:
+        return
+    try:
+        current.step(n)
+    except (ValueError, RuntimeError) as e:
+        st.session_state[K.error] = f"step failed: {e}"
+        st.session_state[K.playing] = False
+
+
+def request_steps() -> None:
+    """Widget callback for Run N: the steps run in the views, with a progress bar."""
+    st.session_state[K.pending] = int(st.session_state.get(K.run_n, 10))
+
+
+def take_pending_steps() -> int:
+    return int(st.session_state.pop(K.pending, 0) or 0)
+
+
+def toggle_play() -> None:
+    st.session_state[K.playing] = not st.session_state.get(K.playing, False)
+
+
+def playing() -> bool:
+    return bool(st.session_state.get(K.playing, False))
+
+
+def stop_playing() -> None:
+    """From inside the views (run finished): Play's state is changed before the next full run."""
+    st.session_state[K.stop_play] = True
+
+
+def tick_seconds() -> float:
+    return float(st.session_state.get(K.tick, 0.5))
+
+
+def view() -> RunView | None:
+    current = run()
+    return current.view() if current is not None else None
+
+
+def error() -> str | None:
+    return st.session_state.get(K.error)
+
+
+def notice() -> str | None:
+    return st.session_state.get(K.notice)
+
+
+# -- record / replay --------------------------------------------------------------------------
+
+def recording_json() -> str:
+    current = run()
+    return to_json(record(current)) if current is not None else ""
+
+
+def load_recording_upload() -> None:
+    """Widget callback: an uploaded JSON recording becomes the session's run (replay mode)."""
+    ss = st.session_state
+    uploaded = ss.get(K.upload)
+    if uploaded is None:
+        return
+    try:
+        start_replay(from_json(uploaded.getvalue()))
+    except ValueError as e:
+        ss[K.error] = str(e)
+
+
+def start_replay(recording: Recording) -> None:
+    ss = st.session_state
+    ss[K.run] = ReplayRun(recording)
+    ss[K.error] = None
+    ss[K.playing] = False
+    ss[K.notice] = f"Replaying a recording of {recording.meta.title} on {recording.meta.model} " \
+                   f"({len(recording.traces)} steps); no model is loaded."
+
+
+def leave_replay() -> None:
+    ss = st.session_state
+    ss[K.run] = None
+    ss[K.run_spec] = None
+    ss[K.notice] = None
+    ss[K.upload] = None if K.upload not in ss else ss[K.upload]
+
+
+# -- static vs continuous ---------------------------------------------------------------------
+
+def comparison() -> dict[str, PolicyRun]:
+    current = run()
+    return dict(current.comparison) if current is not None else {}
+
+
+def run_comparison(progress: Callable[[str, int], None] | None = None) -> None:
+    """Run the current scenario to the end under both policies (live runs only)."""
+    current = run()
+    if current is None or isinstance(current, ReplayRun):
+        return
+    spec = st.session_state.get(K.run_spec)
+    if spec is None:
+        return
+    try:
+        runs = compare_policies(scenario(spec.scenario), load_model(spec.model), dict(spec.knobs), on_step=progress)
+    except (ValueError, RuntimeError) as e:
+        st.session_state[K.error] = f"comparison failed: {e}"
+        return
+    with current.lock:
+        current.comparison.update(runs)
+
+
+# -- presentation -----------------------------------------------------------------------------
+
+def presentation() -> bool:
+    return bool(st.session_state.get(K.present, False))
+
+
+def focus() -> str | None:
+    value = st.session_state.get(K.focus)
+    return None if value in (None, "all") else value
+
+
+# -- the Generate page ------------------------------------------------------------------------
+
+def generate_result() -> dict | None:
+    return st.session_state.get(K.generate)
+
+
+def set_generate_result(result: dict) -> None:
+    st.session_state[K.generate] = result

@@ -1,0 +1,161 @@
+"""A run: an engine being stepped (live) or a recorded history being stepped again (replay).
+
+Both give the views the same immutable ``RunView`` (meta, every StepTrace so far, the
+Snapshot after the latest step), so every view renders a replay exactly like a live run.
+
+    live   = LiveRun.from_scenario(load_scenario("chat-burst"), get_shared_model("tiny-random"))
+    live.step()                  # one engine step under the engine's lock
+    view = live.view()           # immutable: what the views draw
+    replay = ReplayRun(live.recording())   # no model needed
+
+A live run keeps a snapshot after every step, so it can be recorded (engine.recording) and
+replayed without the model.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
+
+from engine.scenario import Scenario, build_engine, run_to_end
+from engine.trace import Snapshot, StepTrace
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """What was run: enough to label a replay and to redo the run live."""
+
+    model: str
+    scenario: str
+    title: str
+    config: Mapping[str, Any]  # EngineConfig fields
+    max_model_len: int
+    kv_bytes_per_token: int
+    chat_template: bool = False
+
+    @property
+    def policy(self) -> str:
+        return str(self.config.get("policy", "continuous"))
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One complete run of a scenario under one scheduling policy (for side-by-side views)."""
+
+    policy: str
+    traces: tuple[StepTrace, ...]
+    final: Snapshot
+
+
+@dataclass(frozen=True)
+class RunView:
+    """An immutable picture of a run after its latest step: what every view renders."""
+
+    meta: RunMeta
+    traces: tuple[StepTrace, ...]
+    snapshot: Snapshot
+    done: bool
+    is_replay: bool
+    comparison: Mapping[str, PolicyRun] = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        return len(self.traces)
+
+    @property
+    def last_trace(self) -> StepTrace | None:
+        return self.traces[-1] if self.traces else None
+
+
+def meta_for(engine: Any, scenario: Scenario) -> RunMeta:
+    return RunMeta(model=engine.shared.name, scenario=scenario.name, title=scenario.title,
+                   config=asdict(engine.config), max_model_len=engine.max_model_len,
+                   kv_bytes_per_token=engine.kv_cache_bytes_per_token, chat_template=scenario.chat_template)
+
+
+class LiveRun:
+    """A live engine plus its history. Every method takes the engine's lock."""
+
+    is_replay = False
+
+    def __init__(self, engine: Any, meta: RunMeta) -> None:
+        self.engine = engine
+        self.meta = meta
+        self.lock: threading.RLock = engine.lock
+        self.traces: list[StepTrace] = []
+        self.snapshots: list[Snapshot] = [engine.snapshot()]
+        self.comparison: dict[str, PolicyRun] = {}
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario, model: Any, **knob_overrides: Any) -> "LiveRun":
+        engine = build_engine(scenario, model, **knob_overrides)
+        return cls(engine, meta_for(engine, scenario))
+
+    @property
+    def done(self) -> bool:
+        with self.lock:
+            return not self.engine.has_unfinished_requests()
+
+    def step(self, n: int = 1) -> list[StepTrace]:
+        """Up to ``n`` engine steps (fewer when the run finishes); each is followed by a snapshot."""
+        out = []
+        with self.lock:
+            for _ in range(n):
+                if not self.engine.has_unfinished_requests():
+                    break
+                trace = self.engine.step()
+                self.traces.append(trace)
+                self.snapshots.append(self.engine.snapshot())
+                out.append(trace)
+        return out
+
+    def view(self) -> RunView:
+        with self.lock:
+            return RunView(self.meta, tuple(self.traces), self.snapshots[-1],
+                           not self.engine.has_unfinished_requests(), False, dict(self.comparison))
+
+
+class ReplayRun:
+    """Steps through a recording; needs no model. ``reset`` rewinds to step 0."""
+
+    is_replay = True
+
+    def __init__(self, recording: Any) -> None:
+        self.recording = recording
+        self.meta: RunMeta = recording.meta
+        self.lock = threading.RLock()
+        self.cursor = 0
+        self.comparison: dict[str, PolicyRun] = dict(recording.comparison)
+
+    @property
+    def done(self) -> bool:
+        return self.cursor >= len(self.recording.traces)
+
+    def step(self, n: int = 1) -> list[StepTrace]:
+        with self.lock:
+            start = self.cursor
+            self.cursor = min(len(self.recording.traces), self.cursor + n)
+            return list(self.recording.traces[start:self.cursor])
+
+    def reset(self) -> None:
+        with self.lock:
+            self.cursor = 0
+
+    def view(self) -> RunView:
+        with self.lock:
+            c = self.cursor
+            return RunView(self.meta, tuple(self.recording.traces[:c]), self.recording.snapshots[c],
+                           self.done, True, dict(self.comparison))
+
+
+def compare_policies(scenario: Scenario, model: Any, knob_overrides: Mapping[str, Any] | None = None,
+                     policies: tuple[str, ...] = ("static", "continuous"),
+                     on_step: Callable[[str, int], None] | None = None) -> dict[str, PolicyRun]:
+    """Run the same scenario to the end once per policy, with every other knob equal."""
+    out = {}
+    for policy in policies:
+        engine = build_engine(scenario, model, **{**(knob_overrides or {}), "policy": policy})
+        callback = None if on_step is None else (lambda n, p=policy: on_step(p, n))
+        traces = run_to_end(engine, on_step=callback)
+        out[policy] = PolicyRun(policy, tuple(traces), engine.snapshot())
+    return out

@@ -1,0 +1,245 @@
+"""Batch composition views: what each engine step computed, per request.
+
+* token-budget bars: per step, the tokens each request contributed (prefill chunks solid,
+  decodes hatched) against ``max_num_batched_tokens``, with a second panel counting decodes
+  and prefill chunks so single-token decodes stay visible next to 256-token chunks;
+* swim lane: request x step, state in {not arrived, waiting, prefill, decode, preempted, finished};
+* queue lengths over time; TTFT and time per output token per request.
+
+Pure functions of StepTraces and Snapshots.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from engine.trace import Snapshot, StepTrace
+from visualizers.figures import figure, hline
+from visualizers.theme import (CHUNK_KIND_COLORS, CHUNK_PATTERNS, LANE_STATE_COLORS, LANE_STATES, QUEUE_COLORS,
+                               discrete_colorscale, request_color, request_label, request_sort_key)
+
+MAX_TEXT_STEPS = 80  # print token counts in swim-lane cells only up to this many steps
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """The swim lane as data: ``states[i][j]`` is request ``request_ids[i]`` at ``steps[j]``."""
+
+    request_ids: tuple[str, ...]
+    steps: tuple[int, ...]
+    states: tuple[tuple[str, ...], ...]
+    tokens: tuple[tuple[int, ...], ...]  # tokens computed for that request in that step
+
+    def count(self, state: str) -> list[int]:
+        """How many requests were in ``state`` at each step."""
+        return [sum(1 for row in self.states if row[j] == state) for j in range(len(self.steps))]
+
+
+def lanes(traces: Sequence[StepTrace], request_ids: Sequence[str] = ()) -> Lanes:
+    """Reconstruct every request's state at every step from the traces alone.
+
+    A request is "not arrived" until the step whose trace lists it in ``arrived``; in a step
+    it is "preempted" if the scheduler evicted it, else the kind of chunk it got ("prefill" /
+    "decode"), else "waiting" (queued, or running without budget this step); after the step
+    that lists it in ``finished`` it is "finished".
+    """
+    seen = set(request_ids)
+    for t in traces:
+        seen.update(t.arrived)
+        seen.update(c.request_id for c in t.scheduled)
+    ids = tuple(sorted(seen, key=request_sort_key))
+    arrived = {rid: False for rid in ids}
+    finished = {rid: False for rid in ids}
+    states: dict[str, list[str]] = {rid: [] for rid in ids}
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+    for t in traces:
+        chunks = {c.request_id: c for c in t.scheduled}
+        preempted = set(t.preempted)
+        for rid in ids:
+            arrived[rid] = arrived[rid] or rid in t.arrived
+            chunk = chunks.get(rid)
+            if finished[rid]:
+                state = "finished"
+            elif rid in preempted:
+                state = "preempted"
+            elif chunk is not None:
+                state = chunk.kind
+            elif arrived[rid]:
+                state = "waiting"
+            else:
+                state = "not arrived"
+            states[rid].append(state)
+            tokens[rid].append(chunk.num_tokens if chunk is not None else 0)
+        for rid in t.finished:
+            if rid in finished:
+                finished[rid] = True
+    return Lanes(ids, tuple(t.step for t in traces), tuple(tuple(states[r]) for r in ids),
+                 tuple(tuple(tokens[r]) for r in ids))
+
+
+def _request_ids(snapshot: Snapshot | None) -> tuple[str, ...]:
+    return tuple(r.request_id for r in snapshot.requests) if snapshot is not None else ()
+
+
+def budget_figure(traces: Sequence[StepTrace], font_size: int = 12) -> go.Figure:
+    """Tokens per step, stacked by request (one trace per request, its colour), vs the budget.
+
+    Top panel: bar height = tokens; pattern: solid = prefill chunk, "x" = decode. Bottom panel:
+    how many decodes and prefill chunks each step held (a 1-token decode is invisible beside
+    a 256-token chunk on the top panel's scale; here it counts as one).
+    """
+    per_request: dict[str, list[tuple[int, int, str]]] = {}
+    for t in traces:
+        for c in t.scheduled:
+            per_request.setdefault(c.request_id, []).append((t.step, c.num_tokens, c.kind))
+    data = []
+    for rid in sorted(per_request, key=request_sort_key):
+        pts = per_request[rid]
+        label = request_label(rid)
+        data.append(dict(
+            type="bar", x=[p[0] for p in pts], y=[p[1] for p in pts], name=label, legendgroup=label,
+            xaxis="x", yaxis="y",
+            marker=dict(color=request_color(rid), pattern=dict(shape=[CHUNK_PATTERNS[p[2]] for p in pts],
+                                                                fgcolor="white", size=6)),
+            customdata=[p[2] for p in pts],
+            hovertemplate=f"{label} step %{{x}}: %{{y}} tokens (%{{customdata}})<extra></extra>",
+        ))
+    steps = [t.step for t in traces]
+    for kind, name in (("decode", "decodes"), ("prefill", "prefill chunks")):
+        data.append(dict(type="bar", x=steps, y=[sum(1 for c in t.scheduled if c.kind == kind) for t in traces],
+                         name=name, marker=dict(color=CHUNK_KIND_COLORS[kind]), xaxis="x", yaxis="y2",
+                         offsetgroup=kind, legendgroup="counts",
+                         hovertemplate=f"step %{{x}}: %{{y}} {name}<extra></extra>"))
+    shapes, notes = [], []
+    if traces:
+        budget = traces[-1].token_budget
+        shape, note = hline(budget, f"token budget {budget}", yref="y", domain_ref="x domain")
+        shapes, notes = [shape], [note]
+    return figure(data, dict(
+        barmode="stack", height=480, margin=dict(l=10, r=10, t=50, b=40), font=dict(size=font_size),
+        title=dict(text=f"Tokens per step by request (solid = prefill, hatched = decode), after {len(traces)} steps",
+                   font=dict(size=font_size + 3)),
+        legend=dict(title=dict(text="request")), meta={"step": len(traces)}, dragmode=False,
+        shapes=shapes, annotations=notes,
+        xaxis=dict(anchor="y2", title=dict(text="engine step"), fixedrange=True),
+        yaxis=dict(domain=[0.34, 1.0], title=dict(text="tokens"), fixedrange=True, rangemode="tozero"),
+        yaxis2=dict(domain=[0.0, 0.26], title=dict(text="count"), fixedrange=True, rangemode="tozero"),
+    ))
+
+
+def lane_heatmap(lane: Lanes, show_text: bool | None = None, xaxis: str = "x", yaxis: str = "y") -> dict:
+    """The swim lane as one Heatmap trace (discrete colours: LANE_STATES order)."""
+    codes = [[LANE_STATES.index(s) for s in row] for row in lane.states]
+    show = len(lane.steps) <= MAX_TEXT_STEPS if show_text is None else show_text
+    text = [[str(n) if n else "" for n in row] for row in lane.tokens]
+    hover = [[f"{s}" + (f", {n} tokens" if n else "") for s, n in zip(srow, nrow)]
+             for srow, nrow in zip(lane.states, lane.tokens)]
+    trace = dict(
+        type="heatmap", z=codes, x=list(lane.steps), y=[request_label(r) for r in lane.request_ids],
+        colorscale=discrete_colorscale([LANE_STATE_COLORS[s] for s in LANE_STATES]),
+        zmin=-0.5, zmax=len(LANE_STATES) - 0.5, showscale=False, xgap=1, ygap=1,
+        customdata=hover, hovertemplate="%{y}, step %{x}: %{customdata}<extra></extra>", name="swim lane",
+        xaxis=xaxis, yaxis=yaxis,
+    )
+    if show:
+        trace.update(text=text, texttemplate="%{text}", textfont=dict(size=10))
+    return trace
+
+
+def state_legend(xaxis: str = "x", yaxis: str = "y") -> list[dict]:
+    """Legend-only entries for the lane states (a heatmap has no legend of its own)."""
+    return [dict(type="scatter", x=[None], y=[None], mode="markers", name=s, legendgroup="states",
+                 marker=dict(symbol="square", size=12, color=LANE_STATE_COLORS[s], line=dict(color="#999999", width=1)),
+                 hoverinfo="skip", xaxis=xaxis, yaxis=yaxis) for s in LANE_STATES[1:]]
+
+
+def request_chips(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> list[dict]:
+    """A square in each request's colour left of its lane, tying the lane to the other views."""
+    if not lane.request_ids:
+        return []
+    x0 = (lane.steps[0] if lane.steps else 0) - 1.2
+    return [dict(type="scatter", x=[x0] * len(lane.request_ids), y=[request_label(r) for r in lane.request_ids],
+                 mode="markers", marker=dict(symbol="square", size=12, color=[request_color(r) for r in lane.request_ids]),
+                 name="request colour", showlegend=False, hovertemplate="%{y}<extra></extra>",
+                 xaxis=xaxis, yaxis=yaxis)]
+
+
+def swimlane_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> go.Figure:
+    """Requests (rows, arrival order) x engine steps (columns), coloured by what each did."""
+    lane = lanes(traces, _request_ids(snapshot))
+    data = ([lane_heatmap(lane)] if lane.steps else []) + request_chips(lane) + state_legend()
+    return figure(data, dict(
+        title=dict(text=f"Swim lane: what each request did in each step (cell = tokens computed), "
+                        f"after {len(traces)} steps", font=dict(size=font_size + 3)),
+        height=max(240, 24 * len(lane.request_ids) + 140), margin=dict(l=10, r=10, t=50, b=40),
+        font=dict(size=font_size), plot_bgcolor="white", meta={"step": len(traces)}, dragmode=False,
+        xaxis=dict(title=dict(text="engine step"), fixedrange=True), legend=dict(orientation="h", y=-0.12),
+        yaxis=dict(autorange="reversed", fixedrange=True, type="category"),
+    ))
+
+
+def queue_frame(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -> pd.DataFrame:
+    """Per step: requests waiting (arrived, not computed this step), running, preempted."""
+    lane = lanes(traces, _request_ids(snapshot))
+    waiting = lane.count("waiting")
+    preempted = lane.count("preempted")
+    return pd.DataFrame({
+        "step": [t.step for t in traces],
+        "waiting": [w + p for w, p in zip(waiting, preempted)],
+        "running": [t.num_running for t in traces],
+        "preempted": preempted,
+    })
+
+
+def queue_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> go.Figure:
+    """Waiting and running requests per step; a cross where a step preempted requests."""
+    frame = queue_frame(traces, snapshot)
+    data = [dict(type="scatter", x=list(frame["step"]), y=list(frame[col]), name=col, mode="lines",
+                 line=dict(color=QUEUE_COLORS[col], width=3, shape="hv")) for col in ("waiting", "running")]
+    pre = frame[frame["preempted"] > 0]
+    data.append(dict(type="scatter", x=list(pre["step"]), y=list(pre["preempted"]), name="preempted", mode="markers",
+                     marker=dict(color=QUEUE_COLORS["preempted"], size=11, symbol="x")))
+    return figure(data, dict(
+        title=dict(text="Queue lengths", font=dict(size=font_size + 3)), height=300,
+        margin=dict(l=10, r=10, t=50, b=40), font=dict(size=font_size), meta={"step": len(traces)},
+        xaxis=dict(title=dict(text="engine step"), fixedrange=True),
+        yaxis=dict(title=dict(text="requests"), fixedrange=True, rangemode="tozero"),
+        legend=dict(orientation="h", y=-0.3), dragmode=False,
+    ))
+
+
+def latency_frame(snapshot: Snapshot) -> pd.DataFrame:
+    """Per request: arrival, TTFT (steps and ms), time per output token, end-to-end, preemptions."""
+    status = {r.request_id: r.status for r in snapshot.requests}
+    rows = []
+    for m in sorted(snapshot.metrics, key=lambda m: request_sort_key(m.request_id)):
+        latency_steps = None if m.finished_step is None else m.finished_step - m.arrival_step + 1
+        rows.append({"request": request_label(m.request_id), "status": status.get(m.request_id, ""),
+                     "arrival step": m.arrival_step, "TTFT (steps)": m.ttft_steps, "TTFT (ms)": m.ttft_ms,
+                     "TPOT (ms)": m.tpot_ms, "latency (steps)": latency_steps, "E2E (ms)": m.e2e_ms,
+                     "output tokens": m.num_output_tokens, "preemptions": m.num_preemptions})
+    return pd.DataFrame(rows, columns=["request", "status", "arrival step", "TTFT (steps)", "TTFT (ms)", "TPOT (ms)",
+                                       "latency (steps)", "E2E (ms)", "output tokens", "preemptions"])
+
+
+def latency_figure(snapshot: Snapshot, font_size: int = 12) -> go.Figure:
+    """TTFT and time per output token per request, each bar in the request's colour."""
+    metrics = sorted(snapshot.metrics, key=lambda m: request_sort_key(m.request_id))
+    data = []
+    for axis, attr in (("", "ttft_ms"), ("2", "tpot_ms")):
+        pts = [m for m in metrics if getattr(m, attr) is not None]
+        data.append(dict(type="bar", x=[request_label(m.request_id) for m in pts], y=[getattr(m, attr) for m in pts],
+                         marker=dict(color=[request_color(m.request_id) for m in pts]), name=attr, showlegend=False,
+                         xaxis="x" + axis, yaxis="y" + axis, hovertemplate="%{x}: %{y:.1f} ms<extra></extra>"))
+    axis = dict(type="category", fixedrange=True)
+    return figure(data, dict(
+        height=300, margin=dict(l=10, r=10, t=60, b=40), font=dict(size=font_size),
+        title=dict(text="Latency per request", font=dict(size=font_size + 3)), meta={"step": snapshot.step},
+        dragmode=False,
+        xaxis=dict(domain=[0.0, 0.47], **axis), xaxis2=dict(domain=[0.53, 1.0], anchor="y2", **axis),
+        yaxis=dict(title=dict(text="time to first token (ms)"), fixedrange=True, rangemode="tozero"),
+        yaxis2=dict(title=dict(text="time per output token (ms)"), anchor="x2", fixedrange=True, rangemode="tozero"),
+    ))

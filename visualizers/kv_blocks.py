@@ -1,0 +1,256 @@
+"""Paged KV cache views: the physical block pool, each request's block table, what a step did,
+and the memory a paged cache saves against a contiguous reservation.
+
+Pure functions of engine records (Snapshot, StepTrace) -> plotly Figure / pandas DataFrame.
+"""
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import plotly.graph_objects as go
+
+
+from engine.trace import BlockState, RequestState, Snapshot, StepTrace
+from visualizers.figures import figure, vline
+from visualizers.theme import BLOCK_STATE_COLORS, request_color, request_label, request_sort_key
+
+CELL_PX = 30  # pitch of one block in the pool grid
+ALLOCATED_OUTLINE = "#222222"
+FREED_OUTLINE = "#EE6677"
+
+
+def block_state(block: BlockState) -> str:
+    """free (ref 0), used (ref 1), shared (ref > 1)."""
+    if block.ref_count == 0:
+        return "free"
+    return "shared" if block.ref_count > 1 else "used"
+
+
+def grid_columns(num_blocks: int) -> int:
+    """Columns of the pool grid: 16 for demo pools, wider for big ones."""
+    if num_blocks <= 256:
+        return 16
+    return 32 if num_blocks <= 1024 else 64
+
+
+def _hover_text(text: str, limit: int = 60) -> str:
+    """Token text made safe for a Plotly hover label (HTML-escaped, newlines visible)."""
+    shown = text if len(text) <= limit else text[:limit] + "…"
+    return html.escape(shown).replace("\n", "⏎")
+
+
+def _fill_opacity(num_tokens: int, block_size: int) -> float:
+    """Fuller blocks are more opaque, so a request's partly filled last block stands out."""
+    return 0.35 + 0.65 * (num_tokens / block_size)
+
+
+@dataclass(frozen=True)
+class _Cell:
+    block: BlockState
+    x: int
+    y: int
+
+
+def _cells(snapshot: Snapshot) -> list[_Cell]:
+    cols = grid_columns(snapshot.num_blocks)
+    return [_Cell(b, b.block_id % cols, b.block_id // cols) for b in snapshot.blocks]
+
+
+def block_grid(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None,
+               font_size: int = 12) -> go.Figure:
+    """The physical block pool: one square per block.
+
+    Traces: "free", one per owning request (ref count 1, in the request's colour) and
+    "shared (ref>1)". Opacity = how full the block is. Blocks allocated in ``trace`` get a
+    dark outline, blocks freed in it a red one. With ``focus`` set, other requests fade.
+    """
+    cells = _cells(snapshot)
+    bs = snapshot.block_size
+    allocated = set(trace.blocks_allocated) if trace else set()
+    freed = set(trace.blocks_freed) if trace else set()
+    groups: dict[str, list[_Cell]] = {}
+    for c in cells:
+        state = block_state(c.block)
+        key = c.block.owners[0] if state == "used" else state
+        groups.setdefault(key, []).append(c)
+    order = ["free"] + sorted((k for k in groups if k not in ("free", "shared")), key=request_sort_key) + ["shared"]
+    data = []
+    show_ids = snapshot.num_blocks <= 256
+    for key in order:
+        group = groups.get(key)
+        if not group:
+            continue
+        if key == "free":
+            name, color = "free", BLOCK_STATE_COLORS["free"]
+            opacity = [1.0] * len(group)
+        elif key == "shared":
+            name, color = "shared (ref>1)", BLOCK_STATE_COLORS["shared"]
+            opacity = [_fill_opacity(c.block.num_tokens, bs) for c in group]
+        else:
+            name, color = request_label(key), request_color(key)
+            faded = focus is not None and key != focus
+            opacity = [0.12 if faded else _fill_opacity(c.block.num_tokens, bs) for c in group]
+        changed = allocated | freed
+        outline = [ALLOCATED_OUTLINE if c.block.block_id in allocated else
+                   FREED_OUTLINE if c.block.block_id in freed else "rgba(0,0,0,0)" for c in group]
+        data.append(dict(
+            type="scatter", x=[c.x for c in group], y=[c.y for c in group],
+            mode="markers+text" if show_ids else "markers", name=name, legendgroup=name,
+            marker=dict(symbol="square", size=CELL_PX - 4, color=color, opacity=opacity,
+                        line=dict(color=outline, width=[3 if c.block.block_id in changed else 0 for c in group])),
+            text=[str(c.block.block_id) for c in group] if show_ids else None,
+            textfont=dict(size=max(8, font_size - 3), color="#333333"),
+            customdata=[[c.block.block_id, ", ".join(request_label(o) for o in c.block.owners) or "—",
+                         c.block.ref_count, c.block.num_tokens, _hover_text(c.block.text)] for c in group],
+            hovertemplate=("block %{customdata[0]}<br>owner: %{customdata[1]}<br>ref count: %{customdata[2]}"
+                           f"<br>tokens: %{{customdata[3]}}/{bs}<br>%{{customdata[4]}}<extra></extra>"),
+        ))
+    cols = grid_columns(snapshot.num_blocks)
+    rows = math.ceil(snapshot.num_blocks / cols)
+    used = snapshot.num_blocks - snapshot.num_free_blocks
+    return figure(data, dict(
+        title=dict(text=f"Block pool after {snapshot.step} steps: {used} used, {snapshot.num_free_blocks} free "
+                        f"of {snapshot.num_blocks} (block size {bs})", font=dict(size=font_size + 3)),
+        width=cols * CELL_PX + 260, height=max(rows * CELL_PX + 110, 260),
+        margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white", font=dict(size=font_size),
+        legend=dict(title=dict(text="owner"), itemsizing="constant"), dragmode=False, meta={"step": snapshot.step},
+        xaxis=dict(visible=False, range=[-0.7, cols - 0.3], fixedrange=True),
+        yaxis=dict(visible=False, range=[rows - 0.3, -0.7], fixedrange=True),
+    ))
+
+
+def running_tables(snapshot: Snapshot) -> list[RequestState]:
+    """Requests that hold blocks, in id order."""
+    return sorted((r for r in snapshot.requests if r.block_table), key=lambda r: request_sort_key(r.request_id))
+
+
+def block_table_frame(snapshot: Snapshot) -> pd.DataFrame:
+    """One row per (request, logical block): the physical block and the tokens it holds."""
+    blocks = {b.block_id: b for b in snapshot.blocks}
+    rows = []
+    for r in running_tables(snapshot):
+        for logical, physical in enumerate(r.block_table):
+            b = blocks[physical]
+            rows.append({"request": request_label(r.request_id), "logical": logical, "physical": physical,
+                         "tokens": b.num_tokens, "fill": b.num_tokens / snapshot.block_size,
+                         "ref count": b.ref_count, "text": b.text})
+    return pd.DataFrame(rows, columns=["request", "logical", "physical", "tokens", "fill", "ref count", "text"])
+
+
+def block_table_figure(snapshot: Snapshot, focus: str | None = None, font_size: int = 12) -> go.Figure:
+    """Each running request's block table as a row: logical block i (x) -> physical id (text).
+
+    One trace per request, in the request's colour (the same colour as its blocks in the pool).
+    """
+    blocks = {b.block_id: b for b in snapshot.blocks}
+    tables = running_tables(snapshot)
+    data = []
+    widest = max((len(r.block_table) for r in tables), default=1)
+    size = max(8, min(CELL_PX - 4, int(900 / max(widest, 1))))
+    for r in tables:
+        bs = [blocks[p] for p in r.block_table]
+        faded = focus is not None and r.request_id != focus
+        label = request_label(r.request_id)
+        data.append(dict(
+            type="scatter", x=list(range(len(bs))), y=[label] * len(bs),
+            mode="markers+text" if size >= 18 else "markers", name=label, showlegend=False,
+            marker=dict(symbol="square", size=size, color=request_color(r.request_id),
+                        opacity=[0.12 if faded else _fill_opacity(b.num_tokens, snapshot.block_size) for b in bs]),
+            text=[str(b.block_id) for b in bs], textfont=dict(size=max(8, font_size - 3), color="#222222"),
+            customdata=[[i, b.block_id, b.num_tokens, _hover_text(b.text)] for i, b in enumerate(bs)],
+            hovertemplate=(f"{label}: logical %{{customdata[0]}} → physical %{{customdata[1]}}"
+                           f"<br>tokens: %{{customdata[2]}}/{snapshot.block_size}<br>%{{customdata[3]}}<extra></extra>"),
+        ))
+    annotations = [] if tables else [dict(text="no request holds blocks", showarrow=False, x=0.5, y=0.5,
+                                          xref="paper", yref="paper")]
+    return figure(data, dict(
+        title=dict(text=f"Block tables after {snapshot.step} steps: logical block → physical block (number)",
+                   font=dict(size=font_size + 3)),
+        height=max(160, 34 * len(tables) + 110), margin=dict(l=10, r=10, t=50, b=40), plot_bgcolor="white",
+        font=dict(size=font_size), dragmode=False, meta={"step": snapshot.step}, annotations=annotations,
+        xaxis=dict(title=dict(text="logical block"), dtick=1 if widest <= 40 else None, fixedrange=True,
+                   zeroline=False),
+        yaxis=dict(autorange="reversed", fixedrange=True, type="category"),
+    ))
+
+
+def step_events_frame(trace: StepTrace | None) -> pd.DataFrame:
+    """What one step did to the pool and the queues, one row per kind of event."""
+    columns = ["event", "count", "items"]
+    if trace is None:
+        return pd.DataFrame([], columns=columns)
+
+    def ids(items: tuple) -> str:
+        return ", ".join(str(i) for i in items) or "—"
+
+    def reqs(items: tuple[str, ...]) -> str:
+        return ", ".join(request_label(i) for i in items) or "—"
+
+    rows = [
+        ("blocks allocated", len(trace.blocks_allocated), ids(trace.blocks_allocated)),
+        ("blocks freed", len(trace.blocks_freed), ids(trace.blocks_freed)),
+        ("requests preempted", len(trace.preempted), reqs(trace.preempted)),
+        ("requests arrived", len(trace.arrived), reqs(trace.arrived)),
+        ("requests finished", len(trace.finished), reqs(trace.finished)),
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+WASTE_SCHEMES = ("paged (this engine)", "contiguous: prompt + max_tokens", "contiguous: max_model_len")
+
+
+def waste_frame(snapshot: Snapshot, max_model_len: int) -> pd.DataFrame:
+    """KV memory reserved vs used by the requests that hold KV now, under three allocators.
+
+    paged: each request holds ceil(tokens / block_size) blocks; waste = slack in its last block.
+    contiguous (vLLM paper's baseline): each request reserves one slab up front, either its own
+    worst case (prompt + max_tokens) or the model's max length. Shares are of the real pool
+    (num_blocks * block_size tokens); above 100 % the contiguous reservation would not fit.
+    """
+    live = running_tables(snapshot)
+    bs = snapshot.block_size
+    pool = snapshot.num_blocks * bs
+    used = sum(r.num_computed_tokens for r in live)
+    reserved = {
+        WASTE_SCHEMES[0]: sum(len(r.block_table) * bs for r in live),
+        WASTE_SCHEMES[1]: sum(min(r.num_prompt_tokens + r.max_tokens, max_model_len) for r in live),
+        WASTE_SCHEMES[2]: max_model_len * len(live),
+    }
+    rows = []
+    for scheme, res in reserved.items():
+        wasted = max(res - used, 0)
+        rows.append({"scheme": scheme, "requests": len(live), "used tokens": used, "reserved tokens": res,
+                     "wasted tokens": wasted, "wasted bytes": wasted * snapshot.kv_bytes_per_token,
+                     "wasted share of pool": wasted / pool, "reserved share of pool": res / pool,
+                     "fits in pool": res <= pool})
+    return pd.DataFrame(rows)
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def waste_figure(frame: pd.DataFrame, pool_tokens: int, step: int | None = None, font_size: int = 12) -> go.Figure:
+    """Horizontal bars per allocator: tokens used (blue) + reserved but unused (red), vs the pool."""
+    labels = [f"{format_bytes(b)} wasted ({w:.0%} of pool)"
+              for b, w in zip(frame["wasted bytes"], frame["wasted share of pool"])]
+    data = [
+        dict(type="bar", y=list(frame["scheme"]), x=list(frame["used tokens"]), name="used (tokens with KV)",
+             orientation="h", marker=dict(color=BLOCK_STATE_COLORS["used"])),
+        dict(type="bar", y=list(frame["scheme"]), x=list(frame["wasted tokens"]), name="reserved, unused",
+             orientation="h", marker=dict(color="#EE6677"), text=labels, textposition="auto"),
+    ]
+    shape, note = vline(pool_tokens, f"pool: {pool_tokens} tokens")
+    return figure(data, dict(
+        barmode="stack", title=dict(text="KV memory: paged vs contiguous reservation", font=dict(size=font_size + 3)),
+        height=280, margin=dict(l=10, r=10, t=70, b=40), font=dict(size=font_size), shapes=[shape], annotations=[note],
+        xaxis=dict(title=dict(text="tokens of KV"), fixedrange=True), yaxis=dict(autorange="reversed", fixedrange=True),
+        legend=dict(orientation="h", y=-0.25), meta={"step": step}, dragmode=False,
+    ))
