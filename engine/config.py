@@ -5,6 +5,8 @@ range, so a bad knob never reaches the engine's state.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -91,11 +93,12 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
+                or not 0 <= self.temperature < math.inf):
             raise ValueError(f"temperature: must be a number >= 0, got {self.temperature!r}")
         _require_int("max_tokens", self.max_tokens, 1)
         _require_int("top_k", self.top_k, 0)
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None:
             _require_int("seed", self.seed, 0)

@@ -113,9 +113,7 @@ class LLMEngine:
     def add_request(self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_step: int | None = None) -> str:
         """Validate everything first; a bad request raises ValueError and changes nothing."""
-        params = sampling_params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError("sampling_params: must be a SamplingParams")
+        params = _check_params(sampling_params)
         token_ids, text = self._tokenize(prompt)
         with self.lock:
             self._validate_request(token_ids, arrival_step)
@@ -134,6 +132,8 @@ class LLMEngine:
             if not prompt:
                 raise ValueError("prompt: must not be empty")
             return self.tokenizer(prompt, add_special_tokens=False).input_ids, prompt
+        if isinstance(prompt, (bytes, dict)) or not isinstance(prompt, Sequence):
+            raise ValueError(f"prompt: must be a string or a list of token ids, got {type(prompt).__name__}")
         ids = list(prompt)
         if not ids:
             raise ValueError("prompt: must not be empty")
@@ -391,13 +391,22 @@ class LLM:
                 raise ValueError("sampling_params: one per prompt, or a single one for all")
         engine = self.llm_engine
         # Validate every prompt before adding any, so a bad one leaves nothing half-queued.
-        for p in prompts:
+        for p, sp in zip(prompts, params):
+            _check_params(sp)
             tokens, _ = engine._tokenize(p)
             engine._validate_request(tokens, None)
         ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
         while engine.has_unfinished_requests():
             engine.step()
         return [engine.get_output(i) for i in ids]
+
+
+def _check_params(params: SamplingParams | None) -> SamplingParams:
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"sampling_params: must be a SamplingParams, got {type(params).__name__}")
+    return params
 
 
 __all__ = ["LLM", "LLMEngine", "RequestOutput", "CompletionOutput", "SharedModel", "get_shared_model",

@@ -49,14 +49,17 @@ class KVCacheManager:
                        computed_blocks: Iterable[int] = (), num_lookahead_tokens: int = 0) -> bool:
         """Make room for ``num_new_tokens`` (+ lookahead) after the request's computed tokens.
 
-        Rule: the table must cover ceil((computed + new + lookahead) / block_size) blocks.
+        Rule: the table must cover ceil((computed + hit + new + lookahead) / block_size) blocks,
+        where ``hit`` = len(computed_blocks) * block_size are prefix-cache tokens not yet counted
+        in ``request.num_computed_tokens`` (as in vLLM, the caller advances it after admission).
         All or nothing: returns False, changing nothing, when the pool has too few free
         blocks (the scheduler then preempts or stops admitting).
         """
         computed_blocks = list(computed_blocks)
         table = self.block_tables.get(request.request_id, [])
         covered = len(table) + len(computed_blocks)
-        needed_tokens = request.num_computed_tokens + num_new_tokens + num_lookahead_tokens
+        num_hit_tokens = len(computed_blocks) * self.block_size
+        needed_tokens = request.num_computed_tokens + num_hit_tokens + num_new_tokens + num_lookahead_tokens
         num_needed = max(0, cdiv(needed_tokens, self.block_size) - covered)
         revived = sum(1 for b in computed_blocks if self.pool.blocks[b].ref_count == 0)
         if num_needed > self.pool.num_free - revived:

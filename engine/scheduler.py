@@ -90,7 +90,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            n = min(request.num_tokens_with_spec - request.num_computed_tokens, budget)
+            n = self._chunk_size(request.num_tokens_with_spec - request.num_computed_tokens, budget)
             if n <= 0:
                 i += 1
                 continue
@@ -122,11 +122,7 @@ class Scheduler:
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             hits, num_hit = self.kv.get_computed_blocks(request)
-            remaining = request.num_tokens - num_hit
-            n = min(remaining, budget)
-            if (not self.config.enable_chunked_prefill and n < remaining
-                    and remaining <= self.config.max_num_batched_tokens):
-                n = 0  # whole prompts only (a recompute longer than the budget is still chunked)
+            n = self._chunk_size(request.num_tokens - num_hit, budget)
             if n == 0 and not static:
                 break
             if not self.kv.allocate_slots(request, n, computed_blocks=hits):
@@ -140,6 +136,18 @@ class Scheduler:
                 scheduled.append(self._commit(request, n, resumed))
                 budget -= n
         return budget
+
+    def _chunk_size(self, remaining: int, budget: int) -> int:
+        """Tokens to schedule for a request with ``remaining`` uncomputed tokens.
+
+        With chunked prefill on: as many as the budget allows. Off: all of them or none
+        (a recompute longer than the whole budget is still chunked, or it could never run).
+        """
+        n = min(remaining, budget)
+        if (not self.config.enable_chunked_prefill and n < remaining
+                and remaining <= self.config.max_num_batched_tokens):
+            return 0
+        return n
 
     def _commit(self, request: Request, n: int, resumed: bool = False) -> ScheduledRequest:
         start = request.num_computed_tokens
