@@ -20,9 +20,18 @@ KNOB_LABELS = {
 }
 
 
-def sidebar() -> None:
-    """Render the shared controls, then make sure the session has a run that matches them."""
+def prepare() -> None:
+    """Before the page: defaults for a new session, and a run that matches the controls.
+
+    The widgets themselves are drawn after the page (``sidebar``): their values are already in
+    the session state, and drawing the views first gets them to the browser sooner.
+    """
     state.init_defaults()
+    state.ensure_run()
+
+
+def sidebar() -> None:
+    """Render the shared controls (call ``prepare`` first)."""
     with st.sidebar:
         _run_buttons()
         _workload()
@@ -30,7 +39,6 @@ def sidebar() -> None:
         _record_replay()
         st.toggle("Presentation mode", key=K.present, bind="query-params", persist_state="session",
                   help="Large fonts, no explanations or exports; PageDown steps (a clicker works).")
-    state.ensure_run()
 
 
 def _run_buttons() -> None:

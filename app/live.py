@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import state
+from app import charts, state
 from engine.run import RunView
 from visualizers.steps import step_table_csv
 
@@ -47,11 +47,19 @@ def chart_config(name: str) -> dict:
 
 def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch") -> None:
     """A figure, plus (outside presentation mode) an HTML export of it."""
-    st.plotly_chart(fig, key=f"chart_{name}", width=width, config=chart_config(name))
+    charts.live_chart(fig, key=f"chart_{name}", config=chart_config(name), width=width)
     if style.explain:
         st.download_button(f"Figure as HTML", data=lambda: fig.to_html(include_plotlyjs=True, full_html=True),
                            file_name=f"inferscope-{name}.html", mime="text/html", on_click="ignore",
                            key=f"html_{name}", icon=":material/download:", type="tertiary")
+
+
+def events_markdown(frame: pd.DataFrame) -> str:
+    """The step's events as a short list (cheaper to redraw every step than a table)."""
+    if frame.empty:
+        return "No step yet: press **Step** (PageDown)."
+    return "\n".join(f"- {row.event}: **{row.count}**" + (f" ({row.items})" if row.count else "")
+                     for row in frame.itertuples())
 
 
 def table(frame: pd.DataFrame, name: str, **kwargs) -> None:

@@ -28,6 +28,9 @@ PAGES = {
 LIVE_PAGES = (KV_CACHE.url_path, BATCHING.url_path)
 
 page = st.navigation(PAGES, position="top")
-if page.url_path in LIVE_PAGES:
-    controls.sidebar()
+live = page.url_path in LIVE_PAGES
+if live:
+    controls.prepare()
 page.run()
+if live:  # the sidebar goes last so the views reach the browser first
+    controls.sidebar()

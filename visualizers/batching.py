@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.trace import Snapshot, StepTrace
-from visualizers.figures import figure, hline
+from visualizers.figures import Panel, figure, hline, stack
 from visualizers.theme import (CHUNK_KIND_COLORS, CHUNK_PATTERNS, LANE_STATE_COLORS, LANE_STATES, QUEUE_COLORS,
                                discrete_colorscale, request_color, request_label, request_sort_key)
 
@@ -84,12 +84,10 @@ def _request_ids(snapshot: Snapshot | None) -> tuple[str, ...]:
     return tuple(r.request_id for r in snapshot.requests) if snapshot is not None else ()
 
 
-def budget_figure(traces: Sequence[StepTrace], font_size: int = 12) -> go.Figure:
+def budget_panel(traces: Sequence[StepTrace]) -> Panel:
     """Tokens per step, stacked by request (one trace per request, its colour), vs the budget.
 
-    Top panel: bar height = tokens; pattern: solid = prefill chunk, "x" = decode. Bottom panel:
-    how many decodes and prefill chunks each step held (a 1-token decode is invisible beside
-    a 256-token chunk on the top panel's scale; here it counts as one).
+    Bar height = tokens; pattern: solid = prefill chunk, "x" = decode.
     """
     per_request: dict[str, list[tuple[int, int, str]]] = {}
     for t in traces:
@@ -101,33 +99,45 @@ def budget_figure(traces: Sequence[StepTrace], font_size: int = 12) -> go.Figure
         label = request_label(rid)
         data.append(dict(
             type="bar", x=[p[0] for p in pts], y=[p[1] for p in pts], name=label, legendgroup=label,
-            xaxis="x", yaxis="y",
             marker=dict(color=request_color(rid), pattern=dict(shape=[CHUNK_PATTERNS[p[2]] for p in pts],
                                                                 fgcolor="white", size=6)),
             customdata=[p[2] for p in pts],
             hovertemplate=f"{label} step %{{x}}: %{{y}} tokens (%{{customdata}})<extra></extra>",
         ))
-    steps = [t.step for t in traces]
-    for kind, name in (("decode", "decodes"), ("prefill", "prefill chunks")):
-        data.append(dict(type="bar", x=steps, y=[sum(1 for c in t.scheduled if c.kind == kind) for t in traces],
-                         name=name, marker=dict(color=CHUNK_KIND_COLORS[kind]), xaxis="x", yaxis="y2",
-                         offsetgroup=kind, legendgroup="counts",
-                         hovertemplate=f"step %{{x}}: %{{y}} {name}<extra></extra>"))
     shapes, notes = [], []
     if traces:
         budget = traces[-1].token_budget
-        shape, note = hline(budget, f"token budget {budget}", yref="y", domain_ref="x domain")
+        shape, note = hline(budget, f"token budget {budget}")
         shapes, notes = [shape], [note]
-    return figure(data, dict(
-        barmode="stack", height=480, margin=dict(l=10, r=10, t=50, b=40), font=dict(size=font_size),
-        title=dict(text=f"Tokens per step by request (solid = prefill, hatched = decode), after {len(traces)} steps",
-                   font=dict(size=font_size + 3)),
-        legend=dict(title=dict(text="request")), meta={"step": len(traces)}, dragmode=False,
-        shapes=shapes, annotations=notes,
-        xaxis=dict(anchor="y2", title=dict(text="engine step"), fixedrange=True),
-        yaxis=dict(domain=[0.34, 1.0], title=dict(text="tokens"), fixedrange=True, rangemode="tozero"),
-        yaxis2=dict(domain=[0.0, 0.26], title=dict(text="count"), fixedrange=True, rangemode="tozero"),
-    ))
+    return Panel(data, height=210, shapes=shapes, annotations=notes,
+                 xaxis=dict(title=dict(text="engine step"), fixedrange=True),
+                 yaxis=dict(title=dict(text="tokens"), fixedrange=True, rangemode="tozero"),
+                 title="Tokens per step by request (solid = prefill chunk, hatched = decode)")
+
+
+def counts_panel(traces: Sequence[StepTrace]) -> Panel:
+    """How many decodes and prefill chunks each step held: a 1-token decode is invisible beside a
+    256-token chunk on the token scale; here it counts as one."""
+    steps = [t.step for t in traces]
+    data = [dict(type="bar", x=steps, y=[sum(1 for c in t.scheduled if c.kind == kind) for t in traces],
+                 name=name, marker=dict(color=CHUNK_KIND_COLORS[kind]), legendgroup="counts",
+                 hovertemplate=f"step %{{x}}: %{{y}} {name}<extra></extra>")
+            for kind, name in (("decode", "decodes"), ("prefill", "prefill chunks"))]
+    return Panel(data, height=80, xaxis=dict(title=dict(text="engine step"), fixedrange=True),
+                 yaxis=dict(title=dict(text="requests"), fixedrange=True, rangemode="tozero"),
+                 title="Requests per step: decodes and prefill chunks")
+
+
+def _layout(title: str, step: int, font_size: int, **extra) -> dict:
+    return dict(title=dict(text=title, font=dict(size=font_size + 3)), font=dict(size=font_size),
+                plot_bgcolor="white", dragmode=False, meta={"step": step}, **extra)
+
+
+def budget_figure(traces: Sequence[StepTrace], font_size: int = 12) -> go.Figure:
+    """Token budget use per step, with the decode / prefill counts underneath."""
+    return stack([budget_panel(traces), counts_panel(traces)],
+                 _layout(f"Batch composition after {len(traces)} steps", len(traces), font_size, barmode="stack",
+                         legend=dict(title=dict(text="request"))), shared_x=True)
 
 
 def lane_heatmap(lane: Lanes, show_text: bool | None = None, xaxis: str = "x", yaxis: str = "y") -> dict:
@@ -167,18 +177,20 @@ def request_chips(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> list[dict]
                  xaxis=xaxis, yaxis=yaxis)]
 
 
-def swimlane_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> go.Figure:
+def lane_panel(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -> Panel:
     """Requests (rows, arrival order) x engine steps (columns), coloured by what each did."""
     lane = lanes(traces, _request_ids(snapshot))
     data = ([lane_heatmap(lane)] if lane.steps else []) + request_chips(lane) + state_legend()
-    return figure(data, dict(
-        title=dict(text=f"Swim lane: what each request did in each step (cell = tokens computed), "
-                        f"after {len(traces)} steps", font=dict(size=font_size + 3)),
-        height=max(240, 24 * len(lane.request_ids) + 140), margin=dict(l=10, r=10, t=50, b=40),
-        font=dict(size=font_size), plot_bgcolor="white", meta={"step": len(traces)}, dragmode=False,
-        xaxis=dict(title=dict(text="engine step"), fixedrange=True), legend=dict(orientation="h", y=-0.12),
-        yaxis=dict(autorange="reversed", fixedrange=True, type="category"),
-    ))
+    return Panel(data, height=max(90, 22 * len(lane.request_ids)),
+                 xaxis=dict(title=dict(text="engine step"), fixedrange=True),
+                 yaxis=dict(autorange="reversed", fixedrange=True, type="category"),
+                 title="Swim lane: each request's state per step (number = tokens computed)")
+
+
+def swimlane_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> go.Figure:
+    return stack([lane_panel(traces, snapshot)],
+                 _layout(f"Swim lane after {len(traces)} steps", len(traces), font_size,
+                         legend=dict(orientation="h", y=-0.12)))
 
 
 def queue_frame(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -> pd.DataFrame:
@@ -194,21 +206,32 @@ def queue_frame(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -
     })
 
 
-def queue_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> go.Figure:
+def queue_panel(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -> Panel:
     """Waiting and running requests per step; a cross where a step preempted requests."""
     frame = queue_frame(traces, snapshot)
     data = [dict(type="scatter", x=list(frame["step"]), y=list(frame[col]), name=col, mode="lines",
-                 line=dict(color=QUEUE_COLORS[col], width=3, shape="hv")) for col in ("waiting", "running")]
+                 legendgroup="queues", line=dict(color=QUEUE_COLORS[col], width=3, shape="hv"))
+            for col in ("waiting", "running")]
     pre = frame[frame["preempted"] > 0]
     data.append(dict(type="scatter", x=list(pre["step"]), y=list(pre["preempted"]), name="preempted", mode="markers",
-                     marker=dict(color=QUEUE_COLORS["preempted"], size=11, symbol="x")))
-    return figure(data, dict(
-        title=dict(text="Queue lengths", font=dict(size=font_size + 3)), height=300,
-        margin=dict(l=10, r=10, t=50, b=40), font=dict(size=font_size), meta={"step": len(traces)},
-        xaxis=dict(title=dict(text="engine step"), fixedrange=True),
-        yaxis=dict(title=dict(text="requests"), fixedrange=True, rangemode="tozero"),
-        legend=dict(orientation="h", y=-0.3), dragmode=False,
-    ))
+                     legendgroup="queues", marker=dict(color=QUEUE_COLORS["preempted"], size=11, symbol="x")))
+    return Panel(data, height=110, xaxis=dict(title=dict(text="engine step"), fixedrange=True),
+                 yaxis=dict(title=dict(text="requests"), fixedrange=True, rangemode="tozero"),
+                 title="Queue lengths")
+
+
+def queue_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> go.Figure:
+    return stack([queue_panel(traces, snapshot)],
+                 _layout(f"Queues after {len(traces)} steps", len(traces), font_size,
+                         legend=dict(orientation="h", y=-0.4)))
+
+
+def timeline_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> go.Figure:
+    """The live view: token budget, batch counts, swim lane and queues on one shared step axis."""
+    return stack([budget_panel(traces), counts_panel(traces), lane_panel(traces, snapshot),
+                  queue_panel(traces, snapshot)],
+                 _layout(f"Batch composition after {len(traces)} steps", len(traces), font_size, barmode="stack",
+                         legend=dict(tracegroupgap=18)), shared_x=True, gap_px=48, margin_px=(70, 50))
 
 
 def latency_frame(snapshot: Snapshot) -> pd.DataFrame:

@@ -1,19 +1,42 @@
-"""Fast figure construction for live views.
+"""Fast figure construction for live views, and panels stacked into one figure.
 
 Plotly validates every property when traces are added one by one (``add_trace`` ~1.5 ms a
-trace, ``make_subplots`` ~30 ms); a live view redraws several figures per engine step, so the
-views build plain dict specs and wrap them once, unvalidated. Tests run ``validated`` on every
-figure, so a misspelt property still fails a test.
+trace, ``make_subplots`` ~30 ms); a live view redraws on every engine step, so the views build
+plain dict specs and wrap them once, unvalidated. Tests run ``validated`` on every figure,
+so a misspelt property still fails a test.
+
+In the browser each chart costs a fixed ~40 ms per redraw on a small machine, on top of its
+data, so a live page stacks related views as panels of one figure (``stack``): the token
+budget, the swim lane and the queues share one step axis, and stay aligned.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import plotly.graph_objects as go
 
 
+FONT_FAMILY = '"Source Sans", "Source Sans Pro", "Helvetica Neue", Arial, sans-serif'
+
+
+@lru_cache(maxsize=1)
+def _template() -> dict[str, Any]:
+    """Plotly's "plotly_white", fixed here so a figure never picks up whatever template is the
+    process default (Streamlit installs one with placeholder colours)."""
+    import plotly.io as pio
+
+    return pio.templates["plotly_white"].to_plotly_json()
+
+
 def figure(data: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
     """A Figure from trace dicts (each with "type") and a layout dict, without validation."""
+    layout = dict(layout)
+    layout.setdefault("template", _template())
+    font = dict(layout.get("font", {}))
+    font.setdefault("family", FONT_FAMILY)
+    layout["font"] = font
     return go.Figure(data=data, layout=layout, _validate=False)
 
 
@@ -22,17 +45,89 @@ def validated(fig: go.Figure) -> go.Figure:
     return go.Figure(fig.to_dict())
 
 
-def hline(y: float, text: str, xref: str = "x", yref: str = "y", domain_ref: str = "x domain") -> tuple[dict, dict]:
-    """A dashed horizontal rule across a subplot and its label: (shape, annotation)."""
-    shape = dict(type="line", xref=domain_ref, x0=0, x1=1, yref=yref, y0=y, y1=y,
+@dataclass
+class Panel:
+    """One subplot: traces on axes "x"/"y", their axis layouts, its height in pixels.
+
+    Shapes and annotations may refer to "x", "y", "x domain", "y domain"; ``stack`` renames
+    them with the panel's axes.
+    """
+
+    data: list[dict[str, Any]]
+    height: int
+    xaxis: dict[str, Any] = field(default_factory=dict)
+    yaxis: dict[str, Any] = field(default_factory=dict)
+    shapes: list[dict[str, Any]] = field(default_factory=list)
+    annotations: list[dict[str, Any]] = field(default_factory=list)
+    title: str = ""
+
+
+def _rename(ref: str, x: str, y: str) -> str:
+    head, _, tail = ref.partition(" ")
+    if head == "x":
+        head = x
+    elif head == "y":
+        head = y
+    return f"{head} {tail}" if tail else head
+
+
+def stack(panels: list[Panel], layout: dict[str, Any], gap_px: int = 56, shared_x: bool = False,
+          margin_px: tuple[int, int] = (60, 50)) -> go.Figure:
+    """Panels top to bottom in one figure; heights in pixels, gaps between them.
+
+    With ``shared_x`` every panel's x axis matches the first one (same step range), and only
+    the bottom panel keeps its tick labels and title.
+    """
+    top, bottom = margin_px
+    plot_h = sum(p.height for p in panels) + gap_px * (len(panels) - 1)
+    total = plot_h + top + bottom
+    data: list[dict[str, Any]] = []
+    axes: dict[str, Any] = {}
+    shapes: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = []
+    y_cursor = plot_h  # pixels from the bottom of the plot area
+    for i, p in enumerate(panels):
+        n = "" if i == 0 else str(i + 1)
+        x, y = "x" + n, "y" + n
+        hi = y_cursor / plot_h
+        lo = (y_cursor - p.height) / plot_h
+        y_cursor -= p.height + gap_px
+        for trace in p.data:
+            t = dict(trace)
+            t["xaxis"], t["yaxis"] = x, y
+            data.append(t)
+        xa = dict(p.xaxis, anchor=y)
+        if shared_x and i > 0:
+            xa["matches"] = "x"
+        if shared_x and i < len(panels) - 1:
+            xa["showticklabels"] = False
+            xa.pop("title", None)
+        axes["xaxis" + n] = xa
+        axes["yaxis" + n] = dict(p.yaxis, anchor=x, domain=[max(lo, 0.0), min(hi, 1.0)])
+        for s in p.shapes:
+            shapes.append(dict(s, xref=_rename(s.get("xref", "x"), x, y), yref=_rename(s.get("yref", "y"), x, y)))
+        for a in p.annotations:
+            notes.append(dict(a, xref=_rename(a.get("xref", "x"), x, y), yref=_rename(a.get("yref", "y"), x, y)))
+        if p.title:
+            notes.append(dict(text=f"<b>{p.title}</b>", xref="paper", yref="paper", x=0, y=min(hi, 1.0),
+                              xanchor="left", yanchor="bottom", showarrow=False, font=dict(size=13)))
+    out = dict(layout, height=total, shapes=shapes + list(layout.get("shapes", [])),
+               annotations=notes + list(layout.get("annotations", [])), **axes)
+    out.setdefault("margin", dict(l=10, r=10, t=top, b=bottom))
+    return figure(data, out)
+
+
+def hline(y: float, text: str) -> tuple[dict, dict]:
+    """A dashed horizontal rule across a panel and its label: (shape, annotation)."""
+    shape = dict(type="line", xref="x domain", x0=0, x1=1, yref="y", y0=y, y1=y,
                  line=dict(color="#333333", dash="dash", width=2))
-    note = dict(xref=domain_ref, x=0, yref=yref, y=y, text=text, showarrow=False, xanchor="left", yanchor="bottom")
+    note = dict(xref="x domain", x=0, yref="y", y=y, text=text, showarrow=False, xanchor="left", yanchor="bottom")
     return shape, note
 
 
-def vline(x: float, text: str, xref: str = "x", yref: str = "y domain") -> tuple[dict, dict]:
+def vline(x: float, text: str) -> tuple[dict, dict]:
     """A dashed vertical rule and its label at the top: (shape, annotation)."""
-    shape = dict(type="line", xref=xref, x0=x, x1=x, yref=yref, y0=0, y1=1,
+    shape = dict(type="line", xref="x", x0=x, x1=x, yref="y domain", y0=0, y1=1,
                  line=dict(color="#333333", dash="dash", width=2))
-    note = dict(xref=xref, x=x, yref=yref, y=1, text=text, showarrow=False, xanchor="center", yanchor="bottom")
+    note = dict(xref="x", x=x, yref="y domain", y=1, text=text, showarrow=False, xanchor="center", yanchor="bottom")
     return shape, note

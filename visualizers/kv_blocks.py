@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 
 from engine.trace import BlockState, RequestState, Snapshot, StepTrace
-from visualizers.figures import figure, vline
+from visualizers.figures import Panel, stack, vline
 from visualizers.theme import BLOCK_STATE_COLORS, request_color, request_label, request_sort_key
 
 CELL_PX = 30  # pitch of one block in the pool grid
@@ -59,26 +59,26 @@ def _cells(snapshot: Snapshot) -> list[_Cell]:
     return [_Cell(b, b.block_id % cols, b.block_id // cols) for b in snapshot.blocks]
 
 
-def block_grid(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None,
-               font_size: int = 12) -> go.Figure:
-    """The physical block pool: one square per block.
+def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None,
+               font_size: int = 12, show_ids: bool = False) -> Panel:
+    """The physical block pool: one square per block, row-major, block 0 top left.
 
     Traces: "free", one per owning request (ref count 1, in the request's colour) and
     "shared (ref>1)". Opacity = how full the block is. Blocks allocated in ``trace`` get a
     dark outline, blocks freed in it a red one. With ``focus`` set, other requests fade.
+    Block ids are in the hover (``show_ids`` also prints them: costly to redraw each step).
     """
-    cells = _cells(snapshot)
     bs = snapshot.block_size
     allocated = set(trace.blocks_allocated) if trace else set()
     freed = set(trace.blocks_freed) if trace else set()
+    changed = allocated | freed
     groups: dict[str, list[_Cell]] = {}
-    for c in cells:
+    for c in _cells(snapshot):
         state = block_state(c.block)
         key = c.block.owners[0] if state == "used" else state
         groups.setdefault(key, []).append(c)
     order = ["free"] + sorted((k for k in groups if k not in ("free", "shared")), key=request_sort_key) + ["shared"]
     data = []
-    show_ids = snapshot.num_blocks <= 256
     for key in order:
         group = groups.get(key)
         if not group:
@@ -93,33 +93,45 @@ def block_grid(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | 
             name, color = request_label(key), request_color(key)
             faded = focus is not None and key != focus
             opacity = [0.12 if faded else _fill_opacity(c.block.num_tokens, bs) for c in group]
-        changed = allocated | freed
         outline = [ALLOCATED_OUTLINE if c.block.block_id in allocated else
                    FREED_OUTLINE if c.block.block_id in freed else "rgba(0,0,0,0)" for c in group]
-        data.append(dict(
+        trace_spec = dict(
             type="scatter", x=[c.x for c in group], y=[c.y for c in group],
             mode="markers+text" if show_ids else "markers", name=name, legendgroup=name,
             marker=dict(symbol="square", size=CELL_PX - 4, color=color, opacity=opacity,
                         line=dict(color=outline, width=[3 if c.block.block_id in changed else 0 for c in group])),
-            text=[str(c.block.block_id) for c in group] if show_ids else None,
-            textfont=dict(size=max(8, font_size - 3), color="#333333"),
             customdata=[[c.block.block_id, ", ".join(request_label(o) for o in c.block.owners) or "—",
                          c.block.ref_count, c.block.num_tokens, _hover_text(c.block.text)] for c in group],
             hovertemplate=("block %{customdata[0]}<br>owner: %{customdata[1]}<br>ref count: %{customdata[2]}"
                            f"<br>tokens: %{{customdata[3]}}/{bs}<br>%{{customdata[4]}}<extra></extra>"),
-        ))
+        )
+        if show_ids:
+            trace_spec.update(text=[str(c.block.block_id) for c in group],
+                              textfont=dict(size=max(8, font_size - 3), color="#333333"))
+        data.append(trace_spec)
     cols = grid_columns(snapshot.num_blocks)
     rows = math.ceil(snapshot.num_blocks / cols)
     used = snapshot.num_blocks - snapshot.num_free_blocks
-    return figure(data, dict(
-        title=dict(text=f"Block pool after {snapshot.step} steps: {used} used, {snapshot.num_free_blocks} free "
-                        f"of {snapshot.num_blocks} (block size {bs})", font=dict(size=font_size + 3)),
-        width=cols * CELL_PX + 260, height=max(rows * CELL_PX + 110, 260),
-        margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white", font=dict(size=font_size),
-        legend=dict(title=dict(text="owner"), itemsizing="constant"), dragmode=False, meta={"step": snapshot.step},
-        xaxis=dict(visible=False, range=[-0.7, cols - 0.3], fixedrange=True),
-        yaxis=dict(visible=False, range=[rows - 0.3, -0.7], fixedrange=True),
-    ))
+    return Panel(data, height=rows * CELL_PX,
+                 xaxis=dict(visible=False, range=[-0.7, cols - 0.3], fixedrange=True),
+                 yaxis=dict(visible=False, range=[rows - 0.3, -0.7], fixedrange=True),
+                 title=f"Block pool: {used} used, {snapshot.num_free_blocks} free of {snapshot.num_blocks} "
+                       f"(block size {bs})")
+
+
+def _layout(title: str, step: int | None, font_size: int, **extra) -> dict:
+    return dict(title=dict(text=title, font=dict(size=font_size + 3)), font=dict(size=font_size),
+                plot_bgcolor="white", dragmode=False, meta={"step": step}, **extra)
+
+
+def block_grid(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None,
+               font_size: int = 12, show_ids: bool = False) -> go.Figure:
+    """The block pool on its own (see ``grid_panel``)."""
+    panel = grid_panel(snapshot, trace, focus, font_size, show_ids)
+    cols = grid_columns(snapshot.num_blocks)
+    return stack([panel], _layout(f"Paged KV cache after {snapshot.step} steps", snapshot.step, font_size,
+                                  width=cols * CELL_PX + 200,
+                                  legend=dict(title=dict(text="owner"), itemsizing="constant")), margin_px=(80, 10))
 
 
 def running_tables(snapshot: Snapshot) -> list[RequestState]:
@@ -140,7 +152,7 @@ def block_table_frame(snapshot: Snapshot) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["request", "logical", "physical", "tokens", "fill", "ref count", "text"])
 
 
-def block_table_figure(snapshot: Snapshot, focus: str | None = None, font_size: int = 12) -> go.Figure:
+def table_panel(snapshot: Snapshot, focus: str | None = None, font_size: int = 12) -> Panel:
     """Each running request's block table as a row: logical block i (x) -> physical id (text).
 
     One trace per request, in the request's colour (the same colour as its blocks in the pool).
@@ -149,14 +161,14 @@ def block_table_figure(snapshot: Snapshot, focus: str | None = None, font_size: 
     tables = running_tables(snapshot)
     data = []
     widest = max((len(r.block_table) for r in tables), default=1)
-    size = max(8, min(CELL_PX - 4, int(900 / max(widest, 1))))
+    size = max(6, min(CELL_PX - 4, int(700 / max(widest, 1)) - 2))
     for r in tables:
         bs = [blocks[p] for p in r.block_table]
         faded = focus is not None and r.request_id != focus
         label = request_label(r.request_id)
         data.append(dict(
             type="scatter", x=list(range(len(bs))), y=[label] * len(bs),
-            mode="markers+text" if size >= 18 else "markers", name=label, showlegend=False,
+            mode="markers+text" if size >= 18 else "markers", name=label, legendgroup=label, showlegend=False,
             marker=dict(symbol="square", size=size, color=request_color(r.request_id),
                         opacity=[0.12 if faded else _fill_opacity(b.num_tokens, snapshot.block_size) for b in bs]),
             text=[str(b.block_id) for b in bs], textfont=dict(size=max(8, font_size - 3), color="#222222"),
@@ -164,17 +176,29 @@ def block_table_figure(snapshot: Snapshot, focus: str | None = None, font_size: 
             hovertemplate=(f"{label}: logical %{{customdata[0]}} → physical %{{customdata[1]}}"
                            f"<br>tokens: %{{customdata[2]}}/{snapshot.block_size}<br>%{{customdata[3]}}<extra></extra>"),
         ))
-    annotations = [] if tables else [dict(text="no request holds blocks", showarrow=False, x=0.5, y=0.5,
-                                          xref="paper", yref="paper")]
-    return figure(data, dict(
-        title=dict(text=f"Block tables after {snapshot.step} steps: logical block → physical block (number)",
-                   font=dict(size=font_size + 3)),
-        height=max(160, 34 * len(tables) + 110), margin=dict(l=10, r=10, t=50, b=40), plot_bgcolor="white",
-        font=dict(size=font_size), dragmode=False, meta={"step": snapshot.step}, annotations=annotations,
-        xaxis=dict(title=dict(text="logical block"), dtick=1 if widest <= 40 else None, fixedrange=True,
-                   zeroline=False),
-        yaxis=dict(autorange="reversed", fixedrange=True, type="category"),
-    ))
+    notes = [] if tables else [dict(text="no request holds blocks", showarrow=False, x=0.5, y=0.5,
+                                    xref="x domain", yref="y domain")]
+    return Panel(data, height=max(CELL_PX, CELL_PX * len(tables)), annotations=notes,
+                 xaxis=dict(title=dict(text="logical block (number = physical block)"), range=[-0.7, max(widest, 8) - 0.3],
+                            dtick=1 if widest <= 24 else None, fixedrange=True, zeroline=False, showgrid=False),
+                 yaxis=dict(autorange="reversed", fixedrange=True, type="category", showgrid=False),
+                 title="Block tables: each running request's logical blocks → physical blocks")
+
+
+def block_table_figure(snapshot: Snapshot, focus: str | None = None, font_size: int = 12) -> go.Figure:
+    """The block tables on their own (see ``table_panel``)."""
+    return stack([table_panel(snapshot, focus, font_size)],
+                 _layout(f"Block tables after {snapshot.step} steps", snapshot.step, font_size), margin_px=(80, 50))
+
+
+def kv_figure(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None,
+              font_size: int = 12) -> go.Figure:
+    """The live view: block pool above, block tables below, one legend (click a request to hide it)."""
+    cols = grid_columns(snapshot.num_blocks)
+    return stack([grid_panel(snapshot, trace, focus, font_size), table_panel(snapshot, focus, font_size)],
+                 _layout(f"Paged KV cache after {snapshot.step} steps", snapshot.step, font_size,
+                         width=cols * CELL_PX + 200, legend=dict(title=dict(text="owner"), itemsizing="constant")),
+                 gap_px=70, margin_px=(80, 50))
 
 
 def step_events_frame(trace: StepTrace | None) -> pd.DataFrame:
@@ -243,14 +267,16 @@ def waste_figure(frame: pd.DataFrame, pool_tokens: int, step: int | None = None,
               for b, w in zip(frame["wasted bytes"], frame["wasted share of pool"])]
     data = [
         dict(type="bar", y=list(frame["scheme"]), x=list(frame["used tokens"]), name="used (tokens with KV)",
-             orientation="h", marker=dict(color=BLOCK_STATE_COLORS["used"])),
+             orientation="h", marker=dict(color=BLOCK_STATE_COLORS["used"]),
+             hovertemplate="%{y}: %{x} tokens used<extra></extra>"),
         dict(type="bar", y=list(frame["scheme"]), x=list(frame["wasted tokens"]), name="reserved, unused",
-             orientation="h", marker=dict(color="#EE6677"), text=labels, textposition="auto"),
+             orientation="h", marker=dict(color="#EE6677"), customdata=labels, text=labels,
+             textposition="auto", cliponaxis=False,
+             hovertemplate="%{y}: %{x} tokens, %{customdata}<extra></extra>"),
     ]
     shape, note = vline(pool_tokens, f"pool: {pool_tokens} tokens")
-    return figure(data, dict(
-        barmode="stack", title=dict(text="KV memory: paged vs contiguous reservation", font=dict(size=font_size + 3)),
-        height=280, margin=dict(l=10, r=10, t=70, b=40), font=dict(size=font_size), shapes=[shape], annotations=[note],
-        xaxis=dict(title=dict(text="tokens of KV"), fixedrange=True), yaxis=dict(autorange="reversed", fixedrange=True),
-        legend=dict(orientation="h", y=-0.25), meta={"step": step}, dragmode=False,
-    ))
+    panel = Panel(data, height=150, shapes=[shape], annotations=[note],
+                  xaxis=dict(title=dict(text="tokens of KV"), fixedrange=True),
+                  yaxis=dict(autorange="reversed", fixedrange=True))
+    return stack([panel], _layout("KV memory: paged vs contiguous reservation", step, font_size, barmode="stack",
+                                  legend=dict(orientation="h", y=-0.35)), margin_px=(70, 70))

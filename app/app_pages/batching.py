@@ -10,29 +10,29 @@ from engine.run import RunView
 from visualizers import batching as vb
 from visualizers import comparison as vc
 
-INTRO = ("Each engine step computes one flattened batch of at most `max_num_batched_tokens` tokens. Bars show "
-         "which requests filled it (colour = request, solid = prefill chunk, hatched = decode); the swim lane "
-         "shows every request's state in every step.")
+INTRO = ("Each engine step computes one flattened batch of at most `max_num_batched_tokens` tokens. Top: which "
+         "requests filled it (colour = request, solid = prefill chunk, hatched = decode) and how many decodes and "
+         "prefill chunks it held; then every request's state in every step, and the queues.")
+TABS = ("Live batches", "Latency per request", "Static vs continuous")
 
 
 def render(view: RunView, style: live.Style) -> None:
-    live.chart(vb.budget_figure(view.traces, style.font_size), "batch_budget", style)
-    live.chart(vb.swimlane_figure(view.traces, view.snapshot, style.font_size), "batch_swimlane", style)
-    left, right = st.columns(2)
-    with left:
-        live.chart(vb.queue_figure(view.traces, view.snapshot, style.font_size), "batch_queues", style)
-    with right:
-        live.chart(vb.latency_figure(view.snapshot, style.font_size), "batch_latency", style)
-    if style.explain:
-        with st.expander("Latency per request (table)"):
+    live_tab, latency_tab, compare_tab = st.tabs(TABS, key="batching_tab", on_change="rerun")
+    if live_tab.open:
+        with live_tab:
+            live.chart(vb.timeline_figure(view.traces, view.snapshot, style.font_size), "batch_timeline", style)
+    if latency_tab.open:
+        with latency_tab:
+            live.chart(vb.latency_figure(view.snapshot, style.font_size), "batch_latency", style)
             live.table(vb.latency_frame(view.snapshot), "latency")
-    comparison(view, style)
+    if compare_tab.open:
+        with compare_tab:
+            comparison(view, style)
     if style.explain:
         live.exports(view)
 
 
 def comparison(view: RunView, style: live.Style) -> None:
-    st.subheader("Static vs continuous batching, same scenario", anchor=False)
     runs = view.comparison
     if not runs and not view.is_replay:
         if style.explain:

@@ -10,38 +10,35 @@ from engine.run import RunView
 from visualizers import kv_blocks as kv
 from visualizers.theme import request_label
 
-INTRO = ("Every square is one physical KV block; its colour is the request that owns it (the same colour in "
-         "every view), its opacity how full it is. A dark outline marks a block allocated in the last step, a "
-         "red one a block freed. Hover a block for its id, owner, ref count and the tokens it holds.")
+INTRO = ("Top: every square is one physical KV block; its colour is the request that owns it (the same colour in "
+         "every view), its opacity how full it is; a dark outline marks a block allocated in the last step, a red "
+         "one a block freed. Below: each running request's block table, logical block → physical block. Hover "
+         "a block for its id, owner, ref count and the tokens it holds.")
 
 
 def render(view: RunView, style: live.Style) -> None:
     snap = view.snapshot
-    holders = [r.request_id for r in kv.running_tables(snap)]
-    options = ["all", *holders]
+    options = ["all", *(r.request_id for r in kv.running_tables(snap))]
     if st.session_state.get(K.focus) not in options:
         st.session_state[K.focus] = "all"
     left, right = st.columns([3, 2])
     with left:
-        live.chart(kv.block_grid(snap, view.last_trace, state.focus(), style.font_size), "kv_pool", style,
+        live.chart(kv.kv_figure(snap, view.last_trace, state.focus(), style.font_size), "kv_cache", style,
                    width="content")
     with right:
         st.subheader("What the last step did", anchor=False)
-        live.table(kv.step_events_frame(view.last_trace), "events",
-                   column_config={"items": st.column_config.TextColumn(width="large")})
+        st.markdown(live.events_markdown(kv.step_events_frame(view.last_trace)))
         frame = kv.waste_frame(snap, view.meta.max_model_len)
         live.chart(kv.waste_figure(frame, snap.num_blocks * snap.block_size, snap.step, style.font_size),
                    "kv_waste", style)
-        if style.explain:
-            paged, contiguous = frame.iloc[0], frame.iloc[2]
-            st.caption(f"Paged: {kv.format_bytes(paged['wasted bytes'])} reserved but unused "
-                       f"({paged['wasted share of pool']:.1%} of the pool), only the slack in each request's "
-                       f"last block. Reserving max_model_len={view.meta.max_model_len} tokens per request "
-                       f"up front would leave {kv.format_bytes(contiguous['wasted bytes'])} unused "
-                       f"({contiguous['wasted share of pool']:.0%} of the pool).")
-    st.segmented_control("Highlight a request", options, key=K.focus, required=True,
-                         format_func=lambda r: "all" if r == "all" else request_label(r))
-    live.chart(kv.block_table_figure(snap, state.focus(), style.font_size), "kv_tables", style)
+        paged, contiguous = frame.iloc[0], frame.iloc[2]
+        st.markdown(f"Paged: **{kv.format_bytes(paged['wasted bytes'])}** reserved but unused "
+                    f"(**{paged['wasted share of pool']:.1%}** of the pool), only the slack in each request's last "
+                    f"block. Reserving max_model_len = {view.meta.max_model_len} tokens per request up front: "
+                    f"**{kv.format_bytes(contiguous['wasted bytes'])}** unused "
+                    f"(**{contiguous['wasted share of pool']:.0%}** of the pool).")
+        st.segmented_control("Highlight a request", options, key=K.focus, required=True,
+                             format_func=lambda r: "all" if r == "all" else request_label(r))
     if style.explain:
         with st.expander("Block tables with the tokens each block holds"):
             live.table(kv.block_table_frame(snap), "block_tables",

@@ -1,0 +1,104 @@
+"""Start `make run`'s server command on a free port and drive it with Debian's Chromium.
+
+Shared by the browser tests (tests/browser/conftest.py) and the UI benchmark
+(tests/bench/bench_ui.py). The server is stopped through its own process handle.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parents[2]
+STREAMLIT = ROOT / ".venv" / "bin" / "streamlit"
+CHROMIUM = os.environ.get("INFERSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(port: int) -> list[str]:
+    """The Makefile's `run` command, headless, on ``port``."""
+    exe = str(STREAMLIT) if STREAMLIT.exists() else "streamlit"
+    return [exe, "run", "app/main.py", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+            "--server.headless", "true", "--server.address", "127.0.0.1", "--server.fileWatcherType", "none",
+            "--global.developmentMode", "false"]
+
+
+@contextmanager
+def streamlit_server(log_path: Path | None = None, timeout: float = 90.0) -> Iterator[str]:
+    """Yield the base URL of a running server; fail (never skip) when it does not come up."""
+    port = free_port()
+    log = open(log_path, "w") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen(server_command(port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"streamlit exited with code {proc.returncode} (log: {log_path})")
+            try:
+                if urllib.request.urlopen(url + "/_stcore/health", timeout=1).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"streamlit did not answer /_stcore/health within {timeout:.0f} s (log: {log_path})")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if log_path:
+            log.close()
+
+
+def launch_chromium(playwright):
+    """Debian's Chromium through Playwright; raises (so tests fail) when it cannot start."""
+    if not Path(CHROMIUM).exists():
+        raise RuntimeError(f"Chromium not found at {CHROMIUM}: run `make browser` (apt-get install chromium)")
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def wait_for_app(page, timeout: float = 60_000) -> None:
+    """Wait until the app is connected and its script has finished running."""
+    page.wait_for_timeout(150)
+    page.locator("[data-testid='stApp'][data-test-connection-state='CONNECTED']").wait_for(state="attached",
+                                                                                            timeout=timeout)
+    page.locator("[data-testid='stApp'][data-test-script-state='notRunning']").wait_for(state="attached",
+                                                                                         timeout=timeout)
+
+
+VIEWS_AT_STEP_JS = """
+([n, minimum]) => {
+  const plots = [...document.querySelectorAll('.js-plotly-plot')]
+    .filter(p => p.layout && p.layout.meta && p.layout.meta.step !== undefined && p.layout.meta.step !== null);
+  return plots.length >= minimum && plots.every(p => p.layout.meta.step === n);
+}
+"""
+
+
+def wait_for_views_at_step(page, step: int, minimum: int = 1, timeout: float = 60_000) -> None:
+    """Wait until every live chart on the page has been redrawn for ``step`` (layout.meta.step)."""
+    page.wait_for_function(VIEWS_AT_STEP_JS, arg=[step, minimum], polling="raf", timeout=timeout)
+
+
+def open_page(page, url: str, title: str) -> None:
+    """In-app navigation (keeps the session): open the "Engine" menu, click the page link."""
+    page.get_by_text("Engine", exact=True).first.click()
+    page.locator("[data-testid='stTopNavDropdownLink']", has_text=title).first.click()
+    wait_for_app(page)
