@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-ready
 PORT ?= 8501
 
-.PHONY: setup model browser run test test-fast bench clean
+.PHONY: setup model browser run test test-fast bench screenshots clean
 
 setup: $(STAMP)
 
@@ -26,11 +26,13 @@ $(MODEL_STAMP): $(STAMP)
 	$(PY) -m engine.models.convert smollm2-135m
 	touch $(MODEL_STAMP)
 
-# Debian's Chromium for the browser tests (Playwright cannot download browsers here).
+# Debian's Chromium for the browser tests (Playwright cannot download browsers here), and an
+# emoji font so page icons render in screenshots.
+BROWSER_PKGS := chromium fonts-noto-color-emoji
 browser:
-	@test -x /usr/bin/chromium || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
-	  else sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; fi; }
+	@test -x /usr/bin/chromium -a -d /usr/share/fonts/truetype/noto || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(BROWSER_PKGS); }
 
 run: setup model
 	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --browser.gatherUsageStats false
@@ -43,6 +45,10 @@ test-fast: setup model
 
 bench: setup model
 	$(PY) -m tests.bench
+
+# The README's pictures of each view (docs/img/), from a real run in Chromium.
+screenshots: setup model browser
+	$(PY) -m tests.browser.screenshots
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis tests/artifacts

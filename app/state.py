@@ -285,8 +285,7 @@ def leave_replay() -> None:
     ss = st.session_state
     ss[K.run] = None
     ss[K.run_spec] = None
-    ss[K.notice] = None
-    ss[K.upload] = None if K.upload not in ss else ss[K.upload]
+    ss[K.notice] = None  # K.upload is a file_uploader's key: read-only, assigning it raises
 
 
 # -- static vs continuous ---------------------------------------------------------------------

@@ -144,6 +144,16 @@ def test_bad_link_values_are_reported_not_crashed():
         assert fragment in warning
 
 
+def test_link_values_equal_to_the_defaults_are_not_reported_as_ignored():
+    """Streamlit drops a bound value equal to the widget's default from the URL; it was taken."""
+    at = open_page(model="internvl2-8b", hw="atlas-300v-pro", batch="1", ctx="4096")
+    no_traceback(at)
+    assert not [w.value for w in at.warning if "Ignored link settings" in w.value]
+    at = open_page(model="internvl2-8b", hw="no-such-device", batch="1.0")
+    warning = next(w.value for w in at.warning if "Ignored link settings" in w.value)
+    assert "hw=no-such-device" in warning and "model=" not in warning and "batch=" not in warning
+
+
 @pytest.mark.parametrize("query, fragment", [
     ({"model": "llama-2-7b", "hw": "t4", "tp": "3"}, "does not divide"),
     ({"model": "llama-2-7b", "hw": "t4", "ctx": "100", "out": "200"}, "fewer than the context"),

@@ -67,9 +67,9 @@ def memory_bar(est) -> go.Figure:
     if needed > usable:
         fig.add_vrect(x0=usable, x1=needed, fillcolor=MEMORY_COLORS["over"], opacity=0.15, line_width=0)
     fig.update_layout(
-        barmode="stack", height=230, margin=dict(l=10, r=10, t=40, b=40),
+        barmode="stack", height=270, margin=dict(l=10, r=10, t=40, b=90),
         xaxis=dict(title="GiB", range=[0, top], fixedrange=True), yaxis=dict(fixedrange=True),
-        legend=dict(orientation="h", yanchor="bottom", y=1.12, x=0), dragmode=False,
+        legend=dict(orientation="h", yanchor="top", y=-0.45, x=0), dragmode=False,
         title=dict(text=f"{needed:.2f} GiB needed of {usable:.2f} GiB usable per {unit}", font=dict(size=14)),
     )
     return fig

@@ -24,7 +24,9 @@ def render(view: RunView, style: live.Style) -> None:
     if latency_tab.open:
         with latency_tab:
             live.chart(vb.latency_figure(view.snapshot, style.font_size), "batch_latency", style)
-            live.table(vb.latency_frame(view.snapshot), "latency")
+            live.table(vb.latency_frame(view.snapshot), "latency",
+                       column_config={c: st.column_config.NumberColumn(format="%.1f")
+                                      for c in ("TTFT (ms)", "TPOT (ms)", "E2E (ms)")})
     if compare_tab.open:
         with compare_tab:
             comparison(view, style)

@@ -60,6 +60,18 @@ def _curve(model_key: str, config_text: str, hw_key: str, custom_hw: tuple, work
     return calc.concurrency_curve(model, hw, workload, settings)
 
 
+def _same_value(text: str, value: object) -> bool:
+    """Does the URL text ``text`` denote the widget value ``value``?"""
+    if isinstance(value, bool):
+        return text.lower() == str(value).lower()
+    if isinstance(value, (int, float)):
+        try:
+            return float(text) == float(value)
+        except ValueError:
+            return False
+    return text == str(value)
+
+
 st.title("📐 Will it fit?")
 st.caption("Does model X fit on device Y, and how fast will it run? Every control below is kept in the URL:"
            " copy the address bar to share this exact answer.")
@@ -146,7 +158,9 @@ with st.sidebar:
                             key="eta_c", bind="query-params", placeholder="device default")
 
 # Streamlit drops URL values a bound widget cannot take (unknown model, batch=-5, ...): say so.
-dropped = [f"{k}={v}" for k, v in url_before.items() if k in BOUND_KEYS and st.query_params.get(k) != v]
+# (A value equal to the widget's default also leaves the URL: that one was taken, not dropped.)
+dropped = [f"{k}={v}" for k, v in url_before.items()
+           if k in BOUND_KEYS and st.query_params.get(k) != v and not _same_value(v, st.session_state.get(k))]
 if dropped:
     st.warning("Ignored link settings that are not valid here: " + ", ".join(dropped)
                + " (the defaults are shown instead).", icon="🔗")

@@ -21,7 +21,7 @@ def render(view: RunView, style: live.Style) -> None:
     options = ["all", *(r.request_id for r in kv.running_tables(snap))]
     if st.session_state.get(K.focus) not in options:
         st.session_state[K.focus] = "all"
-    left, right = st.columns([3, 2])
+    left, right = st.columns([7, 4])
     with left:
         live.chart(kv.kv_figure(snap, view.last_trace, state.focus(), style.font_size), "kv_cache", style,
                    width="content")
