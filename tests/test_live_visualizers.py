@@ -154,7 +154,7 @@ def test_recorded_views_cover_allocation_free_preemption_and_recompute(recorded:
     assert any(c.resumed and c.kind == "prefill" for c in recorded["memory-pressure@65"].last_trace.scheduled)
     end = recorded["memory-pressure@end"].snapshot
     assert sum(r.num_preemptions for r in end.requests) >= 2
-    assert len(recorded["chat-burst@end"].snapshot.requests) > len(REQUEST_COLORS)  # colours cycle
+    assert len(recorded["chat-burst@end"].snapshot.requests) <= len(REQUEST_COLORS)  # no colour repeats
 
 
 # -- kv_blocks: the block pool grid ------------------------------------------------------------
@@ -429,14 +429,14 @@ def test_budget_bars_stack_to_the_batched_tokens_of_each_step(view: RunView) -> 
 
 
 def test_budget_panel_one_trace_per_request_and_the_budget_line(full: RunView) -> None:
-    """Request traces in id order, each in request_color (a colour per id; the palette cycles after 12)."""
+    """Request traces in id order, each in request_color (a colour per id: no two requests of a scenario share one)."""
     traces = full.traces
     fig = check(vb.budget_figure(traces))
     bars = on_axis(fig, "x")
     ids = sorted({c.request_id for t in traces for c in t.scheduled}, key=request_sort_key)
     assert [b.name for b in bars] == [request_label(r) for r in ids]
     assert [b.marker.color for b in bars] == [request_color(r) for r in ids]
-    assert len({b.marker.color for b in bars}) == min(len(ids), len(REQUEST_COLORS))
+    assert len({b.marker.color for b in bars}) == len(ids)
     assert fig.layout.barmode == "stack"
     budget = traces[-1].token_budget
     assert any(s.type == "line" and s.y0 == s.y1 == budget for s in fig.layout.shapes)
@@ -717,3 +717,14 @@ def test_figures_of_an_empty_run_validate(tiny: "SharedModel", torch_single_thre
         check(fig)
     assert vs.step_table(()).empty and list(vs.step_table(()).columns) == vs.STEP_COLUMNS
     assert math.isclose(vk.waste_frame(snap, v.meta.max_model_len)["wasted tokens"].sum(), 0)
+
+
+def test_every_scenario_gets_one_colour_per_request() -> None:
+    """The palette has no repeats, no block-state colour, and covers every preset scenario."""
+    from engine.scenario import list_scenarios, load_scenario
+    from visualizers.theme import BLOCK_STATE_COLORS
+
+    assert len(set(REQUEST_COLORS)) == len(REQUEST_COLORS)
+    assert not set(REQUEST_COLORS) & {BLOCK_STATE_COLORS["free"], BLOCK_STATE_COLORS["shared"]}
+    for name in list_scenarios():
+        assert len(load_scenario(name).requests) <= len(REQUEST_COLORS), name

@@ -7,6 +7,7 @@ Colour-blind-safe choices (Okabe-Ito / Tol based) so a projector in a talk still
 from __future__ import annotations
 
 # Requests: a request keeps its colour in every view (block grid, batch bars, timelines).
+# 24 colours (Tol's bright, muted, light and dark schemes): every scenario's requests differ.
 REQUEST_COLORS: tuple[str, ...] = (
     "#4477AA",  # blue
     "#EE6677",  # red
@@ -20,6 +21,18 @@ REQUEST_COLORS: tuple[str, ...] = (
     "#332288",  # indigo
     "#882255",  # wine
     "#44AA99",  # sea green
+    "#999933",  # olive
+    "#AA4499",  # magenta
+    "#77AADD",  # light blue
+    "#EE8866",  # salmon
+    "#DDCC77",  # sand
+    "#117733",  # dark green
+    "#FFAABB",  # pink
+    "#99DDFF",  # pale cyan
+    "#BBCC33",  # pear
+    "#CC6677",  # rose
+    "#222255",  # night blue
+    "#663333",  # brown
 )
 
 
@@ -39,7 +52,7 @@ BLOCK_STATE_COLORS: dict[str, str] = {
     "free": "#E8E8E8",
     "used": "#4477AA",
     "cached": "#66CCEE",  # evictable: in the prefix cache, no running request holds it
-    "shared": "#AA3377",  # ref count > 1
+    "shared": "#000000",  # ref count > 1 (black: no request has it)
     "reserved": "#BBBBBB",
 }
 
