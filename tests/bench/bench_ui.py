@@ -1,7 +1,6 @@
 """Time from a Step click to the updated views, beyond the engine step itself.
 
-Measured for real in Chromium against `make run`'s server: press PageDown (the Step button's
-shortcut), wait until every live chart on the page has been redrawn for the new step
+Measured for real in Chromium against `make run`'s server: click Step, wait until every live chart on the page has been redrawn for the new step
 (``layout.meta.step`` of each Plotly graph div), and subtract the engine's own time for that
 step (schedule + forward + sample, from its StepTrace, shown as "Last step (engine)").
 What remains is the app's cost: callback, snapshot, figure building, Streamlit rerun and
@@ -22,8 +21,9 @@ from tests.browser.server import launch_chromium, open_page, streamlit_server, w
 TARGET_MS = 300.0
 SCENARIO = "chat-burst"  # 16 requests
 CASES = (("tiny-random", 20), ("smollm2-135m", 12))
-PAGES = (("Paged KV cache", "kv-cache", 3), ("Batch composition", "batching", 4))
+PAGES = (("Paged KV cache", "kv-cache", 2), ("Batch composition", "batching", 1))  # live charts on each
 WARMUP_STEPS = 3
+STEP_BUTTON = ".st-key-step button"
 
 
 def _engine_ms(page) -> float:
@@ -41,7 +41,7 @@ def _measure(page, steps_done: int, n: int, min_charts: int) -> tuple[list[float
     for i in range(n):
         target = steps_done + i + 1
         t0 = time.perf_counter()
-        page.keyboard.press("PageDown")
+        page.locator(STEP_BUTTON).click()
         wait_for_views_at_step(page, target, min_charts)
         totals.append((time.perf_counter() - t0) * 1e3)
         wait_for_app(page)
@@ -68,7 +68,7 @@ def run() -> dict:
                 if title != "Paged KV cache":
                     open_page(page, url, title)
                 for _ in range(WARMUP_STEPS):
-                    page.keyboard.press("PageDown")
+                    page.locator(STEP_BUTTON).click()
                     steps_done += 1
                     wait_for_views_at_step(page, steps_done, min_charts, timeout=180_000)
                     wait_for_app(page)
@@ -87,7 +87,7 @@ def run() -> dict:
                                 "overhead_ms": overhead})
             page.close()
         browser.close()
-    return {"name": "bench_ui", "method": "Playwright (Debian Chromium): PageDown on Step -> every live chart's "
+    return {"name": "bench_ui", "method": "Playwright (Debian Chromium): click on Step -> every live chart's "
                                         "layout.meta.step equals the new step; minus the engine's StepTrace total_ms",
             "scenario": SCENARIO, "rows": rows, "details": details}
 
