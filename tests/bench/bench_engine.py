@@ -53,8 +53,16 @@ def _no_eos(n: int):
     return GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
 
 
-def hf_request_by_request(prompts, output_lens) -> tuple[float, list[list[int]]]:
+def hf_without_eos():
+    """The HF reference with EOS unset in its generation config too: ``generate`` fills an unset
+    ``eos_token_id`` of the config it is given from the model's own, and would stop early."""
     model = hf_model(MODEL)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_request_by_request(prompts, output_lens) -> tuple[float, list[list[int]]]:
+    model = hf_without_eos()
     outs = []
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -62,12 +70,15 @@ def hf_request_by_request(prompts, output_lens) -> tuple[float, list[list[int]]]
             ids = torch.tensor([p])
             g = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=_no_eos(n))
             outs.append(g[0, len(p):].tolist())
-    return time.perf_counter() - t0, outs
+    wall = time.perf_counter() - t0
+    if [len(o) for o in outs] != list(output_lens):  # equal work on both sides, or no comparison
+        raise RuntimeError("HF generate did not produce exactly max_new_tokens per request")
+    return wall, outs
 
 
 def hf_padded_static_batch(prompts, output_lens) -> float:
     """One left-padded batch that runs until its longest member is done."""
-    model = hf_model(MODEL)
+    model = hf_without_eos()
     width = max(len(p) for p in prompts)
     ids = torch.zeros((len(prompts), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -77,8 +88,11 @@ def hf_padded_static_batch(prompts, output_lens) -> float:
     n = max(output_lens)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        model.generate(ids, attention_mask=mask, generation_config=_no_eos(n))
-    return time.perf_counter() - t0
+        g = model.generate(ids, attention_mask=mask, generation_config=_no_eos(n))
+    wall = time.perf_counter() - t0
+    if g.shape[1] != width + n:
+        raise RuntimeError("HF generate stopped the padded batch before max_new_tokens")
+    return wall
 
 
 def engine_run(prompts, output_lens) -> tuple[float, float, float, list[list[int]]]:
