@@ -54,14 +54,6 @@ def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch") -> No
                            key=f"html_{name}", icon=":material/download:", type="tertiary")
 
 
-def events_markdown(frame: pd.DataFrame) -> str:
-    """The step's events as a short list (cheaper to redraw every step than a table)."""
-    if frame.empty:
-        return "No step yet: press **Step** (PageDown)."
-    return "\n".join(f"- {row.event}: **{row.count}**" + (f" ({row.items})" if row.count else "")
-                     for row in frame.itertuples())
-
-
 def table(frame: pd.DataFrame, name: str, **kwargs) -> None:
     st.dataframe(frame, key=f"table_{name}", hide_index=True, **kwargs)
 

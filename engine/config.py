@@ -14,6 +14,11 @@ Policy = Literal["continuous", "static"]
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def _is_number(value: object) -> bool:
+    """An int or a float, not a bool (True would pass as 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _require_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
@@ -93,12 +98,11 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
-        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
-                or not 0 <= self.temperature < math.inf):
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ValueError(f"temperature: must be a number >= 0, got {self.temperature!r}")
         _require_int("max_tokens", self.max_tokens, 1)
         _require_int("top_k", self.top_k, 0)
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None:
             _require_int("seed", self.seed, 0)

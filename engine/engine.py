@@ -113,10 +113,21 @@ class LLMEngine:
     def add_request(self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_step: int | None = None) -> str:
         """Validate everything first; a bad request raises ValueError and changes nothing."""
+        token_ids, text, params = self._prepare(prompt, sampling_params, arrival_step)
+        return self._enqueue(token_ids, text, params, request_id, arrival_step)
+
+    def _prepare(self, prompt: str | Sequence[int], sampling_params: SamplingParams | None,
+                 arrival_step: int | None = None) -> tuple[list[int], str | None, SamplingParams]:
+        """Every check that needs no engine state: (token ids, prompt text, sampling params)."""
         params = _check_params(sampling_params)
         token_ids, text = self._tokenize(prompt)
+        self._validate_request(token_ids, arrival_step)
+        return token_ids, text, params
+
+    def _enqueue(self, token_ids: list[int], text: str | None, params: SamplingParams,
+                 request_id: str | None, arrival_step: int | None) -> str:
+        """Queue a prepared request (the request id is checked here, under the lock)."""
         with self.lock:
-            self._validate_request(token_ids, arrival_step)
             rid = self._new_request_id(request_id)
             arrival = self.step_count if arrival_step is None else arrival_step
             seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + len(self.requests)
@@ -132,7 +143,7 @@ class LLMEngine:
             if not prompt:
                 raise ValueError("prompt: must not be empty")
             return self.tokenizer(prompt, add_special_tokens=False).input_ids, prompt
-        if isinstance(prompt, (bytes, dict)) or not isinstance(prompt, Sequence):
+        if isinstance(prompt, bytes) or not isinstance(prompt, Sequence):
             raise ValueError(f"prompt: must be a string or a list of token ids, got {type(prompt).__name__}")
         ids = list(prompt)
         if not ids:
@@ -384,18 +395,15 @@ class LLM:
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
         if isinstance(sampling_params, SamplingParams) or sampling_params is None:
-            params = [sampling_params or SamplingParams()] * len(prompts)
+            params = [sampling_params] * len(prompts)
         else:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError("sampling_params: one per prompt, or a single one for all")
         engine = self.llm_engine
         # Validate every prompt before adding any, so a bad one leaves nothing half-queued.
-        for p, sp in zip(prompts, params):
-            _check_params(sp)
-            tokens, _ = engine._tokenize(p)
-            engine._validate_request(tokens, None)
-        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        prepared = [engine._prepare(p, sp) for p, sp in zip(prompts, params)]
+        ids = [engine._enqueue(*request, request_id=None, arrival_step=None) for request in prepared]
         while engine.has_unfinished_requests():
             engine.step()
         return [engine.get_output(i) for i in ids]

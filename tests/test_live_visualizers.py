@@ -159,11 +159,9 @@ def test_recorded_views_cover_allocation_free_preemption_and_recompute(recorded:
 
 # -- kv_blocks: the block pool grid ------------------------------------------------------------
 
-def _grid_figures(v: RunView, **kw: Any) -> list[list[Any]]:
-    """Block-grid traces from block_grid and from the live kv_figure (its first panel)."""
-    trace = v.last_trace
-    return [on_axis(check(vk.block_grid(v.snapshot, trace, **kw)), "x"),
-            on_axis(check(vk.kv_figure(v.snapshot, trace, **kw)), "x")]
+def _grid(v: RunView) -> list[Any]:
+    """Block-grid traces of the live kv_figure (its first panel)."""
+    return on_axis(check(vk.kv_figure(v.snapshot, v.last_trace)), "x")
 
 
 def test_grid_has_exactly_one_marker_per_block_at_its_cell(view: RunView) -> None:
@@ -172,17 +170,17 @@ def test_grid_has_exactly_one_marker_per_block_at_its_cell(view: RunView) -> Non
     snap = view.snapshot
     cols = vk.grid_columns(snap.num_blocks)
     free = snap.num_free_blocks
-    for fig in (check(vk.block_grid(snap, view.last_trace)), check(vk.kv_figure(snap, view.last_trace))):
-        assert fig.layout.meta == {"step": snap.step}
-        title = f"<b>Block pool: {snap.num_blocks - free} used, {free} free of {snap.num_blocks} "
-        assert any(a.text.startswith(title) for a in fig.layout.annotations)
-    for grid in _grid_figures(view):
-        ids = [bid for _, _, bid in grid_markers(grid)]
-        assert sum(len(seq(t.x)) for t in grid) == snap.num_blocks
-        assert sorted(ids) == list(range(snap.num_blocks))
-        for t, i, bid in grid_markers(grid):
-            assert (seq(t.x)[i], seq(t.y)[i]) == (bid % cols, bid // cols)
-            assert t.type == "scatter" and t.marker.symbol == "square"
+    fig = check(vk.kv_figure(snap, view.last_trace))
+    assert fig.layout.meta == {"step": snap.step}
+    title = f"<b>Block pool: {snap.num_blocks - free} used, {free} free of {snap.num_blocks} "
+    assert any(a.text.startswith(title) for a in fig.layout.annotations)
+    grid = _grid(view)
+    ids = [bid for _, _, bid in grid_markers(grid)]
+    assert sum(len(seq(t.x)) for t in grid) == snap.num_blocks
+    assert sorted(ids) == list(range(snap.num_blocks))
+    for t, i, bid in grid_markers(grid):
+        assert (seq(t.x)[i], seq(t.y)[i]) == (bid % cols, bid // cols)
+        assert t.type == "scatter" and t.marker.symbol == "square"
 
 
 def test_grid_traces_are_free_then_one_per_request_in_its_own_colour(view: RunView) -> None:
@@ -193,31 +191,31 @@ def test_grid_traces_are_free_then_one_per_request_in_its_own_colour(view: RunVi
     held = tables(snap)
     assert {r.request_id for r in held} == set(snap.running)
     assert all(b.ref_count <= 1 for b in snap.blocks)  # no prefix cache: nothing is shared
-    for grid in _grid_figures(view):
-        names = [t.name for t in grid]
-        expected = (["free"] if snap.num_free_blocks else []) + [request_label(r.request_id) for r in held]
-        assert names == expected
-        by_name = {t.name: t for t in grid}
-        if snap.num_free_blocks:
-            free = by_name["free"]
-            free_ids = {int(cd[0]) for cd in seq(free.customdata)}
-            assert len(free_ids) == snap.num_free_blocks == sum(1 for b in snap.blocks if b.ref_count == 0)
-            assert all(blocks[i].ref_count == 0 for i in free_ids)
-            assert free.marker.color == BLOCK_STATE_COLORS["free"]
-            assert seq(free.marker.opacity) == [1.0] * len(free_ids)
-        for r in held:
-            t = by_name[request_label(r.request_id)]
-            ids = [int(cd[0]) for cd in seq(t.customdata)]
-            assert sorted(ids) == sorted(r.block_table)
-            assert t.marker.color == request_color(r.request_id)
-            assert seq(t.marker.opacity) == pytest.approx([fill_opacity(blocks[i], snap.block_size) for i in ids])
-            for cd in seq(t.customdata):
-                b = blocks[int(cd[0])]
-                assert cd[1] == request_label(r.request_id) and cd[2] == b.ref_count == 1
-                assert cd[3] == b.num_tokens
-        colours = [t.marker.color for t in grid if t.name != "free"]
-        assert len(set(colours)) == len(colours)
-        assert "shared (ref>1)" not in names
+    grid = _grid(view)
+    names = [t.name for t in grid]
+    expected = (["free"] if snap.num_free_blocks else []) + [request_label(r.request_id) for r in held]
+    assert names == expected
+    by_name = {t.name: t for t in grid}
+    if snap.num_free_blocks:
+        free = by_name["free"]
+        free_ids = {int(cd[0]) for cd in seq(free.customdata)}
+        assert len(free_ids) == snap.num_free_blocks == sum(1 for b in snap.blocks if b.ref_count == 0)
+        assert all(blocks[i].ref_count == 0 for i in free_ids)
+        assert free.marker.color == BLOCK_STATE_COLORS["free"]
+        assert seq(free.marker.opacity) == [1.0] * len(free_ids)
+    for r in held:
+        t = by_name[request_label(r.request_id)]
+        ids = [int(cd[0]) for cd in seq(t.customdata)]
+        assert sorted(ids) == sorted(r.block_table)
+        assert t.marker.color == request_color(r.request_id)
+        assert seq(t.marker.opacity) == pytest.approx([fill_opacity(blocks[i], snap.block_size) for i in ids])
+        for cd in seq(t.customdata):
+            b = blocks[int(cd[0])]
+            assert cd[1] == request_label(r.request_id) and cd[2] == b.ref_count == 1
+            assert cd[3] == b.num_tokens
+    colours = [t.marker.color for t in grid if t.name != "free"]
+    assert len(set(colours)) == len(colours)
+    assert "shared (ref>1)" not in names
 
 
 def test_grid_puts_blocks_with_ref_count_above_one_in_the_shared_trace(recorded: dict[str, RunView]) -> None:
@@ -230,7 +228,7 @@ def test_grid_puts_blocks_with_ref_count_above_one_in_the_shared_trace(recorded:
     requests = tuple(dataclasses.replace(r, block_table=r.block_table + (shared_id,)) if r.request_id == b.request_id
                      else r for r in snap.requests)
     shared_snap = dataclasses.replace(snap, blocks=blocks, requests=requests)
-    grid = on_axis(check(vk.block_grid(shared_snap)), "x")
+    grid = on_axis(check(vk.kv_figure(shared_snap)), "x")
     assert [t.name for t in grid][-1] == "shared (ref>1)"
     shared = grid[-1]
     assert shared.marker.color == BLOCK_STATE_COLORS["shared"]
@@ -249,23 +247,23 @@ def test_grid_outlines_blocks_allocated_and_freed_in_the_last_step(view: RunView
     trace = view.last_trace
     assert trace is not None
     allocated, freed = set(trace.blocks_allocated), set(trace.blocks_freed)
-    for grid in _grid_figures(view):
-        seen_alloc, seen_freed = set(), set()
-        for t, i, bid in grid_markers(grid):
-            colour, width = seq(t.marker.line.color)[i], seq(t.marker.line.width)[i]
-            if bid in allocated:
-                assert (colour, width) == (vk.ALLOCATED_OUTLINE, 3)
-                seen_alloc.add(bid)
-            elif bid in freed:
-                assert (colour, width) == (vk.FREED_OUTLINE, 3)
-                seen_freed.add(bid)
-            else:
-                assert width == 0
-        assert seen_alloc == allocated and seen_freed == freed - allocated
-        if freed - allocated:  # a freed block that nobody took again is drawn free
-            free = next(t for t in grid if t.name == "free")
-            assert (freed - allocated) <= {int(cd[0]) for cd in seq(free.customdata)}
-    plain = on_axis(check(vk.block_grid(view.snapshot)), "x")
+    grid = _grid(view)
+    seen_alloc, seen_freed = set(), set()
+    for t, i, bid in grid_markers(grid):
+        colour, width = seq(t.marker.line.color)[i], seq(t.marker.line.width)[i]
+        if bid in allocated:
+            assert (colour, width) == (vk.ALLOCATED_OUTLINE, 3)
+            seen_alloc.add(bid)
+        elif bid in freed:
+            assert (colour, width) == (vk.FREED_OUTLINE, 3)
+            seen_freed.add(bid)
+        else:
+            assert width == 0
+    assert seen_alloc == allocated and seen_freed == freed - allocated
+    if freed - allocated:  # a freed block that nobody took again is drawn free
+        free = next(t for t in grid if t.name == "free")
+        assert (freed - allocated) <= {int(cd[0]) for cd in seq(free.customdata)}
+    plain = on_axis(check(vk.kv_figure(view.snapshot)), "x")
     assert all(w == 0 for t in plain for w in seq(t.marker.line.width))
 
 
@@ -298,22 +296,22 @@ def test_focus_fades_every_other_request_in_grid_and_tables(view: RunView) -> No
 
 def test_block_tables_panel_has_one_row_per_running_request(view: RunView) -> None:
     """One trace per running request (id order, its colour); markers == len(block_table); x = logical
-    index; text = physical ids in table order; same traces in block_table_figure and kv_figure."""
+    index; text = physical ids in table order (the second panel of kv_figure)."""
     snap = view.snapshot
     held = tables(snap)
-    standalone = check(vk.block_table_figure(snap))
-    for rows in (on_axis(standalone, "x"), on_axis(check(vk.kv_figure(snap, view.last_trace)), "x2")):
-        assert [t.name for t in rows] == [request_label(r.request_id) for r in held]
-        for t, r in zip(rows, held):
-            n = len(r.block_table)
-            assert seq(t.x) == list(range(n))
-            assert seq(t.y) == [request_label(r.request_id)] * n
-            assert seq(t.text) == [str(p) for p in r.block_table]
-            assert [int(cd[1]) for cd in seq(t.customdata)] == list(r.block_table)
-            assert t.marker.color == request_color(r.request_id)
-            assert t.showlegend is False
+    fig = check(vk.kv_figure(snap, view.last_trace))
+    rows = on_axis(fig, "x2")
+    assert [t.name for t in rows] == [request_label(r.request_id) for r in held]
+    for t, r in zip(rows, held):
+        n = len(r.block_table)
+        assert seq(t.x) == list(range(n))
+        assert seq(t.y) == [request_label(r.request_id)] * n
+        assert seq(t.text) == [str(p) for p in r.block_table]
+        assert [int(cd[1]) for cd in seq(t.customdata)] == list(r.block_table)
+        assert t.marker.color == request_color(r.request_id)
+        assert t.showlegend is False
     if not held:
-        assert any(a.text == "no request holds blocks" for a in standalone.layout.annotations)
+        assert any(a.text == "no request holds blocks" for a in fig.layout.annotations)
 
 
 def test_block_table_frame_has_one_row_per_logical_block(view: RunView) -> None:
@@ -397,41 +395,40 @@ def test_waste_frame_paged_slack_vs_contiguous_reservation(view: RunView) -> Non
 
 # -- batching: token budget and counts ---------------------------------------------------------
 
-def _budget_and_counts(traces: tuple[StepTrace, ...], snapshot: Snapshot) -> list[tuple[list[Any], list[Any]]]:
-    """(budget bars, count bars) from budget_figure and from the live timeline_figure."""
-    budget = check(vb.budget_figure(traces))
+def _budget_and_counts(traces: tuple[StepTrace, ...], snapshot: Snapshot) -> tuple[list[Any], list[Any]]:
+    """(budget bars, count bars): the first two panels of the live timeline_figure."""
     timeline = check(vb.timeline_figure(traces, snapshot))
-    return [(on_axis(budget, "x"), on_axis(budget, "x2")), (on_axis(timeline, "x"), on_axis(timeline, "x2"))]
+    return on_axis(timeline, "x"), on_axis(timeline, "x2")
 
 
 def test_budget_bars_stack_to_the_batched_tokens_of_each_step(view: RunView) -> None:
     """Per step, the request bars sum to num_batched_tokens (<= token_budget); one bar per chunk,
     its height the chunk's tokens, its pattern the chunk kind (solid prefill, "x" decode)."""
     traces = view.traces
-    for bars, _ in _budget_and_counts(traces, view.snapshot):
-        per_step: Counter[int] = Counter()
-        seen: set[tuple[str, int]] = set()
-        by_step = {t.step: t for t in traces}
-        for bar in bars:
-            rid = next(c.request_id for t in traces for c in t.scheduled if request_label(c.request_id) == bar.name)
-            assert bar.type == "bar" and bar.marker.color == request_color(rid)
-            for x, y, kind, shape in zip(seq(bar.x), seq(bar.y), seq(bar.customdata),
-                                         seq(bar.marker.pattern.shape)):
-                chunk = chunks(by_step[x])[rid]
-                assert (y, kind, shape) == (chunk.num_tokens, chunk.kind, CHUNK_PATTERNS[chunk.kind])
-                assert y <= by_step[x].token_budget
-                per_step[x] += y
-                seen.add((rid, x))
-        assert seen == {(c.request_id, t.step) for t in traces for c in t.scheduled}
-        for t in traces:
-            assert per_step[t.step] == t.num_batched_tokens <= t.token_budget
-            assert t.num_batched_tokens == t.num_prefill_tokens + t.num_decode_tokens
+    bars, _ = _budget_and_counts(traces, view.snapshot)
+    per_step: Counter[int] = Counter()
+    seen: set[tuple[str, int]] = set()
+    by_step = {t.step: t for t in traces}
+    for bar in bars:
+        rid = next(c.request_id for t in traces for c in t.scheduled if request_label(c.request_id) == bar.name)
+        assert bar.type == "bar" and bar.marker.color == request_color(rid)
+        for x, y, kind, shape in zip(seq(bar.x), seq(bar.y), seq(bar.customdata),
+                                     seq(bar.marker.pattern.shape)):
+            chunk = chunks(by_step[x])[rid]
+            assert (y, kind, shape) == (chunk.num_tokens, chunk.kind, CHUNK_PATTERNS[chunk.kind])
+            assert y <= by_step[x].token_budget
+            per_step[x] += y
+            seen.add((rid, x))
+    assert seen == {(c.request_id, t.step) for t in traces for c in t.scheduled}
+    for t in traces:
+        assert per_step[t.step] == t.num_batched_tokens <= t.token_budget
+        assert t.num_batched_tokens == t.num_prefill_tokens + t.num_decode_tokens
 
 
 def test_budget_panel_one_trace_per_request_and_the_budget_line(full: RunView) -> None:
     """Request traces in id order, each in request_color (a colour per id: no two requests of a scenario share one)."""
     traces = full.traces
-    fig = check(vb.budget_figure(traces))
+    fig = check(vb.timeline_figure(traces, full.snapshot))
     bars = on_axis(fig, "x")
     ids = sorted({c.request_id for t in traces for c in t.scheduled}, key=request_sort_key)
     assert [b.name for b in bars] == [request_label(r) for r in ids]
@@ -445,13 +442,13 @@ def test_budget_panel_one_trace_per_request_and_the_budget_line(full: RunView) -
 def test_counts_panel_counts_decodes_and_prefill_chunks_per_step(view: RunView) -> None:
     """The second panel's "decodes" / "prefill chunks" bars equal the chunk kinds in each trace."""
     traces = view.traces
-    for _, counts in _budget_and_counts(traces, view.snapshot):
-        by_name = {t.name: t for t in counts}
-        assert list(by_name) == ["decodes", "prefill chunks"]
-        for name, kind in (("decodes", "decode"), ("prefill chunks", "prefill")):
-            assert seq(by_name[name].x) == [t.step for t in traces]
-            assert seq(by_name[name].y) == [sum(1 for c in t.scheduled if c.kind == kind) for t in traces]
-            assert by_name[name].marker.color == CHUNK_KIND_COLORS[kind]
+    _, counts = _budget_and_counts(traces, view.snapshot)
+    by_name = {t.name: t for t in counts}
+    assert list(by_name) == ["decodes", "prefill chunks"]
+    for name, kind in (("decodes", "decode"), ("prefill chunks", "prefill")):
+        assert seq(by_name[name].x) == [t.step for t in traces]
+        assert seq(by_name[name].y) == [sum(1 for c in t.scheduled if c.kind == kind) for t in traces]
+        assert by_name[name].marker.color == CHUNK_KIND_COLORS[kind]
 
 
 # -- batching: swim lane, queues, latency -------------------------------------------------------
@@ -505,24 +502,23 @@ def test_memory_pressure_lane_shows_the_preemption_then_the_recompute(recorded: 
     assert set(row[j + 1: lane.steps.index(resumed.step)]) == {"waiting"}
 
 
-def test_swimlane_figure_encodes_the_lanes_with_one_colour_per_request(view: RunView) -> None:
+def test_swimlane_panel_encodes_the_lanes_with_one_colour_per_request(view: RunView) -> None:
     """Heatmap z == LANE_STATES codes of lanes(); rows = request labels; chips in request_color;
     a legend entry per state; the timeline's third panel is the same heatmap."""
     traces, snap = view.traces, view.snapshot
     lane = vb.lanes(traces, [r.request_id for r in snap.requests])
     codes = [[LANE_STATES.index(s) for s in row] for row in lane.states]
     labels = [request_label(r) for r in lane.request_ids]
-    for fig, axis in ((check(vb.swimlane_figure(traces, snap)), "x"), (check(vb.timeline_figure(traces, snap)), "x3")):
-        panel = on_axis(fig, axis)
-        (heat,) = [t for t in panel if t.type == "heatmap"]
-        assert seq(heat.z) == codes
-        assert seq(heat.x) == [t.step for t in traces] and seq(heat.y) == labels
-        assert (heat.zmin, heat.zmax) == (-0.5, len(LANE_STATES) - 0.5)
-        (chip,) = [t for t in panel if t.name == "request colour"]
-        assert seq(chip.y) == labels
-        assert seq(chip.marker.color) == [request_color(r) for r in lane.request_ids]
-        legend = [t.name for t in panel if t.legendgroup == "states"]
-        assert legend == list(LANE_STATES[1:])
+    panel = on_axis(check(vb.timeline_figure(traces, snap)), "x3")
+    (heat,) = [t for t in panel if t.type == "heatmap"]
+    assert seq(heat.z) == codes
+    assert seq(heat.x) == [t.step for t in traces] and seq(heat.y) == labels
+    assert (heat.zmin, heat.zmax) == (-0.5, len(LANE_STATES) - 0.5)
+    (chip,) = [t for t in panel if t.name == "request colour"]
+    assert seq(chip.y) == labels
+    assert seq(chip.marker.color) == [request_color(r) for r in lane.request_ids]
+    legend = [t.name for t in panel if t.legendgroup == "states"]
+    assert legend == list(LANE_STATES[1:])
 
 
 def test_queue_frame_matches_the_traces_queue_lengths(full: RunView) -> None:
@@ -537,8 +533,7 @@ def test_queue_frame_matches_the_traces_queue_lengths(full: RunView) -> None:
     assert list(frame["preempted"]) == [len(t.preempted) for t in traces]
     not_arrived = [sum(1 for a in arrival.values() if a > t.step) for t in traces]
     assert list(frame["waiting"]) == [t.num_waiting - n for t, n in zip(traces, not_arrived)]
-    fig = check(vb.queue_figure(traces, snap))
-    by_name = {t.name: t for t in fig.data}
+    by_name = {t.name: t for t in on_axis(check(vb.timeline_figure(traces, snap)), "x4")}
     assert seq(by_name["waiting"].y) == list(frame["waiting"])
     assert seq(by_name["running"].y) == list(frame["running"])
     assert seq(by_name["preempted"].x) == [t.step for t in traces if t.preempted]
@@ -679,15 +674,10 @@ def test_step_table_one_row_per_trace_and_csv_round_trip(view: RunView) -> None:
 # -- every figure validates and serialises -----------------------------------------------------
 
 FIGURES: dict[str, Callable[[RunView, dict[str, PolicyRun]], go.Figure]] = {
-    "block_grid": lambda v, _: vk.block_grid(v.snapshot, v.last_trace, show_ids=True),
-    "block_grid_focus": lambda v, _: vk.block_grid(v.snapshot, v.last_trace, focus=(v.snapshot.running or ("0",))[0]),
-    "block_table_figure": lambda v, _: vk.block_table_figure(v.snapshot),
     "kv_figure": lambda v, _: vk.kv_figure(v.snapshot, v.last_trace),
+    "kv_figure_focus": lambda v, _: vk.kv_figure(v.snapshot, v.last_trace, focus=(v.snapshot.running or ("0",))[0]),
     "waste_figure": lambda v, _: vk.waste_figure(vk.waste_frame(v.snapshot, v.meta.max_model_len),
                                                  v.snapshot.num_blocks * v.snapshot.block_size, v.step),
-    "budget_figure": lambda v, _: vb.budget_figure(v.traces),
-    "swimlane_figure": lambda v, _: vb.swimlane_figure(v.traces, v.snapshot),
-    "queue_figure": lambda v, _: vb.queue_figure(v.traces, v.snapshot),
     "timeline_figure": lambda v, _: vb.timeline_figure(v.traces, v.snapshot),
     "latency_figure": lambda v, _: vb.latency_figure(v.snapshot),
     "lanes_side_by_side": lambda _, runs: vc.lanes_side_by_side(runs),
@@ -701,7 +691,7 @@ def test_every_live_figure_validates_and_serialises(name: str, recorded: dict[st
     """Full Plotly validation and fig.to_json() for every live figure, at every recorded view."""
     for key, v in recorded.items():
         fig = check(FIGURES[name](v, policy_runs[v.meta.scenario]))
-        assert fig.data or name == "block_table_figure", key
+        assert fig.data, key
 
 
 def test_figures_of_an_empty_run_validate(tiny: "SharedModel", torch_single_thread: None) -> None:
@@ -712,8 +702,7 @@ def test_figures_of_an_empty_run_validate(tiny: "SharedModel", torch_single_thre
     snap = v.snapshot
     grid = on_axis(check(vk.kv_figure(snap, None)), "x")
     assert [t.name for t in grid] == ["free"] and len(seq(grid[0].x)) == snap.num_blocks
-    for fig in (vb.timeline_figure((), snap), vb.budget_figure(()), vb.swimlane_figure((), snap),
-                vb.queue_figure((), snap), vb.latency_figure(snap), vk.block_table_figure(snap)):
+    for fig in (vb.timeline_figure((), snap), vb.latency_figure(snap)):
         check(fig)
     assert vs.step_table(()).empty and list(vs.step_table(()).columns) == vs.STEP_COLUMNS
     assert math.isclose(vk.waste_frame(snap, v.meta.max_model_len)["wasted tokens"].sum(), 0)

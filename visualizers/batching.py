@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.trace import Snapshot, StepTrace
-from visualizers.figures import Panel, figure, hline, stack
+from visualizers.figures import Panel, figure, hline, live_layout, stack
 from visualizers.theme import (CHUNK_KIND_COLORS, CHUNK_PATTERNS, LANE_STATE_COLORS, LANE_STATES, QUEUE_COLORS,
                                discrete_colorscale, request_color, request_label, request_sort_key)
 
@@ -128,18 +128,6 @@ def counts_panel(traces: Sequence[StepTrace]) -> Panel:
                  title="Requests per step: decodes and prefill chunks")
 
 
-def _layout(title: str, step: int, font_size: int, **extra) -> dict:
-    return dict(title=dict(text=title, font=dict(size=font_size + 3)), font=dict(size=font_size),
-                plot_bgcolor="white", dragmode=False, meta={"step": step}, **extra)
-
-
-def budget_figure(traces: Sequence[StepTrace], font_size: int = 12) -> go.Figure:
-    """Token budget use per step, with the decode / prefill counts underneath."""
-    return stack([budget_panel(traces), counts_panel(traces)],
-                 _layout(f"Batch composition after {len(traces)} steps", len(traces), font_size, barmode="stack",
-                         legend=dict(title=dict(text="request"))), shared_x=True)
-
-
 def lane_heatmap(lane: Lanes, show_text: bool | None = None, xaxis: str = "x", yaxis: str = "y") -> dict:
     """The swim lane as one Heatmap trace (discrete colours: LANE_STATES order)."""
     codes = [[LANE_STATES.index(s) for s in row] for row in lane.states]
@@ -187,12 +175,6 @@ def lane_panel(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) ->
                  title="Swim lane: each request's state per step (number = tokens computed)")
 
 
-def swimlane_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> go.Figure:
-    return stack([lane_panel(traces, snapshot)],
-                 _layout(f"Swim lane after {len(traces)} steps", len(traces), font_size,
-                         legend=dict(orientation="h", y=-0.12)))
-
-
 def queue_frame(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -> pd.DataFrame:
     """Per step: requests waiting (arrived, not computed this step), running, preempted."""
     lane = lanes(traces, _request_ids(snapshot))
@@ -220,18 +202,13 @@ def queue_panel(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -
                  title="Queue lengths")
 
 
-def queue_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> go.Figure:
-    return stack([queue_panel(traces, snapshot)],
-                 _layout(f"Queues after {len(traces)} steps", len(traces), font_size,
-                         legend=dict(orientation="h", y=-0.4)))
-
-
 def timeline_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> go.Figure:
     """The live view: token budget, batch counts, swim lane and queues on one shared step axis."""
     return stack([budget_panel(traces), counts_panel(traces), lane_panel(traces, snapshot),
                   queue_panel(traces, snapshot)],
-                 _layout(f"Batch composition after {len(traces)} steps", len(traces), font_size, barmode="stack",
-                         legend=dict(tracegroupgap=18)), shared_x=True, gap_px=48, margin_px=(70, 50))
+                 live_layout(f"Batch composition after {len(traces)} steps", len(traces), font_size,
+                             barmode="stack", legend=dict(tracegroupgap=18)),
+                 shared_x=True, gap_px=48, margin_px=(70, 50))
 
 
 def latency_frame(snapshot: Snapshot) -> pd.DataFrame:

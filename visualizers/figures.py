@@ -40,6 +40,13 @@ def figure(data: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
     return go.Figure(data=data, layout=layout, _validate=False)
 
 
+def live_layout(title: str, step: int | None, font_size: int, **extra: Any) -> dict[str, Any]:
+    """Layout shared by the live views: title, font, no drag, and ``meta.step`` (the step the
+    figure shows; the browser tests and the UI benchmark wait on it)."""
+    return dict(title=dict(text=title, font=dict(size=font_size + 3)), font=dict(size=font_size),
+                plot_bgcolor="white", dragmode=False, meta={"step": step}, **extra)
+
+
 def validated(fig: go.Figure) -> go.Figure:
     """Re-build ``fig`` with full validation (raises ValueError on an invalid property)."""
     return go.Figure(fig.to_dict())

@@ -1,7 +1,8 @@
 """Paged KV cache views: the physical block pool, each request's block table, what a step did,
 and the memory a paged cache saves against a contiguous reservation.
 
-Pure functions of engine records (Snapshot, StepTrace) -> plotly Figure / pandas DataFrame.
+Pure functions of engine records (Snapshot, StepTrace) -> plotly Figure / pandas DataFrame
+(and the Markdown summaries the page prints beside them).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import plotly.graph_objects as go
 
 
 from engine.trace import BlockState, RequestState, Snapshot, StepTrace
-from visualizers.figures import Panel, stack, vline
+from visualizers.figures import Panel, live_layout, stack, vline
 from visualizers.theme import BLOCK_STATE_COLORS, request_color, request_label, request_sort_key
 
 CELL_PX = 30  # pitch of one block in the pool grid
@@ -59,14 +60,13 @@ def _cells(snapshot: Snapshot) -> list[_Cell]:
     return [_Cell(b, b.block_id % cols, b.block_id // cols) for b in snapshot.blocks]
 
 
-def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None,
-               font_size: int = 12, show_ids: bool = False) -> Panel:
+def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None) -> Panel:
     """The physical block pool: one square per block, row-major, block 0 top left.
 
     Traces: "free", one per owning request (ref count 1, in the request's colour) and
     "shared (ref>1)". Opacity = how full the block is. Blocks allocated in ``trace`` get a
     dark outline, blocks freed in it a red one. With ``focus`` set, other requests fade.
-    Block ids are in the hover (``show_ids`` also prints them: costly to redraw each step).
+    Block ids are in the hover (printing them in the squares is costly to redraw each step).
     """
     bs = snapshot.block_size
     allocated = set(trace.blocks_allocated) if trace else set()
@@ -95,20 +95,16 @@ def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | 
             opacity = [0.12 if faded else _fill_opacity(c.block.num_tokens, bs) for c in group]
         outline = [ALLOCATED_OUTLINE if c.block.block_id in allocated else
                    FREED_OUTLINE if c.block.block_id in freed else "rgba(0,0,0,0)" for c in group]
-        trace_spec = dict(
+        data.append(dict(
             type="scatter", x=[c.x for c in group], y=[c.y for c in group],
-            mode="markers+text" if show_ids else "markers", name=name, legendgroup=name,
+            mode="markers", name=name, legendgroup=name,
             marker=dict(symbol="square", size=CELL_PX - 4, color=color, opacity=opacity,
                         line=dict(color=outline, width=[3 if c.block.block_id in changed else 0 for c in group])),
             customdata=[[c.block.block_id, ", ".join(request_label(o) for o in c.block.owners) or "—",
                          c.block.ref_count, c.block.num_tokens, _hover_text(c.block.text)] for c in group],
             hovertemplate=("block %{customdata[0]}<br>owner: %{customdata[1]}<br>ref count: %{customdata[2]}"
                            f"<br>tokens: %{{customdata[3]}}/{bs}<br>%{{customdata[4]}}<extra></extra>"),
-        )
-        if show_ids:
-            trace_spec.update(text=[str(c.block.block_id) for c in group],
-                              textfont=dict(size=max(8, font_size - 3), color="#333333"))
-        data.append(trace_spec)
+        ))
     cols = grid_columns(snapshot.num_blocks)
     rows = math.ceil(snapshot.num_blocks / cols)
     used = snapshot.num_blocks - snapshot.num_free_blocks
@@ -117,21 +113,6 @@ def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | 
                  yaxis=dict(visible=False, range=[rows - 0.3, -0.7], fixedrange=True),
                  title=f"Block pool: {used} used, {snapshot.num_free_blocks} free of {snapshot.num_blocks} "
                        f"(block size {bs})")
-
-
-def _layout(title: str, step: int | None, font_size: int, **extra) -> dict:
-    return dict(title=dict(text=title, font=dict(size=font_size + 3)), font=dict(size=font_size),
-                plot_bgcolor="white", dragmode=False, meta={"step": step}, **extra)
-
-
-def block_grid(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None,
-               font_size: int = 12, show_ids: bool = False) -> go.Figure:
-    """The block pool on its own (see ``grid_panel``)."""
-    panel = grid_panel(snapshot, trace, focus, font_size, show_ids)
-    cols = grid_columns(snapshot.num_blocks)
-    return stack([panel], _layout(f"Paged KV cache after {snapshot.step} steps", snapshot.step, font_size,
-                                  width=cols * CELL_PX + 200,
-                                  legend=dict(title=dict(text="owner"), itemsizing="constant")), margin_px=(80, 10))
 
 
 def running_tables(snapshot: Snapshot) -> list[RequestState]:
@@ -185,19 +166,13 @@ def table_panel(snapshot: Snapshot, focus: str | None = None, font_size: int = 1
                  title="Block tables: each running request's logical blocks → physical blocks")
 
 
-def block_table_figure(snapshot: Snapshot, focus: str | None = None, font_size: int = 12) -> go.Figure:
-    """The block tables on their own (see ``table_panel``)."""
-    return stack([table_panel(snapshot, focus, font_size)],
-                 _layout(f"Block tables after {snapshot.step} steps", snapshot.step, font_size), margin_px=(80, 50))
-
-
 def kv_figure(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None,
               font_size: int = 12) -> go.Figure:
     """The live view: block pool above, block tables below, one legend (click a request to hide it)."""
     cols = grid_columns(snapshot.num_blocks)
-    return stack([grid_panel(snapshot, trace, focus, font_size), table_panel(snapshot, focus, font_size)],
-                 _layout(f"Paged KV cache after {snapshot.step} steps", snapshot.step, font_size,
-                         width=cols * CELL_PX + 200, legend=dict(title=dict(text="owner"), itemsizing="constant")),
+    return stack([grid_panel(snapshot, trace, focus), table_panel(snapshot, focus, font_size)],
+                 live_layout(f"Paged KV cache after {snapshot.step} steps", snapshot.step, font_size,
+                             width=cols * CELL_PX + 200, legend=dict(title=dict(text="owner"), itemsizing="constant")),
                  gap_px=70, margin_px=(80, 50))
 
 
@@ -224,6 +199,14 @@ def step_events_frame(trace: StepTrace | None) -> pd.DataFrame:
 
 
 WASTE_SCHEMES = ("paged (this engine)", "contiguous: prompt + max_tokens", "contiguous: max_model_len")
+
+
+def step_events_markdown(frame: pd.DataFrame) -> str:
+    """``step_events_frame`` as a short Markdown list (cheaper to redraw every step than a table)."""
+    if frame.empty:
+        return "No step yet: press **Step** (PageDown)."
+    return "\n".join(f"- {row.event}: **{row.count}**" + (f" ({row.items})" if row.count else "")
+                     for row in frame.itertuples())
 
 
 def waste_frame(snapshot: Snapshot, max_model_len: int) -> pd.DataFrame:
@@ -261,6 +244,16 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def waste_summary(frame: pd.DataFrame, max_model_len: int) -> str:
+    """``waste_frame`` in one Markdown sentence: paged against reserving max_model_len per request."""
+    paged, contiguous = frame.iloc[0], frame.iloc[2]
+    return (f"Paged: **{format_bytes(paged['wasted bytes'])}** reserved but unused "
+            f"(**{paged['wasted share of pool']:.1%}** of the pool), only the slack in each request's last "
+            f"block. Reserving max_model_len = {max_model_len} tokens per request up front: "
+            f"**{format_bytes(contiguous['wasted bytes'])}** unused "
+            f"(**{contiguous['wasted share of pool']:.0%}** of the pool).")
+
+
 def waste_figure(frame: pd.DataFrame, pool_tokens: int, step: int | None = None, font_size: int = 12) -> go.Figure:
     """Horizontal bars per allocator: tokens used (blue) + reserved but unused (red), vs the pool."""
     labels = [f"{format_bytes(b)} wasted ({w:.0%} of pool)"
@@ -278,5 +271,6 @@ def waste_figure(frame: pd.DataFrame, pool_tokens: int, step: int | None = None,
     panel = Panel(data, height=150, shapes=[shape], annotations=[note],
                   xaxis=dict(title=dict(text="tokens of KV"), fixedrange=True),
                   yaxis=dict(autorange="reversed", fixedrange=True))
-    return stack([panel], _layout("KV memory: paged vs contiguous reservation", step, font_size, barmode="stack",
-                                  legend=dict(orientation="h", y=-0.35)), margin_px=(70, 70))
+    layout = live_layout("KV memory: paged vs contiguous reservation", step, font_size, barmode="stack",
+                         legend=dict(orientation="h", y=-0.35))
+    return stack([panel], layout, margin_px=(70, 70))

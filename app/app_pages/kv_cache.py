@@ -27,16 +27,11 @@ def render(view: RunView, style: live.Style) -> None:
                    width="content")
     with right:
         st.subheader("What the last step did", anchor=False)
-        st.markdown(live.events_markdown(kv.step_events_frame(view.last_trace)))
+        st.markdown(kv.step_events_markdown(kv.step_events_frame(view.last_trace)))
         frame = kv.waste_frame(snap, view.meta.max_model_len)
         live.chart(kv.waste_figure(frame, snap.num_blocks * snap.block_size, snap.step, style.font_size),
                    "kv_waste", style)
-        paged, contiguous = frame.iloc[0], frame.iloc[2]
-        st.markdown(f"Paged: **{kv.format_bytes(paged['wasted bytes'])}** reserved but unused "
-                    f"(**{paged['wasted share of pool']:.1%}** of the pool), only the slack in each request's last "
-                    f"block. Reserving max_model_len = {view.meta.max_model_len} tokens per request up front: "
-                    f"**{kv.format_bytes(contiguous['wasted bytes'])}** unused "
-                    f"(**{contiguous['wasted share of pool']:.0%}** of the pool).")
+        st.markdown(kv.waste_summary(frame, view.meta.max_model_len))
         st.segmented_control("Highlight a request", options, key=K.focus, required=True,
                              format_func=lambda r: "all" if r == "all" else request_label(r))
     if style.explain:

@@ -16,20 +16,19 @@ import statistics
 import time
 from pathlib import Path
 
-from tests.browser.server import launch_chromium, open_page, streamlit_server, wait_for_app, wait_for_views_at_step
+from tests.browser.server import (click, launch_chromium, load, metric, open_page, streamlit_server, wait_for_app,
+                                  wait_for_views_at_step)
 
 TARGET_MS = 300.0
 SCENARIO = "chat-burst"  # 16 requests
 CASES = (("tiny-random", 20), ("smollm2-135m", 12))
-PAGES = (("Paged KV cache", "kv-cache", 2), ("Batch composition", "batching", 1))  # live charts on each
+PAGES = (("Paged KV cache", 2), ("Batch composition", 1))  # (title, live charts on it); the first is loaded by URL
 WARMUP_STEPS = 3
-STEP_BUTTON = ".st-key-step button"
 
 
 def _engine_ms(page) -> float:
     """The engine's own time for the last step, from the "Last step (engine)" metric."""
-    metric = page.get_by_test_id("stMetric").filter(has_text="Last step (engine)")
-    text = metric.get_by_test_id("stMetricValue").inner_text()
+    text = metric(page, "Last step (engine)")
     match = re.search(r"([\d.]+)\s*ms", text)
     if not match:
         raise RuntimeError(f"could not read the engine step time from {text!r}")
@@ -41,7 +40,7 @@ def _measure(page, steps_done: int, n: int, min_charts: int) -> tuple[list[float
     for i in range(n):
         target = steps_done + i + 1
         t0 = time.perf_counter()
-        page.locator(STEP_BUTTON).click()
+        click(page, "step")
         wait_for_views_at_step(page, target, min_charts)
         totals.append((time.perf_counter() - t0) * 1e3)
         wait_for_app(page)
@@ -60,15 +59,13 @@ def run() -> dict:
         browser = launch_chromium(p)
         for model, n in CASES:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            page.goto(f"{url}/kv-cache?live_model={model}&live_scenario={SCENARIO}")
-            page.get_by_test_id("stAppViewContainer").wait_for(timeout=180_000)
-            wait_for_app(page, timeout=180_000)
+            load(page, f"{url}/kv-cache?live_model={model}&live_scenario={SCENARIO}")
             steps_done = 0
-            for title, _, min_charts in PAGES:
-                if title != "Paged KV cache":
+            for i, (title, min_charts) in enumerate(PAGES):
+                if i:
                     open_page(page, url, title)
                 for _ in range(WARMUP_STEPS):
-                    page.locator(STEP_BUTTON).click()
+                    click(page, "step")
                     steps_done += 1
                     wait_for_views_at_step(page, steps_done, min_charts, timeout=180_000)
                     wait_for_app(page)

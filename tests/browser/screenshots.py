@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.browser.server import ROOT, launch_chromium, open_page, streamlit_server, wait_for_app, wait_for_views_at_step
+from tests.browser.server import (ROOT, click, launch_chromium, load, open_page, streamlit_server, wait_for_app,
+                                  wait_for_views_at_step)
 
 VIEWPORT = {"width": 1500, "height": 1250}
 MODEL, SCENARIO, STEPS = "smollm2-135m", "chat-burst", 12
@@ -34,10 +35,9 @@ def main(out: Path) -> None:
     with streamlit_server() as url, sync_playwright() as p:
         browser = launch_chromium(p)
         page = browser.new_page(viewport=VIEWPORT)
-        page.goto(f"{url}/kv-cache?live_model={MODEL}&live_scenario={SCENARIO}")
-        wait_for_app(page, timeout=300_000)
+        load(page, f"{url}/kv-cache?live_model={MODEL}&live_scenario={SCENARIO}", timeout=300_000)
         for step in range(1, STEPS + 1):
-            page.locator(".st-key-step button").click()
+            click(page, "step")
             wait_for_views_at_step(page, step, timeout=120_000)
             wait_for_app(page)
         _shoot(page, out, "kv-cache")
@@ -46,16 +46,14 @@ def main(out: Path) -> None:
         _tab(page, "Latency per request")
         _shoot(page, out, "latency")
         _tab(page, "Static vs continuous")
-        page.locator(".st-key-run_comparison button").click()
+        click(page, "run_comparison")
         wait_for_app(page, timeout=300_000)
         _shoot(page, out, "static-vs-continuous")
-        page.goto(url)
-        wait_for_app(page, timeout=120_000)
-        page.locator(".st-key-generate button").click()
+        load(page, url)
+        click(page, "generate")
         wait_for_app(page, timeout=120_000)
         _shoot(page, out, "generate")
-        page.goto(f"{url}/fit?model=internvl2-8b&hw=atlas-300v-pro")
-        wait_for_app(page, timeout=60_000)
+        load(page, f"{url}/fit?model=internvl2-8b&hw=atlas-300v-pro")
         _shoot(page, out, "fit")
         browser.close()
 

@@ -1,7 +1,7 @@
 """Start `make run`'s server command on a free port and drive it with Debian's Chromium.
 
-Shared by the browser tests (tests/browser/conftest.py) and the UI benchmark
-(tests/bench/bench_ui.py). The server is stopped through its own process handle.
+Shared by the browser tests (tests/browser/), the README screenshots (tests/browser/screenshots.py)
+and the UI benchmark (tests/bench/bench_ui.py). The server is stopped through its own process handle.
 """
 from __future__ import annotations
 
@@ -95,6 +95,27 @@ VIEWS_AT_STEP_JS = """
 def wait_for_views_at_step(page, step: int, minimum: int = 1, timeout: float = 60_000) -> None:
     """Wait until every live chart on the page has been redrawn for ``step`` (layout.meta.step)."""
     page.wait_for_function(VIEWS_AT_STEP_JS, arg=[step, minimum], polling="raf", timeout=timeout)
+
+
+def load(page, url: str, timeout: float = 180_000) -> None:
+    """Go to ``url`` and wait for the app's first run (the first load of a model takes a while)."""
+    page.goto(url)
+    page.get_by_test_id("stAppViewContainer").wait_for(timeout=timeout)
+    wait_for_app(page, timeout=timeout)
+
+
+def click(page, key: str) -> None:
+    """Click the button with widget key ``key`` (Streamlit marks its container with st-key-KEY).
+
+    A click, not the button's keyboard shortcut: a freshly loaded page has no keyboard focus.
+    """
+    page.locator(f".st-key-{key} button").click()
+
+
+def metric(page, label: str) -> str:
+    """The shown value of the ``st.metric`` labelled ``label``."""
+    box = page.get_by_test_id("stMetric").filter(has_text=label).first
+    return box.get_by_test_id("stMetricValue").inner_text().strip()
 
 
 def open_page(page, url: str, title: str) -> None:

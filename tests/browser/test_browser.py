@@ -11,37 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.server import open_page, wait_for_app, wait_for_views_at_step
+from tests.browser.server import click, load, metric, open_page, wait_for_app, wait_for_views_at_step
 
 pytestmark = pytest.mark.browser
 
 VIEWPORT = {"width": 1600, "height": 1000}
-LOAD_MS = 180_000  # first load of a model in a fresh server process
 
 
 def new_page(chromium, url: str):
     """A page in its own browser context, hence its own Streamlit session."""
-    context = chromium.new_context(viewport=VIEWPORT)
-    page = context.new_page()
-    page.goto(url)
-    page.get_by_test_id("stAppViewContainer").wait_for(timeout=LOAD_MS)
-    wait_for_app(page, timeout=LOAD_MS)
+    page = chromium.new_context(viewport=VIEWPORT).new_page()
+    load(page, url)
     return page
 
 
 def assert_no_exception(page) -> None:
     boxes = page.get_by_test_id("stException")
     assert boxes.count() == 0, f"exception shown: {boxes.first.inner_text()[:500]}"
-
-
-def metric(page, label: str) -> str:
-    box = page.get_by_test_id("stMetric").filter(has_text=label).first
-    return box.get_by_test_id("stMetricValue").inner_text().strip()
-
-
-def click(page, key: str) -> None:
-    """Click the button with widget key ``key`` (Streamlit marks its container with st-key-KEY)."""
-    page.locator(f".st-key-{key} button").click()
 
 
 def step(page, times: int, reached: int) -> None:
@@ -98,7 +84,7 @@ def test_generate_answers_with_the_bundled_model(app_url: str, chromium, artifac
     """`make run` answers "What is the capital of France?" with SmolLM2-135M-Instruct."""
     page = new_page(chromium, app_url)
     click(page, "generate")
-    wait_for_app(page, timeout=LOAD_MS)
+    wait_for_app(page, timeout=180_000)  # the first smollm2 load in this server
     assert_no_exception(page)
     answer = page.get_by_test_id("stChatMessage").first.inner_text()
     assert "Paris" in answer, answer
