@@ -44,3 +44,11 @@ def torch_single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The fuzz suite's tallies (tests/fuzz/harness.py), when any fuzz case ran."""
+    from tests.fuzz.harness import TALLY
+
+    if TALLY.cases:
+        terminalreporter.write_line(TALLY.line())
