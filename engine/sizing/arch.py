@@ -328,18 +328,16 @@ def checkpoint_dtype(cfg: dict, default: str = "bf16") -> str:
     ``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) mapped onto fp32/fp16/bf16/fp8;
     ``default`` when neither is given. An unknown spelling is an error naming the field."""
     quant = _obj(cfg, "quantization_config") or {}
-    if str(quant.get("quant_method", "")).lower() == "fp8":
-        return "fp8"
     name, raw = _find(cfg, ("torch_dtype", "dtype"))
     if raw is None:
-        return default
+        return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else default
     if not isinstance(raw, str):
         raise SizingError(f"config field {name!r} must be a dtype name such as \"bfloat16\", got {raw!r}"[:300])
     spelled = raw.strip().lower().removeprefix("torch.")
     if spelled not in _DTYPES:
         raise SizingError(f"config field {name!r}: unknown dtype {raw!r}"[:200]
                           + f" (known: {', '.join(sorted(_DTYPES))})")
-    return _DTYPES[spelled]
+    return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else _DTYPES[spelled]
 
 
 # --------------------------------------------------------------------------------------
@@ -1069,6 +1067,7 @@ def _text_config(cfg: dict) -> tuple[dict, str]:
     ``text_config`` (transformers composites, when the top level has no ``hidden_size``), or the
     config itself (flat form, e.g. Qwen2-VL as published). The top level's
     ``tie_word_embeddings`` applies to a nested text config that does not set its own."""
+    _bool(cfg, "tie_word_embeddings", False)  # validated even where the nested config decides
     llm = _obj(cfg, "llm_config")
     if llm is not None:
         return llm, "llm_config"
