@@ -109,7 +109,7 @@ class ModelSpec:
     param_formula: tuple[str, ...] = ()
     kv_formula: str = ""
     notes: tuple[str, ...] = ()
-    source: dict = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
     checkpoint: Checkpoint | None = None
 
     # -- parameters ---------------------------------------------------------------
@@ -171,7 +171,7 @@ def _label(name: str, where: str) -> str:
     return f"{where}.{name}" if where else name
 
 
-def _find(cfg: dict, names: tuple[str, ...]) -> tuple[str, Any]:
+def _find(cfg: dict[str, Any], names: tuple[str, ...]) -> tuple[str, Any]:
     """The first of ``names`` present with a non-null value, as (name, value); (names[0], None) if none."""
     for name in names:
         if cfg.get(name) is not None:
@@ -189,7 +189,7 @@ def _default_max(name: str) -> int:
     return MAX_DIM
 
 
-def _get(cfg: dict, *names: str, default: Any = _MISSING, what: str = "", where: str = "") -> Any:
+def _get(cfg: dict[str, Any], *names: str, default: Any = _MISSING, what: str = "", where: str = "") -> Any:
     """The raw value of the first present field; SizingError naming ``names[0]`` when all are absent/null."""
     _, value = _find(cfg, names)
     if value is not None:
@@ -211,7 +211,7 @@ def _check_int(label: str, value: Any, minimum: int, maximum: int) -> int:
     return value
 
 
-def _int(cfg: dict, *names: str, default: Any = _MISSING, minimum: int = 1, maximum: int | None = None,
+def _int(cfg: dict[str, Any], *names: str, default: Any = _MISSING, minimum: int = 1, maximum: int | None = None,
          what: str = "", where: str = "") -> Any:
     """An integer field (the first of ``names`` present); ``default`` (may be None) when absent or null."""
     name, value = _find(cfg, names)
@@ -220,19 +220,19 @@ def _int(cfg: dict, *names: str, default: Any = _MISSING, minimum: int = 1, maxi
     return _check_int(_label(name, where), value, minimum, _default_max(name) if maximum is None else maximum)
 
 
-def _req_int(cfg: dict, *names: str, minimum: int = 1, what: str = "", where: str = "") -> int:
+def _req_int(cfg: dict[str, Any], *names: str, minimum: int = 1, what: str = "", where: str = "") -> int:
     """A required integer field (mypy sees ``int``, not ``Any``)."""
     value: int = _int(cfg, *names, minimum=minimum, what=what, where=where)
     return value
 
 
-def _opt_int(cfg: dict, *names: str, default: int, minimum: int = 1, where: str = "") -> int:
+def _opt_int(cfg: dict[str, Any], *names: str, default: int, minimum: int = 1, where: str = "") -> int:
     """An optional integer field with an integer default."""
     value: int = _int(cfg, *names, default=default, minimum=minimum, where=where)
     return value
 
 
-def _float(cfg: dict, name: str, default: float, *, low: float = 0.0, high: float = math.inf,
+def _float(cfg: dict[str, Any], name: str, default: float, *, low: float = 0.0, high: float = math.inf,
            low_open: bool = True, where: str = "") -> float:
     """A finite real number in (low, high] (``low_open``) or [low, high]; ``default`` when absent or null."""
     value = cfg.get(name)
@@ -247,7 +247,7 @@ def _float(cfg: dict, name: str, default: float, *, low: float = 0.0, high: floa
     return float(value)
 
 
-def _bool(cfg: dict, name: str, default: bool, where: str = "") -> bool:
+def _bool(cfg: dict[str, Any], name: str, default: bool, where: str = "") -> bool:
     """true / false (0 / 1 accepted, as transformers does); ``default`` when absent or null."""
     value = cfg.get(name, default)
     if value is None:
@@ -257,7 +257,7 @@ def _bool(cfg: dict, name: str, default: bool, where: str = "") -> bool:
     raise SizingError(f"config field {_label(name, where)!r} must be true or false, got {value!r}"[:300])
 
 
-def _int_list(cfg: dict, name: str, where: str = "") -> list[int]:
+def _int_list(cfg: dict[str, Any], name: str, where: str = "") -> list[int]:
     """A list of non-negative integers (layer indices); [] when absent or null."""
     value = cfg.get(name)
     if value is None:
@@ -268,7 +268,7 @@ def _int_list(cfg: dict, name: str, where: str = "") -> list[int]:
     return [_check_int(f"{label}[{i}]", v, 0, MAX_DIM) for i, v in enumerate(value)]
 
 
-def _str_list(cfg: dict, name: str, where: str = "") -> list[str] | None:
+def _str_list(cfg: dict[str, Any], name: str, where: str = "") -> list[str] | None:
     """A list of strings; None when absent or null."""
     value = cfg.get(name)
     if value is None:
@@ -278,7 +278,7 @@ def _str_list(cfg: dict, name: str, where: str = "") -> list[str] | None:
     return value
 
 
-def _str(cfg: dict, name: str, default: str = "", where: str = "") -> str:
+def _str(cfg: dict[str, Any], name: str, default: str = "", where: str = "") -> str:
     """A string field; ``default`` when absent or null."""
     value = cfg.get(name)
     if value is None:
@@ -288,7 +288,7 @@ def _str(cfg: dict, name: str, default: str = "", where: str = "") -> str:
     return value
 
 
-def _obj(cfg: dict, name: str) -> dict | None:
+def _obj(cfg: dict[str, Any], name: str) -> dict[str, Any] | None:
     """A nested object (``vision_config``, ``text_config`` ...); None when absent or null."""
     value = cfg.get(name)
     if value is None:
@@ -298,7 +298,7 @@ def _obj(cfg: dict, name: str) -> dict | None:
     return value
 
 
-def _side(cfg: dict, name: str, default: int, where: str = "") -> int:
+def _side(cfg: dict[str, Any], name: str, default: int, where: str = "") -> int:
     """An image/patch side that may be written as ``14`` or ``[14, 14]`` (square only)."""
     value = cfg.get(name)
     label = _label(name, where)
@@ -323,7 +323,7 @@ _DTYPES = {
 }
 
 
-def checkpoint_dtype(cfg: dict, default: str = "bf16") -> str:
+def checkpoint_dtype(cfg: dict[str, Any], default: str = "bf16") -> str:
     """The checkpoint's storage dtype: ``quantization_config.quant_method == "fp8"`` -> fp8, else
     ``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) mapped onto fp32/fp16/bf16/fp8;
     ``default`` when neither is given. An unknown spelling is an error naming the field."""
@@ -356,7 +356,7 @@ _KNOWN_LLAMA_LIKE = {
 }
 
 
-def _layer_windows(cfg: dict, model_type: str, n_layers: int) -> list[int | None]:
+def _layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> list[int | None]:
     """Sliding window per layer (None = full attention): ``layer_types`` when given; Qwen: layers
     >= ``max_window_layers`` when ``use_sliding_window``; Gemma-2: every other layer; Gemma-3: 5 of 6;
     other families with a ``sliding_window``: every layer (Mistral v0.1, Phi-3, StarCoder2)."""
@@ -381,7 +381,7 @@ def _layer_windows(cfg: dict, model_type: str, n_layers: int) -> list[int | None
     return [None] * n_layers
 
 
-def _heads(cfg: dict, h: int, names: tuple[str, ...] = ("num_attention_heads", "n_head", "num_heads"),
+def _heads(cfg: dict[str, Any], h: int, names: tuple[str, ...] = ("num_attention_heads", "n_head", "num_heads"),
            kv_names: tuple[str, ...] = ("num_key_value_heads", "num_kv_heads", "n_head_kv")) -> tuple[int, int, int]:
     """(query heads nh, KV heads nkv, head_dim d): d = ``head_dim`` if given, else h / nh (must divide);
     nkv defaults to nh and must divide it."""
@@ -415,7 +415,7 @@ class _Moe:
         return self.experts > 1 and i not in self.mlp_only and (i + 1) % self.sparse_step == 0
 
 
-def _moe_fields(cfg: dict) -> _Moe:
+def _moe_fields(cfg: dict[str, Any]) -> _Moe:
     n_experts = _opt_int(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0, minimum=0)
     if n_experts <= 1:
         return _Moe()
@@ -431,7 +431,7 @@ def _mha_kind(nh: int, nkv: int) -> str:
     return "MQA" if nkv == 1 else "GQA" if nkv < nh else "MHA"
 
 
-def _llama_like(cfg: dict, model_type: str) -> dict:
+def _llama_like(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     """Llama-style decoder: attention h*d*nh (q) + 2*h*d*nkv (k, v) + d*nh*h (o) [+ q/k/v bias
     for Qwen2], gated MLP 3*h*I [+ biases], RMSNorms 2*h (4*h for Gemma-2/3) [+ q/k-norm 2*d];
     MoE layers: E experts x 3*h*I_moe + router h*E [+ shared expert]; KV/token = L*nkv*(d_k+d_v)."""
@@ -522,7 +522,7 @@ def _llama_like(cfg: dict, model_type: str) -> dict:
 # DeepSeek MLA (+ MoE)
 
 
-def _mla(cfg: dict, model_type: str) -> dict:
+def _mla(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     h = _int(cfg, "hidden_size", what="every layer's width")
     n_layers = _int(cfg, "num_hidden_layers", what="the layer count")
     nh = _int(cfg, "num_attention_heads", what="attention")
@@ -601,7 +601,7 @@ def _mla(cfg: dict, model_type: str) -> dict:
 # Falcon
 
 
-def _falcon(cfg: dict, model_type: str) -> dict:
+def _falcon(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     h = _int(cfg, "hidden_size", "n_embed", what="every layer's width")
     n_layers = _int(cfg, "num_hidden_layers", "n_layer", what="the layer count")
     nh = _int(cfg, "num_attention_heads", "n_head", what="attention")
@@ -650,7 +650,7 @@ def _falcon(cfg: dict, model_type: str) -> dict:
 # Mamba (v1)
 
 
-def _mamba(cfg: dict, model_type: str) -> dict:
+def _mamba(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     if model_type == "mamba2":
         raise SizingError("mamba2 configs are not supported yet (mamba v1 is)")
     h = _int(cfg, "hidden_size", "d_model", what="every layer's width")
@@ -737,7 +737,7 @@ class _Dense:
         return self.norms_per_layer * 2 * self.hidden + self.extra_norm_params
 
 
-def _dense_parts(s: _Dense, formula_head: str) -> dict:
+def _dense_parts(s: _Dense, formula_head: str) -> dict[str, Any]:
     """ModelSpec fields for a ``_Dense`` shape. KV/token = L x 2 x nkv x d (window on every layer
     when ``s.window``); embeddings V*h (+ P*h learned positions); LM head V*h (+ V bias) unless
     tied (a tied head keeps its bias); final LayerNorm 2*h."""
@@ -776,7 +776,7 @@ def _dense_parts(s: _Dense, formula_head: str) -> dict:
     )
 
 
-def _gpt2(cfg: dict, model_type: str) -> dict:
+def _gpt2(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     """GPT-2 (``GPT2LMHeadModel``): n_embd / n_layer / n_head; MLP width ``n_inner`` (null = 4 x
     n_embd); fused c_attn h*3h + 3h, c_proj h*h + h; c_fc h*I + I, c_proj I*h + h; ln_1, ln_2
     (2*h each); learned positions n_positions x h; tied LM head."""
@@ -793,7 +793,7 @@ def _gpt2(cfg: dict, model_type: str) -> dict:
                            f" I = n_inner or 4*h = {s.inter}")
 
 
-def _gpt_neox(cfg: dict, model_type: str) -> dict:
+def _gpt_neox(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     """GPT-NeoX / Pythia (``GPTNeoXForCausalLM``): fused query_key_value h*3h (+3h bias) and dense
     h*h (+h) when ``attention_bias`` (default true); dense_h_to_4h / dense_4h_to_h with biases;
     two LayerNorms per layer even with parallel residual; untied ``embed_out`` by default."""
@@ -809,7 +809,7 @@ def _gpt_neox(cfg: dict, model_type: str) -> dict:
     return _dense_parts(s, f"GPT-NeoX: {parallel}, partial rotary (no parameters), LayerNorm, non-gated GELU MLP")
 
 
-def _phi(cfg: dict, model_type: str) -> dict:
+def _phi(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     """Phi-1/1.5/2 (``PhiForCausalLM``): q/k/v/dense with biases, fc1/fc2 with biases, one
     LayerNorm per layer (parallel attention + MLP), optional q/k LayerNorms over head_dim
     (``qk_layernorm``: 2 x 2*d), LM head with a bias (V*h + V), untied by default."""
@@ -825,7 +825,7 @@ def _phi(cfg: dict, model_type: str) -> dict:
                            " LM head with bias")
 
 
-def _starcoder2(cfg: dict, model_type: str) -> dict:
+def _starcoder2(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     """StarCoder2 (``Starcoder2ForCausalLM``): GQA q/k/v/o and c_fc/c_proj, all with biases when
     ``use_bias`` (default true); two LayerNorms per layer; tied embeddings by default;
     ``sliding_window`` (4,096 in the published 3B/7B/15B) on every layer."""
@@ -889,7 +889,7 @@ class _QwenVit:
         return (self.width if self.gated else 2 * self.width) + wide * wide + wide + wide * self.out + self.out
 
 
-def _qwen_vit_fields(vc: dict, version: str, llm_hidden: int) -> _QwenVit:
+def _qwen_vit_fields(vc: dict[str, Any], version: str, llm_hidden: int) -> _QwenVit:
     """Read a Qwen2-VL (``embed_dim``, ``mlp_ratio``, ``hidden_size`` = merger output) or Qwen2.5-VL
     (``hidden_size`` = width, ``intermediate_size``, ``out_hidden_size``) vision_config."""
     w = "vision_config"
@@ -917,7 +917,7 @@ def _qwen_vit_fields(vc: dict, version: str, llm_hidden: int) -> _QwenVit:
                     _opt_int(vc, "spatial_merge_size", default=2, where=w))
 
 
-def _qwen_vl_vision(vc: dict, version: str, llm_hidden: int) -> VisionSpec:
+def _qwen_vl_vision(vc: dict[str, Any], version: str, llm_hidden: int) -> VisionSpec:
     """Qwen2-VL / Qwen2.5-VL vision tower: patch embed + depth x block (+ merger as the projector).
     Images run at native resolution; the calculator counts them in 448x448 "tiles": (448/patch)^2
     patch tokens each, merged m x m into (448/patch)^2 / m^2 LLM tokens (256 for patch 14, m 2)."""
@@ -950,7 +950,7 @@ def _qwen_vl_vision(vc: dict, version: str, llm_hidden: int) -> VisionSpec:
 # vision towers
 
 
-def _internvit(vc: dict, llm_hidden: int, downsample: float, hf_native: bool, max_tiles: int) -> VisionSpec:
+def _internvit(vc: dict[str, Any], llm_hidden: int, downsample: float, hf_native: bool, max_tiles: int) -> VisionSpec:
     """InternViT (InternVL): embeddings (class token + Conv2d patch embed with bias + positions),
     layers of qkv 3e^2 (+ bias) + proj e^2 + e + MLP 2*e*I + I + e + two norms + layer scales 2e
     [+ q/k-norm]; projector mlp1 = LN(e*r^2) + Linear(e*r^2 -> h) + Linear(h -> h) with biases,
@@ -986,7 +986,7 @@ def _internvit(vc: dict, llm_hidden: int, downsample: float, hf_native: bool, ma
                       n_patches + 1, tokens, max_tiles, formula)
 
 
-def _clip_vit(vc: dict, llm_hidden: int) -> VisionSpec:
+def _clip_vit(vc: dict[str, Any], llm_hidden: int) -> VisionSpec:
     """Generic CLIP-style ViT (approximate, for llava-style configs): patch + position embeddings,
     layers of 4e^2 + 2*e*I with biases and two LayerNorms, pre/post LayerNorms; 2-layer MLP projector."""
     w = "vision_config"
@@ -1017,21 +1017,21 @@ _ARCH_NAMES = {"gpt2lmheadmodel": "gpt2", "gptneoxforcausallm": "gpt_neox", "phi
 _DEFAULT_DTYPE = {"gpt2": "fp32"}  # GPT-2's config.json names no dtype; its checkpoint is fp32
 _QWEN_VL_TYPES = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl"}
 _QWEN_VL_VISION_TYPES = {"qwen2_vl_vision": "qwen2-vl", "qwen2_5_vl_vision": "qwen2.5-vl"}
-_Parser = Callable[[dict, str], dict]
+_Parser = Callable[[dict[str, Any], str], dict[str, Any]]
 
 
-def _model_type(cfg: dict, where: str = "") -> str:
+def _model_type(cfg: dict[str, Any], where: str = "") -> str:
     return _str(cfg, "model_type", where=where).lower()
 
 
-def _architectures(cfg: dict) -> list[str]:
+def _architectures(cfg: dict[str, Any]) -> list[str]:
     value = cfg.get("architectures")
     if isinstance(value, str):
         return [value]
     return _str_list(cfg, "architectures") or []
 
 
-def _family_parser(cfg: dict, where: str = "") -> tuple[str, _Parser, list[str]]:
+def _family_parser(cfg: dict[str, Any], where: str = "") -> tuple[str, _Parser, list[str]]:
     """(model_type, parser, notes) for a decoder config, by ``model_type`` then ``architectures``."""
     notes: list[str] = []
     model_type = _model_type(cfg, where)
@@ -1055,14 +1055,14 @@ def _family_parser(cfg: dict, where: str = "") -> tuple[str, _Parser, list[str]]
     return model_type or "llama", _llama_like, notes
 
 
-def _decoder(cfg: dict, where: str = "") -> tuple[dict, str, list[str]]:
+def _decoder(cfg: dict[str, Any], where: str = "") -> tuple[dict[str, Any], str, list[str]]:
     model_type, parser, notes = _family_parser(cfg, where)
     if "rope_theta" in cfg:
         _float(cfg, "rope_theta", 10000.0, where=where)
     return parser(cfg, model_type), model_type, notes
 
 
-def _text_config(cfg: dict) -> tuple[dict, str]:
+def _text_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The language model's config and its dotted prefix: ``llm_config`` (InternVL chat),
     ``text_config`` (transformers composites, when the top level has no ``hidden_size``), or the
     config itself (flat form, e.g. Qwen2-VL as published). The top level's
@@ -1079,14 +1079,14 @@ def _text_config(cfg: dict) -> tuple[dict, str]:
     return cfg, ""
 
 
-def _tiles(cfg: dict) -> int:
+def _tiles(cfg: dict[str, Any]) -> int:
     """InternVL tiles per image: max_dynamic_patch (12) + a thumbnail when use_thumbnail and > 1 tile."""
     max_patch = _opt_int(cfg, "max_dynamic_patch", default=12)
     thumb = _bool(cfg, "use_thumbnail", True) and max_patch > 1
     return max_patch + (1 if thumb else 0)
 
 
-def _vision(cfg: dict, top_type: str, llm_hidden: int) -> tuple[VisionSpec | None, list[str], bool]:
+def _vision(cfg: dict[str, Any], top_type: str, llm_hidden: int) -> tuple[VisionSpec | None, list[str], bool]:
     """(vision tower or None, notes, trust_remote_code) for a composite config's ``vision_config``."""
     vc = _obj(cfg, "vision_config")
     if vc is None:
@@ -1105,7 +1105,7 @@ def _vision(cfg: dict, top_type: str, llm_hidden: int) -> tuple[VisionSpec | Non
     return _clip_vit(vc, llm_hidden), [note], False
 
 
-def _source(cfg: dict, given: dict | None) -> dict:
+def _source(cfg: dict[str, Any], given: dict[str, Any] | None) -> dict[str, Any]:
     """Provenance: the caller's ``source`` or the preset's ``_source`` object (string values)."""
     raw = given if given is not None else cfg.get("_source")
     if raw is None:
@@ -1117,7 +1117,7 @@ def _source(cfg: dict, given: dict | None) -> dict:
     return dict(raw)
 
 
-def _max_position(parts: dict, text_cfg: dict, cfg: dict, where: str) -> int | None:
+def _max_position(parts: dict[str, Any], text_cfg: dict[str, Any], cfg: dict[str, Any], where: str) -> int | None:
     """The context limit: the family's own (GPT-2 n_positions) or ``max_position_embeddings``."""
     own = parts.pop("max_position", None)
     if own is not None:
@@ -1129,7 +1129,7 @@ def _max_position(parts: dict, text_cfg: dict, cfg: dict, where: str) -> int | N
     return top
 
 
-def model_from_config(cfg: Any, key: str = "custom", source: dict | None = None) -> ModelSpec:
+def model_from_config(cfg: Any, key: str = "custom", source: dict[str, Any] | None = None) -> ModelSpec:
     """Build a ModelSpec from a parsed config.json (a dict). Any malformed field raises
     SizingError (a ValueError) with one line naming it."""
     if not isinstance(cfg, dict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from typing import Any
 from pathlib import Path
 
 from .arch import Checkpoint, ModelSpec, model_from_config
@@ -26,7 +27,7 @@ def _preset_files() -> dict[str, Path]:
 
 
 @functools.lru_cache(maxsize=64)
-def _preset_dict(key: str) -> dict:
+def _preset_dict(key: str) -> dict[str, Any]:
     return json.loads(_preset_files()[key].read_text())
 
 
@@ -34,7 +35,7 @@ def model_presets() -> list[str]:
     return list(_preset_files())
 
 
-def model_preset_config(key: str) -> dict:
+def model_preset_config(key: str) -> dict[str, Any]:
     return _preset_dict(key)
 
 
@@ -73,7 +74,7 @@ def parse_config_text(text: str | bytes, key: str = "pasted") -> ModelSpec:
     return model_from_config(_load_json(text), key)
 
 
-def read_safetensors_header(path: str | Path) -> dict:
+def read_safetensors_header(path: str | Path) -> dict[str, Any]:
     """The JSON header of one .safetensors file (tensor name -> dtype, shape, data_offsets)."""
     path = Path(path)
     try:
