@@ -249,3 +249,36 @@ def test_qwen2_vl_vision_fields_are_named() -> None:
     _refused(_with("qwen2-vl-7b-instruct", "vision_config.spatial_merge_size", 0), "spatial_merge_size")
     _refused(_with("qwen2.5-vl-7b-instruct", "vision_config.intermediate_size", None), "intermediate_size")
     _refused(_with("qwen2.5-vl-7b-instruct", "vision_config.out_hidden_size", -1), "out_hidden_size")
+
+
+# --------------------------------------------------------------------------------------------
+# where a config comes from: names, paths and text (engine/sizing/models.py)
+
+
+@pytest.mark.parametrize("name,words", [
+    ("x" * 5000, "5,000 characters"),  # was OSError: File name too long
+    ("x" * 300, "cannot use"),  # one path component over NAME_MAX: was OSError
+    ("a\x00b", "unknown model"),
+    ("no/such/dir/config.json", "not found"),
+])
+def test_bad_model_names_are_one_line_errors(name: str, words: str) -> None:
+    with pytest.raises(SizingError, match=words) as info:
+        get_model(name)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
+@pytest.mark.parametrize("text,words", [
+    ("[" * 100_000, "nested too deeply"),  # was RecursionError
+    ('{"vocab_size": ' + "9" * 5000 + "}", "digits"),  # was a bare ValueError from int()
+    ("{" + " " * (17 * 2 ** 20) + "}", "at most"),
+])
+def test_hostile_config_text_is_refused(text: str, words: str) -> None:
+    with pytest.raises(SizingError, match=words):
+        parse_config_text(text)
+
+
+def test_index_with_a_bad_weight_map_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(_preset("smollm2-135m")))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["a"]}))
+    with pytest.raises(SizingError, match="weight_map"):
+        get_model(str(tmp_path))

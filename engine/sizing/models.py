@@ -18,6 +18,7 @@ from .hardware import PRESETS_DIR
 
 MAX_HEADER = 100 * 1024 * 1024
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # real config.json files are under 1 MB
+MAX_NAME_CHARS = 4096  # PATH_MAX on Linux
 
 
 @functools.lru_cache(maxsize=1)
@@ -190,9 +191,16 @@ def get_model(name: str) -> ModelSpec:
         source = _preset_dict(key).get("_source", {})
         if wanted in (_norm(key), _norm(source.get("display_name", "")), _norm(source.get("hf_id", ""))):
             return model_from_config(_preset_dict(key), key)
+    shown = text if len(text) <= 200 else text[:200] + "..."
+    if len(text) > MAX_NAME_CHARS:
+        raise SizingError(f"model name or path is {len(text):,} characters (at most {MAX_NAME_CHARS:,}): {shown!r}")
     path = Path(text)
-    if path.exists():
+    try:
+        exists = path.exists()
+    except (OSError, ValueError) as exc:  # name too long for the file system, NUL byte, ...
+        raise SizingError(f"cannot use {shown!r} as a config path: {getattr(exc, 'strerror', None) or exc}") from None
+    if exists:
         return model_from_path(path)
     if text.endswith(".json") or "/" in text:
-        raise SizingError(f"config file or folder not found: {text}")
-    raise SizingError(f"unknown model {text!r}; see --list-models, or pass a config.json path or a model folder")
+        raise SizingError(f"config file or folder not found: {shown}")
+    raise SizingError(f"unknown model {shown!r}; see --list-models, or pass a config.json path or a model folder")
