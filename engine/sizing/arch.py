@@ -10,14 +10,20 @@ Families handled:
   mla         deepseek_v2, deepseek_v3 (kimi_k2): latent KV, routed + shared experts
   falcon      falcon / RefinedWeb (MQA, parallel attention, LayerNorm, GELU MLP)
   mamba       mamba (v1) selective SSM
-  vlm         InternVL chat (vision_config + llm_config), HF-native internvl, llava-style
+  gpt-style   gpt2 (learned positions, n_inner null = 4h), gpt_neox (Pythia), phi (Phi-1/1.5/2),
+              starcoder2: LayerNorm, non-gated GELU MLP, biases (``_Dense``)
+  vlm         InternVL chat (vision_config + llm_config), HF-native internvl, Qwen2-VL and
+              Qwen2.5-VL (their own ViT + patch merger; flat or nested text_config), llava-style
               (vision_config + text_config, generic CLIP formula, marked approximate)
+
+Every field read is validated (type and range); a bad one raises SizingError with one line
+naming it (``config field 'vision_config.depth' must be >= 1, got 0``).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .formats import SizingError
@@ -53,7 +59,7 @@ class LayerSpec:
 class VisionSpec:
     """Vision tower + projector of a vision-language model."""
 
-    kind: str  # "internvit" | "clip (approximate)"
+    kind: str  # "internvit" | "qwen2-vl" | "qwen2.5-vl" | "clip (approximate)"
     params: int
     linear_params: int
     projector_params: int
@@ -523,6 +529,10 @@ def _llama_like(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
 
 
 def _mla(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """DeepSeek-V2/V3 multi-head latent attention: q (h*q_r + q_r*nh*(d_nope+d_rope), or h*nh*(...)
+    without q-LoRA) + kv_a h*(r+d_rope) + kv_b r*nh*(d_nope+d_v) + o nh*d_v*h (+ norms); MoE layers
+    from first_k_dense_replace: E routed + shared experts of 3*h*I_moe + router h*E (+ bias for
+    noaux_tc); KV/token = L*(kv_lora_rank + qk_rope_head_dim), no factor 2."""
     h = _int(cfg, "hidden_size", what="every layer's width")
     n_layers = _int(cfg, "num_hidden_layers", what="the layer count")
     nh = _int(cfg, "num_attention_heads", what="attention")
@@ -602,6 +612,9 @@ def _mla(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
 
 
 def _falcon(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Falcon / RefinedWeb: fused qkv h*(nh+2*nkv)*d + dense h*h, GELU MLP 2*h*ffn (4h), optional
+    biases, 1 or 2 LayerNorms (2h each) per layer; nkv = 1 (multi_query), nh, or num_kv_heads
+    (new decoder architecture); KV/token = L*2*nkv*d."""
     h = _int(cfg, "hidden_size", "n_embed", what="every layer's width")
     n_layers = _int(cfg, "num_hidden_layers", "n_layer", what="the layer count")
     nh = _int(cfg, "num_attention_heads", "n_head", what="attention")
@@ -651,6 +664,8 @@ def _falcon(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
 
 
 def _mamba(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Mamba v1: in_proj h*2*Di + conv Di*K (+Di) + x_proj Di*(R+2N) + dt_proj R*Di+Di + A, D
+    Di*N+Di + out_proj Di*h + norm h; no per-token KV, a state of L*(Di*(K-1) + Di*N) per sequence."""
     if model_type == "mamba2":
         raise SizingError("mamba2 configs are not supported yet (mamba v1 is)")
     h = _int(cfg, "hidden_size", "d_model", what="every layer's width")
