@@ -205,6 +205,12 @@ def test_gpt2_bad_fields_are_named() -> None:
     _refused(_gpt2(n_head=7), "n_head")  # 768 % 7 != 0
     _refused(_gpt2(n_inner="4h"), "n_inner")
     _refused(_gpt2(n_positions=0), "n_positions")
+    _refused(_gpt2(add_cross_attention=True), "add_cross_attention")  # was silently under-counted
+
+
+def test_sliding_window_false_means_no_window() -> None:
+    spec = model_from_config(_with("mistral-7b", "sliding_window", False))
+    assert {layer.window for layer in spec.layers} == {None}
 
 
 def test_gpt_neox_is_not_counted_as_gated() -> None:

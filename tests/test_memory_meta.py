@@ -40,7 +40,7 @@ def test_at_least_eight_architectures_are_checked():
     assert len(TEXT_PRESETS) >= 8
     kinds = {_preset(n)["model_type"] for n in TEXT_PRESETS}
     assert {"llama", "qwen2", "qwen3", "mistral", "mixtral", "deepseek_v2", "gemma2", "phi3", "falcon",
-            "mamba"} <= kinds
+            "mamba", "gpt2", "gpt_neox", "phi", "starcoder2"} <= kinds
 
 
 @pytest.mark.parametrize("name", TEXT_PRESETS)

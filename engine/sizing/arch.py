@@ -366,6 +366,8 @@ def _layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> list[
     """Sliding window per layer (None = full attention): ``layer_types`` when given; Qwen: layers
     >= ``max_window_layers`` when ``use_sliding_window``; Gemma-2: every other layer; Gemma-3: 5 of 6;
     other families with a ``sliding_window``: every layer (Mistral v0.1, Phi-3, StarCoder2)."""
+    if cfg.get("sliding_window") is False:  # some exporters write false for "no window"
+        cfg = {**cfg, "sliding_window": None}
     window: int | None = _int(cfg, "sliding_window", default=None, minimum=0) or None
     layer_types = _str_list(cfg, "layer_types")
     if layer_types is not None and len(layer_types) != n_layers:
@@ -800,6 +802,9 @@ def _gpt2(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     if h % nh:
         raise SizingError(f"config field 'n_head': n_embd {h} is not divisible by {nh} heads")
     positions = _req_int(cfg, "n_positions", "max_position_embeddings", what="the position embeddings")
+    if _bool(cfg, "add_cross_attention", False):
+        raise SizingError("config field 'add_cross_attention': GPT-2 with cross-attention (an encoder-decoder)"
+                          " is not supported")
     s = _Dense("GPT-2", h, _req_int(cfg, "n_layer", "num_hidden_layers", what="the layer count"), nh, nh, h // nh,
                _opt_int(cfg, "n_inner", default=4 * h), _req_int(cfg, "vocab_size", what="the embedding table"),
                qkv_bias=True, o_bias=True, mlp_bias=True, norms_per_layer=2, positions=positions,
