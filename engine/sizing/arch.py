@@ -1070,7 +1070,7 @@ def _family_parser(cfg: dict[str, Any], where: str = "") -> tuple[str, _Parser, 
     if not model_type and "internlm2" in arch:
         model_type = "internlm2"
     if model_type not in _KNOWN_LLAMA_LIKE:
-        notes.append(f"model_type {model_type or '(none)'!r} is not one the calculator knows by name;"
+        notes.append(f"model_type {model_type[:80] or '(none)'!r} is not one the calculator knows by name;"
                      " counted as a Llama-style decoder (gated MLP, RMSNorm) from its fields")
     return model_type or "llama", _llama_like, notes
 
