@@ -269,26 +269,34 @@ def hardware_from_dict(d: dict, key: str = "custom") -> Hardware:
     )
 
 
+CUSTOM_LABELS = {"memory_gib": "memory", "bandwidth_gb_s": "bandwidth", "fp16_tflops": "FP16 TFLOPS",
+                 "efficiency.memory": "efficiency (memory)", "efficiency.compute": "efficiency (compute)",
+                 "runtime_overhead_mb": "overhead", "devices_per_card": "devices per card",
+                 "interconnect_gb_s": "interconnect", "int8_tops": "INT8 TOPS", "fp8_tflops": "FP8 TFLOPS"}
+
+
 def custom_hardware(memory_gib: float, bandwidth_gb_s: float, fp16_tflops: float, *, name: str = "Custom",
                     int8_tops: float | None = None, bf16: bool = True, fp8_tflops: float | None = None,
                     device_class: str = "custom", devices_per_card: int = 1, eta_memory: float = 0.7,
                     eta_compute: float = 0.5, overhead_mb: float = 650, framework: str = "none",
                     interconnect_gb_s: float | None = 32) -> Hardware:
-    """Hardware the user typed in (page: custom entry)."""
-    for label, v in (("memory", memory_gib), ("bandwidth", bandwidth_gb_s), ("FP16 TFLOPS", fp16_tflops)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise SizingError(f"custom hardware: {label} must be a positive number, got {v!r}")
-    for label, v in (("efficiency (memory)", eta_memory), ("efficiency (compute)", eta_compute)):
-        if not 0 < v <= 1:
-            raise SizingError(f"custom hardware: {label} must be in (0, 1], got {v!r}")
-    if overhead_mb < 0:
-        raise SizingError(f"custom hardware: overhead must be >= 0 MB, got {overhead_mb!r}")
-    d = {"name": name, "device_class": device_class, "memory_gib": memory_gib, "bandwidth_gb_s": bandwidth_gb_s,
-         "fp16_tflops": fp16_tflops, "bf16_tflops": fp16_tflops if bf16 else None,
-         "fp8_tflops": fp8_tflops or None, "int8_tops": int8_tops or None, "devices_per_card": devices_per_card,
-         "efficiency": {"memory": eta_memory, "compute": eta_compute}, "runtime_overhead_mb": overhead_mb,
-         "default_framework": framework, "interconnect_gb_s": interconnect_gb_s}
-    return hardware_from_dict(d, "custom")
+    """Hardware the user typed in (page: custom entry); every value checked as in a hardware file,
+    the error naming the field by its label on the page ("custom hardware: memory must be ...")."""
+    optional = {"fp8_tflops": fp8_tflops, "int8_tops": int8_tops}
+    d: dict[str, Any] = {
+        "name": name, "device_class": device_class, "memory_gib": memory_gib, "bandwidth_gb_s": bandwidth_gb_s,
+        "fp16_tflops": fp16_tflops, "bf16_tflops": fp16_tflops if bf16 else None,
+        **{k: (None if v in (0, None) and not isinstance(v, bool) else v) for k, v in optional.items()},
+        "devices_per_card": devices_per_card, "efficiency": {"memory": eta_memory, "compute": eta_compute},
+        "runtime_overhead_mb": overhead_mb, "default_framework": framework, "interconnect_gb_s": interconnect_gb_s}
+    try:
+        return hardware_from_dict(d, "custom")
+    except SizingError as exc:
+        text = str(exc)
+        for field_name, label in CUSTOM_LABELS.items():
+            text = text.replace(f"hardware field {field_name!r}", label).replace(f"hardware is missing {field_name!r}",
+                                                                                  f"{label} is missing")
+        raise SizingError(f"custom hardware: {text}") from None
 
 
 # --------------------------------------------------------------------------------------
