@@ -326,49 +326,55 @@ def _meminfo() -> tuple[int, int]:
     return total, avail or total
 
 
+def _best_seconds(work: Any, repeats: int) -> float:
+    """Fastest of ``repeats`` timed calls."""
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _measure_numpy(n: int, repeats: int) -> tuple[float, float, str]:
+    """(copy bandwidth B/s = 2 n / t (read + write), FP32 matmul FLOP/s = 2 m^3 / t, method)."""
+    import numpy as np
+
+    src = np.ones(n // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    bandwidth = 2 * n / _best_seconds(lambda: np.copyto(dst, src), repeats)
+    m = 1024  # small matrices under-report: BLAS thread wake-up dominates
+    a = np.ones((m, m), dtype=np.float32)
+    b = np.ones((m, m), dtype=np.float32)
+    a @ b
+    flops = 2 * m ** 3 / _best_seconds(lambda: a @ b, 2)
+    return bandwidth, flops, "numpy"
+
+
+def _measure_bytes(n: int, repeats: int) -> tuple[float, float, str]:  # pragma: no cover - numpy is a dependency
+    src = bytearray(n)
+    dst = bytearray(n)
+
+    def copy() -> None:
+        dst[:] = src
+
+    return 2 * n / _best_seconds(copy, repeats), 5e9, "bytearray copy (numpy missing: compute assumed 5 GFLOP/s)"
+
+
 @functools.lru_cache(maxsize=1)
-def measure_this_machine(buffer_mib: int = 64, repeats: int = 3) -> dict:
+def measure_this_machine(buffer_mib: int = 64, repeats: int = 3) -> dict[str, Any]:
     """Memory from the OS, copy bandwidth and FP32 matmul rate measured (once per process)."""
     total, avail = _meminfo()
     n = buffer_mib * MiB
     try:
-        import numpy as np
-
-        src = np.ones(n // 8, dtype=np.float64)
-        dst = np.empty_like(src)
-        best = math.inf
-        for _ in range(repeats):
-            t = time.perf_counter()
-            np.copyto(dst, src)
-            best = min(best, time.perf_counter() - t)
-        bandwidth = 2 * n / best  # read + write
-        m = 1024  # small matrices under-report: BLAS thread wake-up dominates
-        a = np.ones((m, m), dtype=np.float32)
-        b = np.ones((m, m), dtype=np.float32)
-        a @ b
-        best_mm = math.inf
-        for _ in range(2):
-            t = time.perf_counter()
-            a @ b
-            best_mm = min(best_mm, time.perf_counter() - t)
-        flops = 2 * m ** 3 / best_mm
-        method = "numpy"
+        bandwidth, flops, method = _measure_numpy(n, repeats)
     except ImportError:  # pragma: no cover - numpy is a dependency
-        src = bytearray(n)
-        dst = bytearray(n)
-        best = math.inf
-        for _ in range(repeats):
-            t = time.perf_counter()
-            dst[:] = src
-            best = min(best, time.perf_counter() - t)
-        bandwidth = 2 * n / best
-        flops = 5e9
-        method = "bytearray copy (numpy missing: compute assumed 5 GFLOP/s)"
+        bandwidth, flops, method = _measure_bytes(n, repeats)
     return {"memory_total": total, "memory_available": avail, "bandwidth": bandwidth, "flops": flops,
             "cpus": os.cpu_count() or 1, "method": method}
 
 
-def this_machine(d: dict | None = None, key: str = "this-machine") -> Hardware:
+def this_machine(d: dict[str, Any] | None = None, key: str = "this-machine") -> Hardware:
     """The CPU this process runs on, measured (memory from the OS, copy bandwidth, matmul rate)."""
     d = d or {}
     m = measure_this_machine()
