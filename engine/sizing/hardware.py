@@ -506,10 +506,12 @@ def resolve_hardware_name(name: str) -> tuple[str, str]:
     return key, _family_note(text, key)
 
 
-def get_hardware(name: str | Hardware) -> Hardware:
+def get_hardware(name: str | os.PathLike[str] | Hardware) -> Hardware:
     """A preset key, display name or alias (case and punctuation ignored), or a JSON file path."""
     if isinstance(name, Hardware):
         return name
+    if isinstance(name, os.PathLike):
+        return _from_file(os.fspath(name))
     if not isinstance(name, str):
         raise SizingError(f"hardware must be a name or a JSON file path, got {type(name).__name__}")
     text = name.strip()
