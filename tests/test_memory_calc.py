@@ -177,8 +177,9 @@ def test_vllm_budget_is_utilisation_of_total():
     assert e.usable_bytes_per_device == int(0.9 * hw.memory_bytes)
     e5 = estimate("llama-3-8b", hw, settings=Settings(gpu_memory_utilization=0.5), detail=False)
     assert e5.usable_bytes_per_device == int(0.5 * hw.memory_bytes)
-    # activations profiled at max_num_batched_tokens (8,192 on >= 70 GiB devices): aiconfigurator's 2*T*h*11
-    assert e.activation_bytes == 2 * 8192 * 4096 * 11 + 1 * 128256 * 4
+    # activations profiled at max_num_batched_tokens (8,192 on >= 70 GiB devices): the MLP's live tensors
+    # T x 2 B x (3h + 3I) (engine/sizing/activations.py) + the RoPE cache max_position x head_dim x 2 B
+    assert e.activation_bytes == 8192 * 2 * (3 * 4096 + 3 * 14336) + 8192 * 128 * 2
 
 
 def test_sglang_fraction_and_reserve():

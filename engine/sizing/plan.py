@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction as F
 
+from . import activations
 from .arch import ModelSpec
 from .formats import KVDtype, SizingError, WeightFormat, kv_dtype, weight_format
 from .hardware import FRAMEWORKS, GiB, MiB, Hardware
@@ -150,7 +151,7 @@ class Plan:
     def __init__(self, model: ModelSpec, hw: Hardware, workload: Workload, settings: Settings):
         self.model, self.hw, self.settings, self.workload_in = model, hw, settings, workload
         self.warnings: list[str] = []
-        self.notes: list[str] = list(model.notes)
+        self.notes: list[str] = list(model.notes) + ([hw.alias_note] if hw.alias_note else [])
         self._resolve_framework()
         self._resolve_formats()
         self._resolve_parallel()
@@ -502,18 +503,7 @@ class Plan:
         return int(hw.memory_bytes * share)
 
     def activation_parts(self, batch: int) -> dict[str, int]:
-        m = self.model
-        if self.framework == "none":
-            tokens = min(batch * self.prompt_total, self.batched_tokens) if self.prompt_total else 1
-        else:
-            tokens = self.batched_tokens
-        width = max(m.hidden, m.num_heads * m.head_dim)
-        llm = self.act_bytes * tokens * width * ACT_COEFF
-        logits = batch * m.vocab * 4
-        vision = 0
-        if m.vision and self.images:
-            vision = self.images * self.tiles * m.vision.patch_tokens * m.vision.hidden * self.act_bytes * ACT_COEFF
-        return {"tokens": tokens, "llm": llm, "logits": logits, "vision": vision}
+        return activations.activation_parts(self.model, self.framework, batch=batch, prompt_tokens=self.prompt_total, batched_tokens=self.batched_tokens, act_bytes=self.act_bytes, images=self.images, tiles=self.tiles, tp=self.tp)
 
     def kv_bytes_stage(self, st: dict, batch: int, context: int) -> F:
         total = F(0)
