@@ -150,10 +150,11 @@ def test_check_integrity_detects_a_running_request_with_nothing_to_schedule(tiny
 
 
 def test_check_integrity_detects_a_lost_request(tiny):
-    engine = LLMEngine(tiny)
-    engine.add_request(GOOD_PROMPT, GOOD_PARAMS, request_id="r")
+    engine = LLMEngine(tiny, max_num_seqs=1)
+    engine.add_request(GOOD_PROMPT, GOOD_PARAMS, request_id="a")
+    engine.add_request(GOOD_PROMPT, GOOD_PARAMS, request_id="b")
     engine.step()
-    engine.scheduler.remove(engine.requests["r"])  # in no queue, not finished
+    engine.scheduler.waiting.remove(engine.requests["b"])  # in no queue, not finished: never runs
     with pytest.raises(AssertionError, match="in no queue"):
         engine.check_integrity()
 
@@ -251,10 +252,13 @@ def test_memory_check_refuses_before_allocating(tiny, monkeypatch):
     with time_limit(5), pytest.raises(ValueError) as info:
         LLMEngine(tiny, num_blocks=MAX_NUM_BLOCKS, block_size=256)
     message = str(info.value)
-    assert "num_blocks" in message and "needs" in message and "available" in message and "MiB" in message
+    assert "num_blocks" in message and "need" in message and "available" in message and "MiB" in message
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         LLMEngine(tiny, max_num_batched_tokens=2 ** 20)
-    LLMEngine(tiny)  # the defaults fit in 64 MiB for the tiny model
+    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda: 256 * 2 ** 20)
+    LLMEngine(tiny)  # the defaults fit in half of 256 MiB for the tiny model
+    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda: None)
+    LLMEngine(tiny, max_num_batched_tokens=2 ** 20)  # memory unknown: the hard caps alone apply
 
 
 # -- 5. inputs that used to be TypeError / AttributeError / hangs -------------------------------
