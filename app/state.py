@@ -186,6 +186,8 @@ def build_run(spec: RunSpec) -> None:
         ss[K.run] = LiveRun.from_scenario(sc, model, **dict(spec.knobs))
     except (ValueError, OSError) as e:
         ss[K.error] = str(e)
+    except MemoryError:  # the engine checks memory first; this is the OS changing its mind
+        ss[K.error] = "out of memory building the engine: lower num_blocks or max_num_batched_tokens"
 
 
 def reset() -> None:

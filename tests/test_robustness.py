@@ -298,3 +298,23 @@ def test_lone_surrogates_are_rejected_naming_prompt(tiny, prompt):
     with pytest.raises(ValueError, match="prompt"):
         llm.generate(["fine", prompt])
     assert not llm.llm_engine.requests
+
+
+# -- 3. the page's knobs ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [10 ** 9, MAX_NUM_BLOCKS])
+def test_page_knob_beyond_memory_is_a_message(monkeypatch, value):
+    """The sidebar's num_blocks: 10**9 is beyond the widget's max (the engine's hard cap), and
+    the cap itself with too little memory is the engine's refusal, shown as a message."""
+    from app.state import K
+    from tests.test_live_app import KV_CACHE, errors, open_app
+
+    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda: 64 * 2 ** 20)
+    at = open_app(KV_CACHE)
+    assert at.number_input(key=K.knob + "num_blocks").max == MAX_NUM_BLOCKS
+    at.number_input(key=K.knob + "num_blocks").set_value(value)
+    at.number_input(key=K.knob + "block_size").set_value(256)
+    with time_limit(60):
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(errors(at)) == 1 and "num_blocks" in errors(at)[0], errors(at)
