@@ -211,7 +211,7 @@ def step(n: int = 1) -> None:
         return
     try:
         current.step(n)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, MemoryError) as e:  # the failed step was rolled back
         st.session_state[K.error] = f"step failed: {e}"
         st.session_state[K.playing] = False
 

@@ -17,9 +17,9 @@ the state before it and the exception propagates; only an error attributable to 
 
 Limits (each a ValueError naming the knob or field): the knobs' hard caps in
 ``engine.config``; the memory a configuration needs (KV cache + block-pool objects + one
-step's activations) against ``MEMORY_FRACTION`` of the memory the OS reports available;
-arrivals at most ``MAX_ARRIVAL_HORIZON`` steps ahead; at most ``MAX_GENERATE_PROMPTS`` prompts
-in one ``LLM.generate``.
+step's activations) against a fraction of the memory the OS reports available; arrivals at
+most ``MAX_ARRIVAL_HORIZON`` steps ahead; at most ``MAX_GENERATE_PROMPTS`` prompts in one
+``LLM.generate`` (see ``engine.limits``).
 """
 from __future__ import annotations
 
@@ -34,9 +34,11 @@ from typing import Any
 import torch
 
 from engine.config import MAX_SEED, EngineConfig, SamplingParams
+from engine import limits
 from engine.kv_cache import KVCacheManager, cdiv
+from engine.limits import MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS, estimate_memory
 from engine.model_runner import DTYPES, ModelRunner, kv_cache_bytes_per_token
-from engine.models.llama import LlamaModel, ModelConfig
+from engine.models.llama import LlamaModel
 from engine.models.loader import load_model
 from engine.request import Request, RequestCheckpoint, RequestStatus
 from engine.sampling import SamplingError, sample_rows
@@ -52,95 +54,6 @@ class SharedModel:
     name: str
     model: LlamaModel
     tokenizer: Any
-
-
-# A request may arrive at most this many steps after the engine's current step: a far arrival
-# would make a caller that steps until everything is done spin for that many empty steps.
-MAX_ARRIVAL_HORIZON = 100_000
-# One LLM.generate call takes at most this many prompts (a generator is read up to this + 1).
-MAX_GENERATE_PROMPTS = 100_000
-# An engine may need at most this fraction of the memory the OS reports available
-# (/proc/meminfo MemAvailable) when it is built; the rest is left to other sessions and the OS.
-MEMORY_FRACTION = 0.5
-# Python objects per KV block: a Block, its free-queue entry and a block-table slot (~233 B
-# measured with tracemalloc on CPython 3.12; rounded up).
-BLOCK_OBJECT_BYTES = 256
-GiB, MiB = 2 ** 30, 2 ** 20
-
-
-def available_memory_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux); None where it cannot be read (no check then)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _bytes(n: float) -> str:
-    return f"{n / GiB:,.2f} GiB" if n >= GiB else f"{n / MiB:,.1f} MiB"
-
-
-@dataclass(frozen=True)
-class MemoryNeed:
-    """What one engine's knobs cost in host memory (an upper-bound estimate, in bytes).
-
-    kv_cache     num_blocks x block_size x KV bytes per token (K and V, every layer)
-    block_pool   num_blocks x BLOCK_OBJECT_BYTES of Python objects
-    batch        one step's activations at max_num_batched_tokens tokens (fp32 upper bound:
-                 residual, norms, qkv, attention output, MLP) + the attention scores of the
-                 longest prefill chunk (chunk x heads x context)
-    sequences    per running request (max_num_seqs): its decode K/V gather and scores over
-                 the whole context, and its logits and probabilities over the vocabulary
-    """
-
-    kv_cache: int
-    block_pool: int
-    batch: int
-    sequences: int
-
-    @property
-    def total(self) -> int:
-        return self.kv_cache + self.block_pool + self.batch + self.sequences
-
-    @property
-    def knob(self) -> str:
-        """The knob behind the largest share (named first in the refusal)."""
-        shares = {"num_blocks": self.kv_cache + self.block_pool, "max_num_batched_tokens": self.batch,
-                  "max_num_seqs": self.sequences}
-        return max(shares, key=lambda k: shares[k])
-
-
-def estimate_memory(config: EngineConfig, mc: ModelConfig, max_model_len: int, kv_bytes_per_token: int) -> MemoryNeed:
-    """The memory ``config`` needs on model ``mc`` (see MemoryNeed); allocates nothing."""
-    t, n_seqs, ctx = config.max_num_batched_tokens, min(config.max_num_seqs, config.max_num_batched_tokens), max_model_len
-    nq, nkv, d, h = mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim, mc.hidden_size
-    per_token = 4 * (4 * h + (2 * nq + 2 * nkv) * d + 3 * mc.intermediate_size)
-    scores = 4 * min(t, ctx) * nq * ctx
-    per_seq = 4 * ctx * (2 * nkv * d + nq) + 8 * mc.vocab_size
-    return MemoryNeed(kv_cache=config.num_blocks * config.block_size * kv_bytes_per_token,
-                      block_pool=config.num_blocks * BLOCK_OBJECT_BYTES,
-                      batch=t * per_token + scores, sequences=n_seqs * per_seq)
-
-
-def check_memory(config: EngineConfig, need: MemoryNeed, available: int | None) -> None:
-    """Rule: refuse (ValueError naming the dominant knob, the need and what is available) when
-    the knobs need more than MEMORY_FRACTION of the available memory."""
-    if available is None:
-        return
-    allowed = int(available * MEMORY_FRACTION)
-    if need.total <= allowed:
-        return
-    raise ValueError(
-        f"{need.knob}: these knobs need about {_bytes(need.total)} of memory but {_bytes(allowed)} is "
-        f"available ({MEMORY_FRACTION:.0%} of the {_bytes(available)} the OS reports free): KV cache "
-        f"{config.num_blocks:,} blocks x {config.block_size} tokens = {_bytes(need.kv_cache)}, block pool "
-        f"objects {_bytes(need.block_pool)}, one step of max_num_batched_tokens={config.max_num_batched_tokens:,} "
-        f"{_bytes(need.batch)}, max_num_seqs={config.max_num_seqs:,} running requests {_bytes(need.sequences)}. "
-        f"Lower num_blocks, block_size, max_num_batched_tokens or max_num_seqs.")
 
 
 @lru_cache(maxsize=4)
@@ -206,7 +119,7 @@ class LLMEngine:
         kv_dtype = DTYPES[self.config.kv_cache_dtype or self.config.dtype]
         self.memory_need = estimate_memory(self.config, mc, self.max_model_len,
                                            kv_cache_bytes_per_token(mc, kv_dtype))
-        check_memory(self.config, self.memory_need, available_memory_bytes())
+        limits.check_memory(self.config, self.memory_need, limits.available_memory_bytes())
         self.kv = KVCacheManager(self.config.num_blocks, self.config.block_size)
         self.scheduler = Scheduler(self.config, self.kv, self.max_model_len)
         self.runner = ModelRunner(self.shared.model, self.config.num_blocks, self.config.block_size, kv_dtype)
@@ -265,7 +178,7 @@ class LLMEngine:
             return self._encode_text(prompt), prompt
         if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
             raise ValueError(f"prompt: must be a string or a list of token ids, got {type(prompt).__name__}")
-        ids = list(prompt)
+        ids: list[Any] = list(prompt)  # each element is checked below
         if not ids:
             raise ValueError("prompt: must not be empty")
         if len(ids) + 1 > self.model_max_len:

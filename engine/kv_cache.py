@@ -137,10 +137,10 @@ class KVCacheManager:
                     f"{refs.get(block.block_id, 0)} table references"
                 )
         for request in requests:
-            table = self.block_tables.get(request.request_id)
+            held = self.block_tables.get(request.request_id)
             if request.status is RequestStatus.RUNNING:
-                if table is None or len(table) < cdiv(request.num_computed_tokens, self.block_size):
+                if held is None or len(held) < cdiv(request.num_computed_tokens, self.block_size):
                     raise AssertionError(f"request {request.request_id}: table does not cover its KV")
-            elif table is not None:
+            elif held is not None:
                 raise AssertionError(f"request {request.request_id} ({request.status.value}) holds blocks")
         self.prefix_cache.check_integrity(self.pool)

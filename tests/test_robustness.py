@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import engine.engine as engine_module
+import engine.limits as limits_module
 import engine.sampling as sampling_module
 from engine.config import (MAX_NUM_BLOCKS, MAX_TOKENS, SAMPLING_EPS, EngineConfig, SamplingParams)
 from engine.engine import LLM, MAX_ARRIVAL_HORIZON, LLMEngine
@@ -248,16 +248,16 @@ def test_huge_knobs_are_rejected_at_once(knob, value):
 
 
 def test_memory_check_refuses_before_allocating(tiny, monkeypatch):
-    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda: 64 * 2 ** 20)
+    monkeypatch.setattr(limits_module, "available_memory_bytes", lambda: 64 * 2 ** 20)
     with time_limit(5), pytest.raises(ValueError) as info:
         LLMEngine(tiny, num_blocks=MAX_NUM_BLOCKS, block_size=256)
     message = str(info.value)
     assert "num_blocks" in message and "need" in message and "available" in message and "MiB" in message
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         LLMEngine(tiny, max_num_batched_tokens=2 ** 20)
-    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda: 256 * 2 ** 20)
+    monkeypatch.setattr(limits_module, "available_memory_bytes", lambda: 256 * 2 ** 20)
     LLMEngine(tiny)  # the defaults fit in half of 256 MiB for the tiny model
-    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda: None)
+    monkeypatch.setattr(limits_module, "available_memory_bytes", lambda: None)
     LLMEngine(tiny, max_num_batched_tokens=2 ** 20)  # memory unknown: the hard caps alone apply
 
 
@@ -309,7 +309,7 @@ def test_page_knob_beyond_memory_is_a_message(monkeypatch, value):
     from app.state import K
     from tests.test_live_app import KV_CACHE, errors, open_app
 
-    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda: 64 * 2 ** 20)
+    monkeypatch.setattr(limits_module, "available_memory_bytes", lambda: 64 * 2 ** 20)
     at = open_app(KV_CACHE)
     assert at.number_input(key=K.knob + "num_blocks").max == MAX_NUM_BLOCKS
     at.number_input(key=K.knob + "num_blocks").set_value(value)

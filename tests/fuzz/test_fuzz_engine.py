@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import engine.engine as engine_module
+import engine.limits as limits_module
 import engine.sampling as sampling_module
 from engine.config import (MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS, MAX_NUM_SEQS,
                            MAX_SEED, MAX_TOKENS, EngineConfig, SamplingParams)
@@ -134,13 +134,13 @@ MEMORY = [
 
 @pytest.mark.parametrize("knobs, field", MEMORY, ids=[f for _, f in MEMORY])
 def test_knobs_beyond_memory_rejected_before_allocating(tiny, monkeypatch, knobs: dict, field: str) -> None:
-    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda: 64 * 2 ** 20)
+    monkeypatch.setattr(limits_module, "available_memory_bytes", lambda: 64 * 2 ** 20)
     error = expect_rejected(lambda: LLMEngine(tiny, **knobs), field, seconds=5)
     assert "available" in str(error)
 
 
 def test_knobs_within_memory_accepted(tiny, monkeypatch) -> None:
-    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda: 256 * 2 ** 20)
+    monkeypatch.setattr(limits_module, "available_memory_bytes", lambda: 256 * 2 ** 20)
     engine = expect_accepted(lambda: LLMEngine(tiny, num_blocks=2048, block_size=16), seconds=10)
     assert engine.kv.num_free_blocks == 2048
 
