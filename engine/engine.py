@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -282,11 +282,12 @@ class LLMEngine:
             return trace
 
     def _checkpoint(self) -> StepCheckpoint:
-        """Open the KV journal and copy what a step may change (live requests only)."""
-        self.kv.begin()
+        """Copy what a step may change (live requests only), then open the KV journal."""
         live = (*self.pending, *self.scheduler.waiting, *self.scheduler.running)
-        return StepCheckpoint(self.step_count, tuple(self.pending), self.scheduler.queues(),
-                              tuple((r, r.checkpoint()) for r in live))
+        checkpoint = StepCheckpoint(self.step_count, tuple(self.pending), self.scheduler.queues(),
+                                    tuple((r, r.checkpoint()) for r in live))
+        self.kv.begin()
+        return checkpoint
 
     def _rollback(self, cp: StepCheckpoint) -> None:
         for request, saved in cp.requests:
@@ -564,7 +565,7 @@ def _prompt_list(prompts: object) -> list[Any]:
     refused: their iteration order would decide which output belongs to which prompt."""
     if isinstance(prompts, str):
         return [prompts]
-    if isinstance(prompts, (set, frozenset, Mapping)):
+    if isinstance(prompts, (Set, Mapping)):
         raise ValueError(f"prompts: a {type(prompts).__name__} has no order, and the order of the prompts is "
                          f"the order of the outputs; pass a list")
     if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, (Sequence, Iterator)):

@@ -81,8 +81,9 @@ def test_a_failed_step_leaves_every_request_as_before(tiny, monkeypatch, where, 
     knobs = {"block_size": 4, "num_blocks": 12, "max_num_batched_tokens": 8}
     expected = clean_run(tiny, **knobs)
     engine, _, _ = two_request_engine(tiny, **knobs)
-    for _ in range(4):
+    for _ in range(3):  # the failing step is step 3, where "late" arrives
         engine.step()
+    assert [r.request_id for r in engine.pending] == ["late"]
     before = engine_state(engine)
     target = {"schedule": (engine.scheduler, "schedule"), "execute": (engine.runner, "execute"),
               "update": (engine, "_check_stop")}[where]
@@ -99,6 +100,24 @@ def test_a_failed_step_leaves_every_request_as_before(tiny, monkeypatch, where, 
     engine.check_integrity()
     run_to_completion(engine)
     assert {rid: engine.get_output(rid).outputs[0].token_ids for rid in engine.requests} == expected
+
+
+def test_block_pool_rollback_restores_ref_counts_and_free_queue_order():
+    """allocate / touch (reviving a free block, as a prefix hit does) / free, then rollback."""
+    from engine.block_pool import BlockPool
+
+    pool = BlockPool(8)
+    held = pool.allocate(3)
+    pool.free([held[1]])
+    before = ([b.ref_count for b in pool.blocks], list(pool.free_queue))
+    pool.begin()
+    new = pool.allocate(2)
+    pool.touch([held[1], held[0]])  # held[1] is revived from the middle of the free queue
+    pool.free([held[2], *new, held[0]])
+    pool.rollback()
+    assert ([b.ref_count for b in pool.blocks], list(pool.free_queue)) == before
+    pool.check_integrity()
+    assert pool.journal is None
 
 
 def test_a_sampling_failure_finishes_only_that_request_with_error(tiny, monkeypatch):
@@ -263,8 +282,8 @@ def test_memory_check_refuses_before_allocating(tiny, monkeypatch):
 
 # -- 5. inputs that used to be TypeError / AttributeError / hangs -------------------------------
 
-@pytest.mark.parametrize("prompts", [None, 123, 1.5, {"a"}, frozenset({"a"}), {"a": 1}, object()],
-                         ids=["None", "int", "float", "set", "frozenset", "dict", "object"])
+@pytest.mark.parametrize("prompts", [None, 123, 1.5, {"a"}, frozenset({"a"}), {"a": 1}, {"a": 1}.keys(), object()],
+                         ids=["None", "int", "float", "set", "frozenset", "dict", "dict keys", "object"])
 def test_generate_rejects_what_is_not_a_prompt_list(tiny, prompts):
     llm = LLM(tiny)
     with pytest.raises(ValueError, match="prompts"):
