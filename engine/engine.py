@@ -25,7 +25,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.kv_cache import KVCacheManager, cdiv
 from engine.model_runner import DTYPES, ModelRunner
 from engine.models.llama import LlamaModel
-from engine.models.loader import load_model
+from engine.models.loader import check_model_name, load_model
 from engine.request import Request, RequestStatus
 from engine.sampling import sample
 from engine.scheduler import Scheduler
@@ -42,10 +42,17 @@ class SharedModel:
     tokenizer: Any
 
 
-@lru_cache(maxsize=4)
 def get_shared_model(model: str, dtype: str = "float32") -> SharedModel:
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: must be one of {tuple(DTYPES)}, got {dtype!r}")
+    """The process-wide weights for ``model``; a bad name or dtype is a ValueError, checked
+    before the cache (an unhashable argument must not surface as lru_cache's TypeError)."""
+    model = check_model_name(model)
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"dtype: must be one of {tuple(DTYPES)}, got {str(dtype)[:40]!r}")
+    return _shared_model(model, dtype)
+
+
+@lru_cache(maxsize=4)
+def _shared_model(model: str, dtype: str) -> SharedModel:
     loaded = load_model(model)
     return SharedModel(loaded.name, LlamaModel(loaded.config, loaded.weights, DTYPES[dtype]),
                        loaded.tokenizer)

@@ -92,7 +92,8 @@ def write_gguf(path: Path, seed: int = 0, metadata: dict[str, Any] | None = None
             g.add_uint32(full, value) if 0 <= value < 2**32 else g.add_int64(full, value)
     vocab = c["vocab_size"]
     tokens = [ch for _, ch in sorted(_bytes_to_unicode().items())] + ["<s>", "</s>"]
-    tokens += [f"<pad{i}>" for i in range(vocab - len(tokens))]
+    tokens += [f"<pad{i}>" for i in range(vocab - len(tokens) - 1)]
+    tokens.append("<|endoftext|>")  # transformers' GPT-2 converter adds it when it is missing
     g.add_tokenizer_model("gpt2")
     g.add_tokenizer_pre("default")
     g.add_token_list(tokens)

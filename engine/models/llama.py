@@ -10,79 +10,14 @@ pipeline stage can run a layer range.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
 from engine.attention import paged_attention, write_kv
 from engine.forward_batch import ForwardBatch
+from engine.models.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    max_position_embeddings: int
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
-    architecture: str = "LlamaForCausalLM"
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-
-    @classmethod
-    def from_hf(cls, d: dict[str, Any]) -> "ModelConfig":
-        arch = (d.get("architectures") or ["LlamaForCausalLM"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"model: architecture {arch!r} is not supported "
-                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-        scaling = d.get("rope_scaling") or (d.get("rope_parameters") or {})
-        if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-            raise ValueError(f"model: rope_scaling {scaling!r} is not supported")
-        theta = d.get("rope_theta", (d.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-        eos = d.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        heads = d["num_attention_heads"]
-        return cls(
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=d.get("num_key_value_heads") or heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
-            max_position_embeddings=d.get("max_position_embeddings", 2048),
-            rms_norm_eps=d.get("rms_norm_eps", 1e-5),
-            rope_theta=float(theta),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            architecture=arch,
-        )
-
-    def to_hf(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("extra")
-        d.pop("architecture")
-        eos = d.pop("eos_token_ids")
-        d["eos_token_id"] = list(eos) if len(eos) != 1 else eos[0]
-        d["architectures"] = [self.architecture]
-        d["model_type"] = {"MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}.get(
-            self.architecture, "llama")
-        d["hidden_act"] = "silu"
-        return d
+__all__ = ["LlamaModel", "ModelConfig", "SUPPORTED_ARCHITECTURES", "rms_norm", "rotate_half"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
