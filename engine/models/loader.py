@@ -118,13 +118,15 @@ def load_tokenizer(folder: Path, config: ModelConfig) -> Any:
     return tokenizer
 
 
-def _load_folder(name: str, folder: Path) -> LoadedModel:
-    """A Hugging Face folder: config, then weights checked against it, then the tokenizer."""
+def _load_folder(name: str, folder: Path, converted: bool = False) -> LoadedModel:
+    """A Hugging Face folder: config, then weights checked against it, then the tokenizer.
+    ``converted``: a cache entry this package wrote, whose values were checked finite when it
+    was converted (the per-load finiteness pass over every weight is skipped; the rest is not)."""
     config = read_config(folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"model: {_short(str(folder))} has no *.safetensors weights")
-    weights = load_checked(files, config)
+    weights = load_checked(files, config, check_finite=not converted)
     return LoadedModel(name, config, weights, load_tokenizer(folder, config), folder)
 
 
@@ -168,6 +170,15 @@ def _kind(path: Path) -> str:
         raise ValueError(f"model: cannot read the path {_short(str(path))!r} ({e.strerror})") from None
 
 
+def _expand(model: str) -> Path:
+    """``model`` as a path with ``~`` expanded; an unknown user's home is a ValueError."""
+    try:
+        return Path(model).expanduser()
+    except RuntimeError as e:  # pathlib: "Could not determine home directory."
+        raise ValueError(f"model: cannot expand {_short(model)!r} ({e}); "
+                         "give an absolute path") from None
+
+
 def _display_name(path: Path) -> str:
     """A model's display name from its file: the stem, or the file name when the stem is only
     dots (``..gguf``)."""
@@ -181,11 +192,12 @@ def load_model(model: str, progress: ProgressFn = _print_progress) -> LoadedMode
         config = ModelConfig.from_hf(TINY_RANDOM_CONFIG, "tiny-random config")
         return LoadedModel(model, config, tiny_random_weights(TINY_RANDOM_CONFIG), byte_tokenizer(), None)
     if model == "smollm2-135m":
-        return _load_folder(model, cached_folder(bundled_gguf_path(), model, progress))
-    path = Path(model).expanduser()
+        return _load_folder(model, cached_folder(bundled_gguf_path(), model, progress), converted=True)
+    path = _expand(model)
     kind = _kind(path)
     if kind == "file" and path.suffix == ".gguf":
-        return _load_folder(_display_name(path), cached_folder(path, _display_name(path), progress))
+        return _load_folder(_display_name(path), cached_folder(path, _display_name(path), progress),
+                            converted=True)
     if kind == "dir":
         return _load_folder(path.name, path)
     raise ValueError(f"model: unknown model {_short(model)!r}; use one of {MODEL_NAMES}, "

@@ -137,34 +137,43 @@ def headers_of(files: Sequence[Path]) -> tuple[dict[str, TensorInfo], dict[str, 
     return infos, where
 
 
-def _read_tensor(path: Path, name: str) -> torch.Tensor:
+def _read_file(path: Path, names: Sequence[str], check_finite: bool) -> dict[str, torch.Tensor]:
+    """``names`` from one safetensors file (opened once), as fp32, checked finite if asked."""
     from safetensors import safe_open
 
+    out: dict[str, torch.Tensor] = {}
     try:
         with safe_open(str(path), framework="pt") as f:
-            return f.get_tensor(name)
+            for name in names:
+                out[name] = f.get_tensor(name).float()
     except Exception as e:  # noqa: BLE001 - the safetensors library raises its own error types
-        raise _bad(path, f"tensor {name!r} cannot be read ({type(e).__name__}: {str(e)[:120]})") from None
+        raise _bad(path, f"cannot be read ({type(e).__name__}: {str(e)[:120]})") from None
+    for name, t in out.items():
+        if check_finite:
+            require_finite(t, name, str(path))
+    return out
 
 
 def require_finite(t: torch.Tensor, name: str, source: str) -> None:
-    """NaN or infinite weights would make every logit garbage: refuse them at load time."""
-    if not bool(torch.isfinite(t).all()):
+    """NaN or infinite weights would make every logit garbage: refuse them at load time.
+    One float64 sum decides it: a sum of finite fp32/bf16 values cannot overflow float64, and
+    any NaN or inf makes it non-finite (cheaper than an elementwise isfinite mask)."""
+    if t.numel() and not math.isfinite(float(t.sum(dtype=torch.float64))):
         raise ValueError(f"model: {source}: tensor {name} holds values that are not finite (NaN or inf)")
 
 
-def load_checked(files: Sequence[Path], config: ModelConfig) -> dict[str, torch.Tensor]:
+def load_checked(files: Sequence[Path], config: ModelConfig,
+                 check_finite: bool = True) -> dict[str, torch.Tensor]:
     """fp32 weights from ``files`` after every header and shape check; a tied lm_head is
-    dropped (the decoder uses the embedding, as Hugging Face does)."""
+    dropped (the decoder uses the embedding, as Hugging Face does). ``check_finite=False`` only
+    for the cache's own entries, whose values were checked when they were converted."""
     infos, where = headers_of(files)
     source = str(files[0]) if len(files) == 1 else f"{files[0].parent}/*.safetensors"
     check_tensors(config, {n: i.shape for n, i in infos.items()}, source,
                   {n: i.dtype for n, i in infos.items()}, {n: str(p) for n, p in where.items()})
     weights: dict[str, torch.Tensor] = {}
-    for name in infos:
-        if config.tie_word_embeddings and name == "lm_head.weight":
-            continue
-        t = _read_tensor(where[name], name).float()
-        require_finite(t, name, str(where[name]))
-        weights[name] = t
+    for path in files:
+        names = [n for n, p in where.items() if p == path
+                 and not (config.tie_word_embeddings and n == "lm_head.weight")]
+        weights.update(_read_file(path, names, check_finite))
     return weights
