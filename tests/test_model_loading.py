@@ -285,3 +285,13 @@ def test_get_shared_model_bad_dtype() -> None:
 
     with pytest.raises(ValueError, match="dtype"):
         get_shared_model("tiny-random", ["float32"])  # type: ignore[arg-type]
+
+
+def test_engine_and_llm_bad_model_names() -> None:
+    from engine import LLM, LLMEngine
+
+    for make in (LLMEngine, LLM):
+        with pytest.raises(ValueError, match="5000 characters"):
+            make("q" * 5000)
+        with pytest.raises(ValueError, match="NoneType"):
+            make(None)  # type: ignore[arg-type]

@@ -401,7 +401,10 @@ def cached_folder(gguf_path: Path, name: str, progress: ProgressFn = _print_prog
     """The converted folder for ``gguf_path``, keyed by the file's content. Converts when no
     complete entry exists: into a fresh temp dir inside the cache root, published by one
     rename, so a crash or an error mid-conversion never leaves an entry that later loads."""
-    digest = content_digest(gguf_path)
+    try:
+        digest = content_digest(gguf_path)
+    except OSError as e:
+        raise ValueError(f"model: {gguf_path}: cannot be read ({e.strerror})") from None
     entry = entry_path(digest)
     if _entry_ok(entry, digest):
         return entry

@@ -20,6 +20,7 @@ from engine.models.weights import load_checked
 
 MODEL_NAMES = ("smollm2-135m", "tiny-random")
 MAX_NAME_CHARS = 4096  # PATH_MAX on Linux
+MAX_CONFIG_BYTES = 16 * 2**20
 
 TINY_RANDOM_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -94,8 +95,12 @@ def read_config(folder: Path) -> ModelConfig:
     if not path.is_file():
         raise ValueError(f"model: {_short(str(folder))} has no config.json")
     try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text)
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"model: {path}: {path.stat().st_size:,} bytes, more than a config "
+                             f"can be ({MAX_CONFIG_BYTES:,})")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"model: {path}: cannot be read ({e.strerror})") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"model: {path}: not valid JSON ({str(e)[:120]})") from None
     return ModelConfig.from_hf(data, str(path))

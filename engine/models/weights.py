@@ -79,7 +79,10 @@ def _tensor_info(path: Path, name: str, entry: object, data_len: int) -> TensorI
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """The tensors a safetensors file declares, each proven to lie inside the file."""
-    raw, data_len = _header_bytes(path)
+    try:
+        raw, data_len = _header_bytes(path)
+    except OSError as e:
+        raise _bad(path, f"cannot be read ({e.strerror})") from None
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

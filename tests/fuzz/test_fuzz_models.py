@@ -193,6 +193,26 @@ def test_safetensors_tensors(tmp_path: Path, good_folder: Path, case: str) -> No
     _reject_load(str(folder), tensor_name)
 
 
+def test_safetensors_path_is_a_directory(tmp_path: Path, good_folder: Path) -> None:
+    folder = _copy_folder(good_folder, tmp_path / "m")
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").mkdir()
+    _reject_load(str(folder), "model.safetensors")
+
+
+def test_config_json_is_a_directory(tmp_path: Path, good_folder: Path) -> None:
+    folder = _copy_folder(good_folder, tmp_path / "m")
+    (folder / "config.json").unlink()
+    (folder / "config.json").mkdir()
+    _reject_load(str(folder), "config.json")
+
+
+def test_config_json_too_big(tmp_path: Path, good_folder: Path) -> None:
+    folder = _copy_folder(good_folder, tmp_path / "m")
+    (folder / "config.json").write_text(json.dumps({**TINY_RANDOM_CONFIG, "pad": "x" * 17 * 2**20}))
+    _reject_load(str(folder), "config.json", "bytes")
+
+
 def test_safetensors_name_in_two_files(tmp_path: Path, good_folder: Path) -> None:
     from safetensors.torch import save_file
 
