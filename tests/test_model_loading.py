@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -295,3 +296,25 @@ def test_engine_and_llm_bad_model_names() -> None:
             make("q" * 5000)
         with pytest.raises(ValueError, match="NoneType"):
             make(None)  # type: ignore[arg-type]
+
+
+def test_publish_keeps_a_complete_entry_and_replaces_only_a_broken_one(private_cache: Path) -> None:
+    digest = "ab" * 32
+    entry = convert.entry_path(digest)
+    tmp_root = private_cache / "tmp"
+
+    def staged(text: str) -> Path:
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        d = Path(tempfile.mkdtemp(dir=tmp_root))
+        (d / "payload").write_text(text)
+        (d / "inferscope-source.json").write_text(json.dumps({"sha256": digest, "version": convert._CACHE_VERSION}))
+        return d
+
+    assert convert._publish(staged("first"), entry, digest) == entry
+    second = staged("second")  # another process converted the same bytes: theirs is kept
+    assert convert._publish(second, entry, digest) == entry
+    assert (entry / "payload").read_text() == "first"
+    (entry / "inferscope-source.json").unlink()  # a broken entry of this digest is replaced
+    assert convert._publish(staged("third"), entry, digest) == entry
+    assert (entry / "payload").read_text() == "third"
+    assert sorted(p.name for p in (private_cache / "models").iterdir()) == [entry.name]

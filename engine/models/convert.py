@@ -424,17 +424,23 @@ def cached_folder(gguf_path: Path, name: str, progress: ProgressFn = _print_prog
 
 
 def main(argv: list[str]) -> int:
+    """``python -m engine.models.convert [smollm2-135m | path.gguf]``: print the cache entry;
+    a bad argument is one line on stderr and exit 2."""
     target = argv[0] if argv else "smollm2-135m"
     try:
         if target == "smollm2-135m":
             path = cached_folder(bundled_gguf_path(), "smollm2-135m")
         else:
             src = Path(target)
-            if src.suffix != ".gguf" or not src.is_file():
-                raise ValueError(f"model: {target[:80]!r} is neither smollm2-135m nor a .gguf file")
+            try:
+                is_file = src.is_file()
+            except OSError as e:
+                raise ValueError(f"model: {_short_repr(target)}: {e.strerror}") from None
+            if src.suffix != ".gguf" or not is_file:
+                raise ValueError(f"model: {_short_repr(target)} is neither smollm2-135m nor a .gguf file")
             path = cached_folder(src, src.name)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except ValueError as e:
+        print(f"\rerror: {e}", file=sys.stderr)
         return 2
     print(path)
     return 0
