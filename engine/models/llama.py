@@ -10,14 +10,17 @@ pipeline stage can run a layer range.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from engine.attention import paged_attention, write_kv
 from engine.forward_batch import ForwardBatch
 from engine.models.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
+from engine.models.weights import check_tensors
 
-__all__ = ["LlamaModel", "ModelConfig", "SUPPORTED_ARCHITECTURES", "rms_norm", "rotate_half"]
+__all__ = ["FusedLayer", "LlamaModel", "ModelConfig", "SUPPORTED_ARCHITECTURES", "rms_norm", "rotate_half"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,38 +36,60 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+@dataclass(frozen=True)
+class FusedLayer:
+    """One decoder layer's weights, with q|k|v and gate|up concatenated for one GEMM each."""
+
+    input_layernorm: torch.Tensor
+    post_attention_layernorm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.input_layernorm, self.post_attention_layernorm, self.qkv,
+                            self.qkv_bias, self.o, self.o_bias, self.gate_up, self.down)
+                if t is not None]
+
+
 class LlamaModel:
     """Holds the weights (read-only, shareable across engines) and runs the forward."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
                  dtype: torch.dtype = torch.float32) -> None:
+        check_tensors(config, {k: tuple(v.shape) for k, v in weights.items()}, "weights")
         self.config = config
         self.dtype = dtype
         w = {k: v.to(dtype) for k, v in weights.items()}
         self.embed_tokens = w["model.embed_tokens.weight"]  # [V, h]
         self.norm = w["model.norm.weight"]
-        self.lm_head = w.get("lm_head.weight", self.embed_tokens)  # tied when absent
+        # Tied: the embedding is the head (as Hugging Face ties it), whatever else was passed.
+        self.lm_head = self.embed_tokens if config.tie_word_embeddings else w["lm_head.weight"]
         self.layers = [self._fuse_layer(w, i) for i in range(config.num_hidden_layers)]
         c = config
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
         self._inv_freq = inv_freq  # [head_dim / 2] fp32, the same arithmetic as HF
 
-    def _fuse_layer(self, w: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor | None]:
+    @staticmethod
+    def _fuse_layer(w: dict[str, torch.Tensor], i: int) -> FusedLayer:
         p = f"model.layers.{i}."
         qkv_bias = None
         if p + "self_attn.q_proj.bias" in w:
             qkv_bias = torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
-        return {
-            "input_layernorm": w[p + "input_layernorm.weight"],
-            "post_attention_layernorm": w[p + "post_attention_layernorm.weight"],
+        return FusedLayer(
+            input_layernorm=w[p + "input_layernorm.weight"],
+            post_attention_layernorm=w[p + "post_attention_layernorm.weight"],
             # Fused projections: one GEMM instead of three (q|k|v) and two (gate|up).
-            "qkv": torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
-            "qkv_bias": qkv_bias,
-            "o": w[p + "self_attn.o_proj.weight"],
-            "o_bias": w.get(p + "self_attn.o_proj.bias"),
-            "gate_up": torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
-            "down": w[p + "mlp.down_proj.weight"],
-        }
+            qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
+            qkv_bias=qkv_bias,
+            o=w[p + "self_attn.o_proj.weight"],
+            o_bias=w.get(p + "self_attn.o_proj.bias"),
+            gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
+            down=w[p + "mlp.down_proj.weight"],
+        )
 
     # -- forward pieces -----------------------------------------------------------------
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,8 +113,8 @@ class LlamaModel:
         for i in range(start, end):
             layer = self.layers[i]
             k_cache, v_cache = kv_caches[i]
-            x = rms_norm(hidden, layer["input_layernorm"], c.rms_norm_eps)
-            qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])  # [T, (nq + 2 nkv) d]
+            x = rms_norm(hidden, layer.input_layernorm, c.rms_norm_eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [T, (nq + 2 nkv) d]
             q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
             q = q.view(T, nq, d)
             k = k.view(T, nkv, d)
@@ -98,10 +123,10 @@ class LlamaModel:
             k = k * cos + rotate_half(k) * sin
             write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
             attn = paged_attention(q, k_cache, v_cache, batch, scale)  # [T, nq, d]
-            hidden = hidden + F.linear(attn.reshape(T, nq * d), layer["o"], layer["o_bias"])
-            x = rms_norm(hidden, layer["post_attention_layernorm"], c.rms_norm_eps)
-            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer["down"])
+            hidden = hidden + F.linear(attn.reshape(T, nq * d), layer.o, layer.o_bias)
+            x = rms_norm(hidden, layer.post_attention_layernorm, c.rms_norm_eps)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -120,5 +145,5 @@ class LlamaModel:
         if self.lm_head is not self.embed_tokens:
             tensors.append(self.lm_head)
         for layer in self.layers:
-            tensors.extend(t for t in layer.values() if t is not None)
+            tensors.extend(layer.tensors())
         return sum(t.numel() * t.element_size() for t in tensors)
