@@ -62,7 +62,8 @@ def _gguf_name(hf: str) -> str:
 
 
 def write_gguf(path: Path, seed: int = 0, metadata: dict[str, Any] | None = None,
-               skip_tensors: tuple[str, ...] = (), token_scores: bool = True) -> Path:
+               skip_tensors: tuple[str, ...] = (), token_scores: bool = True,
+               arch: str = "llama") -> Path:
     """A llama GGUF of the tiny model; ``metadata`` overrides llama.* keys (None drops one).
     ``token_scores=False`` leaves out tokenizer metadata that transformers needs, so the
     conversion fails late (after the weights are written), the way a crash mid-write would."""
@@ -79,7 +80,7 @@ def write_gguf(path: Path, seed: int = 0, metadata: dict[str, Any] | None = None
     }
     meta.update(metadata or {})
     path.parent.mkdir(parents=True, exist_ok=True)
-    g = GGUFWriter(str(path), "llama")
+    g = GGUFWriter(str(path), arch)
     for key, value in meta.items():
         if value is None:
             continue

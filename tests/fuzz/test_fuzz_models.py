@@ -262,6 +262,12 @@ def test_gguf_metadata(tmp_path: Path, key: str, value: Any) -> None:
     _reject_load(str(path), "meta.gguf", expected)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2", ""])
+def test_gguf_architecture(tmp_path: Path, arch: str) -> None:
+    path = write_gguf(tmp_path / "arch.gguf", arch=arch)
+    _reject_load(str(path), "arch.gguf", "general.architecture")
+
+
 @pytest.mark.parametrize("tensor", ["blk.0.attn_q.weight", "token_embd.weight", "blk.1.ffn_norm.weight"])
 def test_gguf_missing_tensor(tmp_path: Path, tensor: str) -> None:
     path = write_gguf(tmp_path / "part.gguf", skip_tensors=(tensor,))
