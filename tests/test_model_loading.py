@@ -325,3 +325,27 @@ def test_safe_name_is_one_harmless_path_component(name: str) -> None:
     safe = cache.safe_name(name)
     assert safe and len(safe) <= 40 and not safe.startswith(".")
     assert all(ch.isalnum() or ch in "._-" for ch in safe)
+
+
+def test_process_killed_mid_conversion_leaves_no_entry(tmp_path: Path, private_cache: Path) -> None:
+    """A real crash: the converting process is SIGKILLed after the weights are written."""
+    import subprocess
+    import sys
+
+    path = write_gguf(tmp_path / "m.gguf")
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from engine.models import convert\n"
+        "convert._write_tokenizer = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "convert.cached_folder(Path(sys.argv[1]), 'm')\n")
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, timeout=120,
+                          env={**os.environ, "INFERSCOPE_CACHE": str(private_cache)})
+    assert done.returncode == -9, done.stderr[-2000:]
+    staged = [p for p in (private_cache / "tmp").rglob("model.safetensors")]
+    assert staged, "the kill did not happen after the weights were written"
+    assert _entries(private_cache) == []  # the half-written dir never became an entry
+    loaded = load_model(str(path))  # converts afresh into a complete entry
+    assert torch.equal(loaded.weights["model.norm.weight"],
+                       tiny_random_weights(TINY_RANDOM_CONFIG)["model.norm.weight"])
+    assert len(_entries(private_cache)) == 1
