@@ -39,7 +39,7 @@ from engine.kv_cache import KVCacheManager, cdiv
 from engine.limits import MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS, estimate_memory
 from engine.model_runner import DTYPES, ModelRunner, kv_cache_bytes_per_token
 from engine.models.llama import LlamaModel
-from engine.models.loader import load_model
+from engine.models.loader import check_model_name, load_model
 from engine.request import Request, RequestCheckpoint, RequestStatus
 from engine.sampling import SamplingError, sample_rows
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -56,10 +56,17 @@ class SharedModel:
     tokenizer: Any
 
 
-@lru_cache(maxsize=4)
 def get_shared_model(model: str, dtype: str = "float32") -> SharedModel:
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: must be one of {tuple(DTYPES)}, got {dtype!r}")
+    """The process-wide weights for ``model``; a bad name or dtype is a ValueError, checked
+    before the cache (an unhashable argument must not surface as lru_cache's TypeError)."""
+    model = check_model_name(model)
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"dtype: must be one of {tuple(DTYPES)}, got {str(dtype)[:40]!r}")
+    return _shared_model(model, dtype)
+
+
+@lru_cache(maxsize=4)
+def _shared_model(model: str, dtype: str) -> SharedModel:
     loaded = load_model(model)
     return SharedModel(loaded.name, LlamaModel(loaded.config, loaded.weights, DTYPES[dtype]),
                        loaded.tokenizer)
