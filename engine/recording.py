@@ -187,15 +187,17 @@ def _within(path: str, check: Any, *args: Any) -> None:
 
 
 def _unique(ids: Sequence[str], path: str, what: str) -> None:
+    """No id twice in ``ids`` (the ``request_id`` field of the items at ``path``)."""
     seen: set[str] = set()
     for i, rid in enumerate(ids):
-        _require(rid not in seen, f"{path}[{i}]", f"{what} {show(rid)} appears twice")
+        _require(rid not in seen, f"{path}[{i}].request_id", f"{what} {show(rid)} appears twice")
         seen.add(rid)
 
 
-def _known(ids: Iterable[str], known: set[str], path: str) -> None:
+def _known(ids: Iterable[str], known: set[str], path: str, suffix: str = "") -> None:
+    """Every id in ``ids`` names a request of the snapshot (``suffix``: the id's field in an item)."""
     for i, rid in enumerate(ids):
-        _require(rid in known, f"{path}[{i}]", f"request {show(rid)} is not in the snapshot's requests")
+        _require(rid in known, f"{path}[{i}]{suffix}", f"request {show(rid)} is not in the snapshot's requests")
 
 
 def _block_ids(ids: Sequence[int], num_blocks: int, path: str) -> None:
@@ -234,7 +236,7 @@ def check_snapshot(s: Snapshot) -> None:
     _known(s.running, known, "running")
     metric_ids = [m.request_id for m in s.metrics]
     _unique(metric_ids, "metrics", "request id")
-    _known(metric_ids, known, "metrics")
+    _known(metric_ids, known, "metrics", ".request_id")
 
 
 def check_trace(t: StepTrace, after: Snapshot) -> None:
@@ -243,10 +245,10 @@ def check_trace(t: StepTrace, after: Snapshot) -> None:
     known = {r.request_id for r in after.requests}
     chunk_ids = [c.request_id for c in t.scheduled]
     _unique(chunk_ids, "scheduled", "request")
-    _known(chunk_ids, known, "scheduled")
+    _known(chunk_ids, known, "scheduled", ".request_id")
     for name in ("arrived", "preempted", "finished"):
         _known(getattr(t, name), known, name)
-    _known([x.request_id for x in t.sampled], known, "sampled")
+    _known([x.request_id for x in t.sampled], known, "sampled", ".request_id")
     _block_ids(t.blocks_allocated, after.num_blocks, "blocks_allocated")
     _block_ids(t.blocks_freed, after.num_blocks, "blocks_freed")
     _require(t.num_free_blocks + t.num_used_blocks == after.num_blocks, "num_used_blocks",

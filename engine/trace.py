@@ -36,7 +36,7 @@ class ScheduledChunk:
 class SampledToken:
     request_id: RequestId
     token_id: TokenId
-    text: str
+    text: str | None  # the tokenizer's piece; None for an id it has no piece for
 
 
 @dataclass(frozen=True)
