@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 from engine.trace import BlockState, RequestState, Snapshot, StepTrace
 from visualizers.figures import Panel, live_layout, stack, vline
+from visualizers.text import escape_markdown
 from visualizers.theme import BLOCK_STATE_COLORS, request_color, request_label, request_sort_key
 
 CELL_PX = 30  # pitch of one block in the pool grid
@@ -202,10 +203,13 @@ WASTE_SCHEMES = ("paged (this engine)", "contiguous: prompt + max_tokens", "cont
 
 
 def step_events_markdown(frame: pd.DataFrame) -> str:
-    """``step_events_frame`` as a short Markdown list (cheaper to redraw every step than a table)."""
+    """``step_events_frame`` as a short Markdown list (cheaper to redraw every step than a table).
+
+    The items (request ids from a recording) are escaped: they render as text, never as Markdown.
+    """
     if frame.empty:
         return "No step yet: press **Step** (PageDown)."
-    return "\n".join(f"- {row.event}: **{row.count}**" + (f" ({row.items})" if row.count else "")
+    return "\n".join(f"- {row.event}: **{row.count}**" + (f" ({escape_markdown(row.items)})" if row.count else "")
                      for row in frame.itertuples())
 
 

@@ -1,0 +1,64 @@
+"""Untrusted text made safe for Streamlit Markdown: the one helper every page uses.
+
+Streamlit renders Markdown in ``st.markdown``, ``st.write``/``st.write_stream``, ``st.caption``,
+``st.error``/``warning``/``info``/``success``, badges, metric/tab/expander/widget labels and
+option labels (``format_func``), and ``help=`` tooltips. Text that did not come from this code
+- request ids and prompts in a shared recording, a pasted config's ``_name_or_path``, a URL's
+query values, model output, error messages that quote any of those - must not be able to
+become an image (the viewer's browser would fetch its URL), a link, HTML, LaTeX, a colour or
+icon directive, a heading or a list. ``escape_markdown`` backslash-escapes it so it renders as
+the literal characters it is (CommonMark renders ``\\X`` as ``X`` for any ASCII punctuation X).
+"""
+from __future__ import annotations
+
+import re
+
+# Escaped wherever they appear: emphasis and code (* ` ~), links and images ([ ]), HTML and
+# autolinks (< >), entities (&), LaTeX ($), Streamlit directives and emoji (:), tables (|),
+# email autolinks (@), and the backslash itself.
+ALWAYS = frozenset("\\`*~[]<>&$:|@")
+# Escaped at the start of a line (after optional spaces): headings, lists, quotes, rules, setext.
+LINE_START = frozenset("#-+=>")
+_LINE_BREAKS = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+_ORDERED = re.compile(r"^(\s*\d{1,9})([.)])(?=\s|$)")  # "1. item" / "2) item"
+_WWW = re.compile(r"(?i)(www)\.")  # GFM autolinks bare www. addresses
+
+
+def _marker_positions(line: str) -> set[int]:
+    """Indexes of characters that would start a block construct: a heading/list/quote marker
+    after the line's indentation, or the ``.``/``)`` of an ordered-list number."""
+    first = len(line) - len(line.lstrip(" \t"))
+    marks = {first} if line[first:first + 1] in LINE_START else set()
+    ordered = _ORDERED.match(line)
+    if ordered:
+        marks.add(ordered.end(1))
+    return marks
+
+
+def _escape_line(line: str) -> str:
+    """One line: every ALWAYS character, a non-intraword ``_``, block markers, ``www.``."""
+    marks = _marker_positions(line)
+    out: list[str] = []
+    for i, ch in enumerate(line):
+        if ch in ALWAYS or i in marks:
+            out.append("\\" + ch)
+        elif ch == "_" and not (0 < i < len(line) - 1 and line[i - 1].isalnum() and line[i + 1].isalnum()):
+            out.append("\\_")  # snake_case stays as is: an intraword _ cannot start emphasis
+        else:
+            out.append(ch)
+    escaped = _WWW.sub(r"\1\\.", "".join(out))
+    indent = len(escaped) - len(escaped.lstrip(" \t"))
+    return escaped.lstrip(" \t") if indent >= 4 else escaped
+
+
+def escape_markdown(text: object, *, keep_newlines: bool = False) -> str:
+    """``text`` (anything; ``str()`` is taken) as Markdown that renders literally.
+
+    Rule: backslash-escape every character in ``ALWAYS``; ``_`` unless it sits between two
+    letters/digits; ``# - + = >`` and an ordered-list ``1.`` at the start of a line; the dot of
+    ``www.``; drop indentation of 4+ spaces (an indented code block). Line breaks become one
+    space, or with ``keep_newlines`` a Markdown hard break (each line escaped on its own).
+    """
+    lines = _LINE_BREAKS.split(str(text))
+    escaped = [_escape_line(line) for line in lines]
+    return "  \n".join(escaped) if keep_newlines else " ".join(escaped)
