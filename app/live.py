@@ -115,7 +115,7 @@ def status(view: RunView, style: Style) -> None:
             st.badge("REPLAY · recorded run, no model", icon=":material/replay:", color="orange")
         else:
             st.badge("LIVE engine", icon=":material/memory:", color="green")
-        st.badge(escape_markdown(f"{m.title} · {m.model} · {m.policy}"), color="gray")
+        st.badge(escape_markdown(f"{m.title} · {m.model} · {m.policy}", brackets=False), color="gray")  # it escapes [ ]
         if view.done:
             st.badge("all requests finished", icon=":material/check:", color="blue")
     statuses = [r.status for r in snap.requests]

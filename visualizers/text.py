@@ -35,12 +35,12 @@ def _marker_positions(line: str) -> set[int]:
     return marks
 
 
-def _escape_line(line: str) -> str:
-    """One line: every ALWAYS character, a non-intraword ``_``, block markers, ``www.``."""
+def _escape_line(line: str, always: frozenset[str]) -> str:
+    """One line: every ``always`` character, a non-intraword ``_``, block markers, ``www.``."""
     marks = _marker_positions(line)
     out: list[str] = []
     for i, ch in enumerate(line):
-        if ch in ALWAYS or i in marks:
+        if ch in always or i in marks:
             out.append("\\" + ch)
         elif ch == "_" and not (0 < i < len(line) - 1 and line[i - 1].isalnum() and line[i + 1].isalnum()):
             out.append("\\_")  # snake_case stays as is: an intraword _ cannot start emphasis
@@ -51,14 +51,18 @@ def _escape_line(line: str) -> str:
     return escaped.lstrip(" \t") if indent >= 4 else escaped
 
 
-def escape_markdown(text: object, *, keep_newlines: bool = False) -> str:
+def escape_markdown(text: object, *, keep_newlines: bool = False, brackets: bool = True) -> str:
     """``text`` (anything; ``str()`` is taken) as Markdown that renders literally.
 
     Rule: backslash-escape every character in ``ALWAYS``; ``_`` unless it sits between two
     letters/digits; ``# - + = >`` and an ordered-list ``1.`` at the start of a line; the dot of
     ``www.``; drop indentation of 4+ spaces (an indented code block). Line breaks become one
     space, or with ``keep_newlines`` a Markdown hard break (each line escaped on its own).
+
+    ``brackets=False`` leaves ``[`` and ``]`` for a caller that escapes them itself: ``st.badge``
+    backslash-escapes them in its label, and escaping twice would undo it (``\\[``).
     """
+    always = ALWAYS if brackets else ALWAYS - {"[", "]"}
     lines = _LINE_BREAKS.split(str(text))
-    escaped = [_escape_line(line) for line in lines]
+    escaped = [_escape_line(line, always) for line in lines]
     return "  \n".join(escaped) if keep_newlines else " ".join(escaped)
