@@ -295,7 +295,10 @@ def check_meta(meta: RunMeta, first: Snapshot) -> None:
                  f"unknown engine setting (expected some of {', '.join(sorted(known))})")
     try:
         config = EngineConfig(**meta.config)
-    except ValueError as e:
+    except ValueError as e:  # EngineConfig names the field first: "block_size: must be >= 1, got 0"
+        name, _, problem = str(e).partition(": ")
+        if name in known and problem:
+            raise SchemaError(problem, f"meta.config.{name}") from None
         raise SchemaError(str(e), "meta.config") from None
     for name in ("block_size", "num_blocks"):
         _require(getattr(config, name) == getattr(first, name), f"meta.config.{name}",

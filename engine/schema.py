@@ -181,7 +181,7 @@ def describe(tp: Any) -> str:
     if origin is typing.Literal:
         return "one of " + ", ".join(json.dumps(v) for v in args)
     if origin in (Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else describe(a) for a in args)
+        return " or ".join(sorted(("null" if a is type(None) else describe(a) for a in args), key=lambda d: d != "null"))
     if origin is tuple:
         return "an array"
     if origin in (dict, Mapping):

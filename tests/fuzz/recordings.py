@@ -58,17 +58,19 @@ def get_path(data: Any, path: str) -> Any:
 
 
 def set_path(data: Any, path: str, value: Any) -> Any:
-    """A deep copy of ``data`` with the value at ``path`` replaced (or removed: ``DELETE``)."""
-    data = copy.deepcopy(data)
+    """``data`` with the value at ``path`` replaced (or removed: ``DELETE``); ``data`` itself is
+    left as it was (the containers along the path are copied, the rest is shared)."""
     *parents, last = segments(path)
-    target = data
+    root = copy.copy(data)
+    target = root
     for seg in parents:
+        target[seg] = copy.copy(target[seg])
         target = target[seg]
     if value is DELETE:
         del target[last]
     else:
         target[last] = value
-    return data
+    return root
 
 
 def dumps(data: Any) -> str:
