@@ -229,9 +229,9 @@ def check_snapshot(s: Snapshot) -> None:
     for i, r in enumerate(s.requests):
         path = f"requests[{i}].block_table"
         _block_ids(r.block_table, s.num_blocks, path)
-        for j, b in enumerate(r.block_table):
-            _require(r.request_id in owners[b], f"{path}[{j}]",
-                     f"block {b} does not list request {show(r.request_id)} among its owners")
+        for j, block_id in enumerate(r.block_table):
+            _require(r.request_id in owners[block_id], f"{path}[{j}]",
+                     f"block {block_id} does not list request {show(r.request_id)} among its owners")
     _known(s.waiting, known, "waiting")
     _known(s.running, known, "running")
     metric_ids = [m.request_id for m in s.metrics]

@@ -186,7 +186,7 @@ def describe(tp: Any) -> str:
         return "an array"
     if origin in (dict, Mapping):
         return "an object"
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return f"an object ({tp.__name__})"
     raise TypeError(f"schema: no rule for the annotation {tp!r}")
 
