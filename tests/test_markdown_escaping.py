@@ -322,3 +322,21 @@ def test_a_badge_label_is_escaped_once(text: str) -> None:
     label = escape_markdown(text, brackets=False)
     body = label.replace("[", "\\[").replace("]", "\\]")  # what st.badge does (streamlit/elements/markdown.py)
     assert body == escape_markdown(text)
+
+
+def test_figures_show_a_replays_ids_as_text(nasty_recording: bytes) -> None:
+    """Plotly renders <a href>, <b>, <span style> in trace names, ticks and hovers: ids from a
+    recording reach the figures HTML-escaped (and display as typed: Plotly decodes entities)."""
+    from engine.recording import from_json
+    from visualizers import batching as vb
+    from visualizers import comparison as vc
+    from visualizers import kv_blocks as kv
+
+    rec = from_json(nasty_recording)
+    snap, traces = rec.snapshots[-1], rec.traces
+    runs = dict(rec.comparison)
+    figures = [kv.kv_figure(snap, traces[-1]), vb.timeline_figure(traces, snap), vb.latency_figure(snap),
+               vc.lanes_side_by_side(runs), vc.latency_comparison_figure(runs)]
+    spec = " ".join(json.dumps(json.loads(f.to_json()), ensure_ascii=False) for f in figures)  # to_json writes < as \u003c
+    assert "<img" not in spec and "<https" not in spec
+    assert "&lt;img src=x onerror=alert(1)&gt;" in spec

@@ -11,6 +11,7 @@ the literal characters it is (CommonMark renders ``\\X`` as ``X`` for any ASCII 
 """
 from __future__ import annotations
 
+import html
 import re
 
 # Escaped wherever they appear: emphasis and code (* ` ~), links and images ([ ]), HTML and
@@ -66,3 +67,12 @@ def escape_markdown(text: object, *, keep_newlines: bool = False, brackets: bool
     lines = _LINE_BREAKS.split(str(text))
     escaped = [_escape_line(line, always) for line in lines]
     return "  \n".join(escaped) if keep_newlines else " ".join(escaped)
+
+
+def escape_plotly(text: object) -> str:
+    """``text`` for a Plotly trace name, tick label or hover: ``& < >`` as entities.
+
+    Plotly renders a few HTML tags in those (``<a href>``, ``<b>``, ``<span style>``, ``<br>``)
+    and decodes entities back for display, so escaped text shows as typed and is never a tag.
+    """
+    return html.escape(str(text), quote=False)
