@@ -295,7 +295,7 @@ def check_meta(meta: RunMeta, first: Snapshot) -> None:
                  f"unknown engine setting (expected some of {', '.join(sorted(known))})")
     try:
         config = EngineConfig(**meta.config)
-    except ValueError as e:  # EngineConfig names the field first: "block_size: must be >= 1, got 0"
+    except (ValueError, TypeError) as e:  # EngineConfig names the field first: "block_size: must be >= 1, got 0"
         name, _, problem = str(e).partition(": ")
         if name in known and problem:
             raise SchemaError(problem, f"meta.config.{name}") from None

@@ -13,7 +13,7 @@ Rules, one per annotation (anything else is a bug in the record definition: Type
     X | None           null, or an X
     tuple[X, ...]      an array whose every item is an X (decoded to a tuple)
     Mapping[str, X]    an object whose every value is an X (decoded to a dict)
-    Any                a JSON scalar: string, number, true/false or null (never an array/object)
+    Any                a JSON scalar: string, number (as int/float above), true/false or null
     a dataclass        an object with exactly the dataclass's fields (a field with a default may
                        be left out; an unknown key is an error); a *tagged* dataclass must also
                        carry ``"_type": "<ClassName>"``
@@ -158,9 +158,9 @@ def _str(value: Any) -> str:
 
 
 def _scalar(value: Any) -> Any:
-    if value is None or type(value) in (str, bool, int):
+    if value is None or type(value) in (str, bool):
         return value
-    if type(value) is float and math.isfinite(value):
+    if (type(value) is int and -MAX_INT <= value <= MAX_INT) or (type(value) is float and math.isfinite(value)):
         return value
     raise _fail("a string, a finite number, true/false or null", value)
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app.state import K
-from engine.recording import MAX_BYTES, MAX_DEPTH, from_json, record, to_json
+from engine.recording import MAX_BYTES, MAX_DEPTH, from_json, to_json
+from engine.schema import Range, SchemaError, decode
 from tests.fuzz.recordings import DELETE, dumps, record_json, set_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,3 +147,41 @@ def test_bad_upload_is_a_message_and_the_live_run_stays(data: dict) -> None:
     assert at.session_state[K.run] is live and len(live.traces) == 1
     assert any("LIVE engine" in m.value for m in at.markdown)
     assert re.search(r"Steps done", " ".join(m.label for m in at.metric))
+
+
+# -- the generic decoder ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Inner:
+    n: Annotated[int, Range(1, 9)]
+    x: float
+    tag: Literal["a", "b"] = "a"
+
+
+@dataclass(frozen=True)
+class Outer:
+    items: tuple[Inner, ...]
+    name: str | None
+    flags: dict[str, bool]
+
+
+def test_schema_decodes_by_annotation() -> None:
+    """engine.schema: the rules its docstring states, on small dataclasses of its own."""
+    out = decode(Outer, {"items": [{"n": 2, "x": 3}], "name": None, "flags": {"on": True}})
+    assert out == Outer((Inner(2, 3.0),), None, {"on": True}) and isinstance(out.items[0].x, float)
+    cases = [
+        ({"items": [{"n": True, "x": 1}], "name": None, "flags": {}}, "items[0].n: must be an integer in 1 .. 9, got true"),
+        ({"items": [{"n": 10, "x": 1}], "name": None, "flags": {}}, "items[0].n: must be an integer in 1 .. 9, got 10"),
+        ({"items": [{"n": 1, "x": 1, "tag": "c"}], "name": None, "flags": {}}, 'items[0].tag: must be one of "a", "b", got "c"'),
+        ({"items": [], "name": 3, "flags": {}}, "name: must be null or a string, got 3"),
+        ({"items": [], "name": None, "flags": {"a b": 1}}, 'flags["a b"]: must be true or false, got 1'),
+        ({"items": [], "name": None}, "flags: missing (a Outer needs it)"),
+        ({"items": [], "name": None, "flags": {}, "more": 1}, "more: unknown field in Outer (expected flags, items, name)"),
+        ([], "must be an object (Outer), got an array"),
+    ]
+    for value, message in cases:
+        with pytest.raises(SchemaError) as info:
+            decode(Outer, value)
+        assert str(info.value) == message
+    with pytest.raises(TypeError):
+        decode(set[int], [1])  # an annotation the schema has no rule for is a bug, not bad data

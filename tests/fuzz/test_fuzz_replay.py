@@ -60,7 +60,7 @@ REQUIRED = [f"{TRACE}.sample_ms", f"{CHUNK}.kind", f"{SAMPLED}.text", f"{BLOCK}.
 class Case:
     id: str
     path: str  # where to mutate ("" for a whole-file case)
-    value: Any = None  # the new value; DELETE; or a function of the old value
+    value: Any = None  # the new value; DELETE; or a function of the whole valid data
     match: str | None = None  # regex the message must match; default: the path itself
     text: Callable[[str], str | bytes] | None = None  # a whole-file mutation instead
 
@@ -109,7 +109,9 @@ def _field_cases() -> list[Case]:
 
 def _rule_cases() -> list[Case]:
     """Right types, wrong values: enum fields, type tags, and what the views rely on."""
-    plus_one: Callable[[int], int] = lambda old: old + 1  # noqa: E731
+    def plus_one(path: str) -> Callable[[dict[str, Any]], int]:
+        return lambda data: get_path(data, path) + 1
+
     return [
         Case("kind", f"{CHUNK}.kind", "chunk", re.escape(f"{CHUNK}.kind") + r': must be one of "prefill", "decode"'),
         Case("status", f"{REQUEST}.status", "done", re.escape(f"{REQUEST}.status") + ": must be a string one of"),
@@ -135,8 +137,8 @@ def _rule_cases() -> list[Case]:
         Case("unknown sample", f"{SAMPLED}.request_id", "ghost", re.escape(f"{SAMPLED}.request_id")),
         Case("allocated past pool", "steps[0].trace.blocks_allocated[0]", 160, re.escape("steps[0].trace.blocks_allocated[0]")),
         Case("freed past pool", f"{TRACE}.blocks_freed", [10**6], re.escape(f"{TRACE}.blocks_freed[0]")),
-        Case("free + used", f"{TRACE}.num_free_blocks", plus_one, re.escape(f"{TRACE}.num_used_blocks") + ": num_free_blocks \\+ num_used_blocks"),
-        Case("batched vs chunks", f"{TRACE}.num_batched_tokens", plus_one, re.escape(f"{TRACE}.num_batched_tokens") + ": must be the scheduled chunks' sum"),
+        Case("free + used", f"{TRACE}.num_free_blocks", plus_one(f"{TRACE}.num_free_blocks"), re.escape(f"{TRACE}.num_used_blocks") + ": num_free_blocks \\+ num_used_blocks"),
+        Case("batched vs chunks", f"{TRACE}.num_batched_tokens", plus_one(f"{TRACE}.num_batched_tokens"), re.escape(f"{TRACE}.num_batched_tokens") + ": must be the scheduled chunks' sum"),
         Case("over budget", "steps[0].trace.token_budget", 1, re.escape("steps[0].trace.num_batched_tokens") + ": must be <= token_budget = 1"),
         Case("trace step gap", "steps[2].trace.step", 9, re.escape("steps[2].trace.step") + ": must be 2"),
         Case("snapshot step gap", "steps[2].snapshot.step", 9, re.escape("steps[2].snapshot.step") + ": must be 3"),
@@ -144,14 +146,16 @@ def _rule_cases() -> list[Case]:
         Case("block size changes", "steps[1].snapshot.block_size", 32, re.escape("steps[1].snapshot.block_size") + ": must be 16"),
         Case("pool changes", "steps[1].snapshot.num_blocks", 161, re.escape("steps[1].snapshot.num_blocks") + ": must be 160"),
         Case("kv bytes change", "steps[3].snapshot.kv_bytes_per_token", 7, re.escape("steps[3].snapshot.kv_bytes_per_token")),
-        Case("pool not listed", "initial.blocks", lambda old: old[:-1], re.escape("initial.blocks") + ": must list every block"),
+        Case("pool not listed", "initial.blocks", lambda data: data["initial"]["blocks"][:-1], re.escape("initial.blocks") + ": must list every block"),
         Case("config policy", "meta.config.policy", "fifo", re.escape("meta.config.policy") + ": must be"),
         Case("config block size", "meta.config.block_size", 0, re.escape("meta.config.block_size") + ": must be"),
         Case("config unknown", "meta.config.turbo", True, re.escape("meta.config.turbo") + ": unknown engine setting"),
         Case("config nested", "meta.config.seed", {"a": 1}, re.escape("meta.config.seed") + ": must be a string, a finite number"),
+        Case("config huge", "meta.config.max_num_seqs", 10**30, re.escape("meta.config.max_num_seqs") + ": must be a string, a finite number"),
+        Case("config NaN", "meta.config.seed", float("nan"), re.escape("meta.config.seed") + ": must be a string, a finite number"),
         Case("config vs pool", "meta.config.num_blocks", 10, re.escape("meta.config.num_blocks") + ": must match"),
         Case("meta kv bytes", "meta.kv_bytes_per_token", 1024, re.escape("meta.kv_bytes_per_token") + ": must match"),
-        Case("unknown policy", "comparison.fifo", lambda old: None, re.escape("comparison.fifo")),
+        Case("unknown policy", "comparison.fifo", lambda data: data["comparison"]["static"], re.escape("comparison.fifo")),
         Case("comparison final step", "comparison.static.final.step", 3, re.escape("comparison.static.final.step") + ": must be the number of traces"),
         Case("comparison trace step", "comparison.static.traces[3].step", 9, re.escape("comparison.static.traces[3].step") + ": must be 3"),
         Case("comparison unknown id", "comparison.continuous.traces[0].scheduled[0].request_id", "ghost",
@@ -216,11 +220,7 @@ def valid_data(valid_text: str) -> dict[str, Any]:
 def mutated(case: Case, text: str, data: dict[str, Any]) -> str | bytes:
     if case.text is not None:
         return case.text(text)
-    value = case.value
-    if callable(value):
-        value = value(get_path(data, case.path) if case.path != "comparison.fifo" else None)
-        if case.path == "comparison.fifo":
-            value = data["comparison"]["static"]
+    value = case.value(data) if callable(case.value) else case.value
     return dumps(set_path(data, case.path, value))
 
 
