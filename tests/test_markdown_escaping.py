@@ -143,7 +143,8 @@ def page_markdown(at: AppTest) -> list[str]:
     """Every string the page sent that Streamlit renders as Markdown."""
     out = [e.value for kind in ("markdown", "caption", "error", "warning", "info", "success", "subheader", "header",
                                 "title") for e in getattr(at, kind)]
-    out += [m.label for m in at.metric] + [e.label for e in at.expander] + [t.label for t in at.tabs]
+    out += [m.label for m in at.metric] + [m.value for m in at.metric]
+    out += [e.label for e in at.expander] + [t.label for t in at.tabs]
     for group in at.get("button_group"):  # st.segmented_control: option labels are Markdown
         out += [o.content for o in group.proto.options]
     return out

@@ -49,7 +49,7 @@ if result is not None:
     cols[0].metric("Prompt tokens", result.prompt_tokens)
     cols[1].metric("Output tokens", result.output_tokens)
     cols[2].metric("Engine steps", len(result.traces))
-    cols[3].metric("Finish reason", result.finish_reason or "—")
+    cols[3].metric("Finish reason", escape_markdown(result.finish_reason or "—"))
     with st.expander("Exact prompt sent to the model"):
         st.code(result.formatted_prompt, language=None, wrap_lines=True)
     st.subheader("Engine steps that produced it", anchor=False)
