@@ -26,7 +26,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.state import K
 from tests.fuzz.recordings import record_json
-from visualizers.text import escape_markdown
+from visualizers.text import WORD_JOINER, escape_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "app" / "main.py"
@@ -60,6 +60,8 @@ NASTY = PAYLOADS + (
     "snake_case_name __init__ _x_",
     "![p](https://example.com/p.png)\n![q](https://example.com/q.png)",
 )
+# What remark-gfm's autolink-literal transform links in rendered text (after escapes are resolved).
+TEXT_AUTOLINK = re.compile(r"(?i)(https?://|www\.)[-.\w]+|[-.\w+]+@[-\w]+(\.[-\w]+)+")
 DANGER = re.compile(r"<img|<a |<h\d|<li|<ol|<ul|<em|<strong|<code|<pre|<blockquote|<table|<del|<s>|<hr")
 
 
@@ -68,11 +70,12 @@ def commonmark() -> MarkdownIt:
     return MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
 
 
-def rendered_text(markdown: str) -> str:
-    """What a reader sees: the rendered HTML's text, whitespace collapsed."""
+def rendered_text(markdown: str, joiners: bool = False) -> str:
+    """What a reader sees: the rendered HTML's text, whitespace collapsed (and the invisible
+    word joiners that break bare URLs dropped, unless ``joiners``)."""
     out = commonmark().render(markdown)
     text = html.unescape(re.sub(r"<[^>]+>", "", out))
-    return " ".join(text.split())
+    return " ".join(text.split() if joiners else text.replace(WORD_JOINER, "").split())
 
 
 def unescaped(markdown: str, token: str) -> bool:
@@ -97,6 +100,7 @@ def test_escaped_text_renders_literally(text: str, keep_newlines: bool) -> None:
     assert set(re.findall(r"<(\w+)", out)) <= {"p", "br"}, out
     expected = " ".join(text.split())
     assert rendered_text(escaped) == expected
+    assert not TEXT_AUTOLINK.search(rendered_text(escaped, joiners=True))  # no bare URL / e-mail left to link
     if not keep_newlines:
         assert "\n" not in escaped and "\r" not in escaped
 
@@ -341,3 +345,13 @@ def test_figures_show_a_replays_ids_as_text(nasty_recording: bytes) -> None:
     spec = " ".join(json.dumps(json.loads(f.to_json()), ensure_ascii=False) for f in figures)  # to_json writes < as \u003c
     assert "<img" not in spec and "<https" not in spec
     assert "&lt;img src=x onerror=alert(1)&gt;" in spec
+
+
+def test_patterns_found_in_text_are_broken_invisibly() -> None:
+    """Bare URLs, e-mail addresses and :material/...: names are matched in the rendered text
+    (escapes cannot stop that): a word joiner sits inside each, and only there."""
+    escaped = escape_markdown("https://a.example/x www.b.example c@d.example :material/warning: a:b")
+    assert escaped.count(WORD_JOINER) == 4
+    assert not TEXT_AUTOLINK.search(rendered_text(escaped, joiners=True))
+    assert ":material/" not in rendered_text(escaped, joiners=True)
+    assert rendered_text(escaped) == "https://a.example/x www.b.example c@d.example :material/warning: a:b"

@@ -22,7 +22,12 @@ ALWAYS = frozenset("\\`*~[]<>&$:|@")
 LINE_START = frozenset("#-+=>")
 _LINE_BREAKS = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _ORDERED = re.compile(r"^(\s*\d{1,9})([.)])(?=\s|$)")  # "1. item" / "2) item"
-_WWW = re.compile(r"(?i)(www)\.")  # GFM autolinks bare www. addresses
+# Some patterns are found in the *text* after escapes are resolved, so a backslash cannot stop
+# them: bare URLs and e-mail addresses (remark-gfm's autolink-literal transform) and Streamlit's
+# ":material/icon:" names. An invisible WORD JOINER inside "://" and ":material/", after "www"
+# and after "@" breaks the pattern each looks for.
+WORD_JOINER = "\u2060"
+_TEXT_PATTERNS = re.compile(r"(?i)(?<=\\:)(?=//|material/)|(?<=www)(?=\.)|(?<=\\@)")
 
 
 def _marker_positions(line: str) -> set[int]:
@@ -47,7 +52,7 @@ def _escape_line(line: str, always: frozenset[str]) -> str:
             out.append("\\_")  # snake_case stays as is: an intraword _ cannot start emphasis
         else:
             out.append(ch)
-    escaped = _WWW.sub(r"\1\\.", "".join(out))
+    escaped = _TEXT_PATTERNS.sub(WORD_JOINER, "".join(out))
     indent = len(escaped) - len(escaped.lstrip(" \t"))
     return escaped.lstrip(" \t") if indent >= 4 else escaped
 
@@ -56,8 +61,10 @@ def escape_markdown(text: object, *, keep_newlines: bool = False, brackets: bool
     """``text`` (anything; ``str()`` is taken) as Markdown that renders literally.
 
     Rule: backslash-escape every character in ``ALWAYS``; ``_`` unless it sits between two
-    letters/digits; ``# - + = >`` and an ordered-list ``1.`` at the start of a line; the dot of
-    ``www.``; drop indentation of 4+ spaces (an indented code block). Line breaks become one
+    letters/digits; ``# - + = >`` and an ordered-list ``1.`` at the start of a line; put an
+    invisible WORD JOINER inside ``://`` and ``:material/``, after ``www`` and after ``@`` (bare
+    URLs, e-mail addresses and icon names are found in the text itself); drop indentation of 4+ spaces (an indented code
+    block). Line breaks become one
     space, or with ``keep_newlines`` a Markdown hard break (each line escaped on its own).
 
     ``brackets=False`` leaves ``[`` and ``]`` for a caller that escapes them itself: ``st.badge``
