@@ -17,6 +17,7 @@ import streamlit as st
 from app import charts, state
 from engine.run import RunView
 from visualizers.steps import step_table_csv
+from visualizers.text import escape_markdown
 
 FRAGMENT_KEY = "views"
 PRESENTATION_CSS = """
@@ -73,7 +74,7 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "") 
         _advance()
         view = state.view()
         if state.error():
-            st.error(state.error(), icon=":material/error:")
+            st.error(escape_markdown(state.error()), icon=":material/error:")
         if view is None:
             if not state.error():
                 st.info("No run yet: pick a scenario and a model in the sidebar.")
@@ -114,7 +115,7 @@ def status(view: RunView, style: Style) -> None:
             st.badge("REPLAY · recorded run, no model", icon=":material/replay:", color="orange")
         else:
             st.badge("LIVE engine", icon=":material/memory:", color="green")
-        st.badge(f"{m.title} · {m.model} · {m.policy}", color="gray")
+        st.badge(escape_markdown(f"{m.title} · {m.model} · {m.policy}", brackets=False), color="gray")  # it escapes [ ]
         if view.done:
             st.badge("all requests finished", icon=":material/check:", color="blue")
     statuses = [r.status for r in snap.requests]
@@ -128,7 +129,7 @@ def status(view: RunView, style: Style) -> None:
     cols[5].metric("Last step (engine)", f"{last.total_ms:.1f} ms" if last else "—",
                    help="Schedule + forward + sample time of the last engine step, as the engine measured it.")
     if state.notice() and view.is_replay and style.explain:
-        st.caption(state.notice())
+        st.caption(escape_markdown(state.notice()))
 
 
 def exports(view: RunView) -> None:

@@ -15,22 +15,26 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Annotated, Any, Callable, Mapping
 
 from engine.scenario import Scenario, build_engine, run_to_end
-from engine.trace import Snapshot, StepTrace
+from engine.schema import Length
+from engine.trace import Positive, Snapshot, StepTrace
+
+Name = Annotated[str, Length(1, 200)]
+Title = Annotated[str, Length(0, 500)]
 
 
 @dataclass(frozen=True)
 class RunMeta:
     """What was run: enough to label a replay and to redo the run live."""
 
-    model: str
-    scenario: str
-    title: str
+    model: Name
+    scenario: Name
+    title: Title
     config: Mapping[str, Any]  # EngineConfig fields
-    max_model_len: int
-    kv_bytes_per_token: int
+    max_model_len: Positive
+    kv_bytes_per_token: Positive
     chat_template: bool = False
 
     @property

@@ -6,48 +6,60 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from engine.schema import Length, OneOf, Range, decode
+
+# Field types with the range each value must lie in: they are the replay file's schema too
+# (engine.schema reads these annotations when a recording is loaded).
 ChunkKind = Literal["prefill", "decode"]
+Count = Annotated[int, Range(0)]  # a count, an index, a step number, a position: >= 0
+Positive = Annotated[int, Range(1)]  # a size or a budget: >= 1
+BlockId = Annotated[int, Range(0)]  # also < the pool's num_blocks (checked per snapshot)
+TokenId = Annotated[int, Range(0, 2**31 - 1)]
+Millis = Annotated[float, Range(0.0)]  # a measured duration: finite, >= 0
+RequestId = Annotated[str, Length(1, 256)]
+RequestStatusName = Annotated[str, OneOf(("pending", "waiting", "running", "preempted", "finished"))]
+FinishReason = Annotated[str, Length(1, 64)]
 
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    request_id: str
-    num_tokens: int
+    request_id: RequestId
+    num_tokens: Positive
     kind: ChunkKind  # "prefill": a prompt (or recompute) chunk; "decode": one new position
-    start: int  # first position computed
+    start: Count  # first position computed
     resumed: bool = False  # first chunk after a preemption
 
 
 @dataclass(frozen=True)
 class SampledToken:
-    request_id: str
-    token_id: int
-    text: str
+    request_id: RequestId
+    token_id: TokenId
+    text: str | None  # the tokenizer's piece; None for an id it has no piece for
 
 
 @dataclass(frozen=True)
 class StepTrace:
     """What one engine step scheduled, computed, allocated, freed, preempted and finished."""
 
-    step: int
+    step: Count
     scheduled: tuple[ScheduledChunk, ...]
-    token_budget: int
-    num_batched_tokens: int
-    arrived: tuple[str, ...]
-    preempted: tuple[str, ...]
-    finished: tuple[str, ...]
+    token_budget: Positive
+    num_batched_tokens: Count
+    arrived: tuple[RequestId, ...]
+    preempted: tuple[RequestId, ...]
+    finished: tuple[RequestId, ...]
     sampled: tuple[SampledToken, ...]
-    blocks_allocated: tuple[int, ...]
-    blocks_freed: tuple[int, ...]
-    num_free_blocks: int
-    num_used_blocks: int
-    num_waiting: int
-    num_running: int
-    schedule_ms: float
-    forward_ms: float
-    sample_ms: float
+    blocks_allocated: tuple[BlockId, ...]
+    blocks_freed: tuple[BlockId, ...]
+    num_free_blocks: Count
+    num_used_blocks: Count
+    num_waiting: Count
+    num_running: Count
+    schedule_ms: Millis
+    forward_ms: Millis
+    sample_ms: Millis
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -64,58 +76,58 @@ class StepTrace:
 
 @dataclass(frozen=True)
 class BlockState:
-    block_id: int
-    ref_count: int
-    owners: tuple[str, ...]  # request ids whose block table holds this block
-    num_tokens: int  # filled slots (0 .. block_size)
-    token_ids: tuple[int, ...]
+    block_id: BlockId
+    ref_count: Count
+    owners: tuple[RequestId, ...]  # request ids whose block table holds this block
+    num_tokens: Count  # filled slots (0 .. block_size)
+    token_ids: tuple[TokenId, ...]
     text: str
 
 
 @dataclass(frozen=True)
 class RequestState:
-    request_id: str
-    status: str  # pending / waiting / running / preempted / finished
-    arrival_step: int
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_computed_tokens: int
-    max_tokens: int
-    block_table: tuple[int, ...]
-    num_preemptions: int
+    request_id: RequestId
+    status: RequestStatusName  # pending / waiting / running / preempted / finished
+    arrival_step: Count
+    num_prompt_tokens: Count
+    num_output_tokens: Count
+    num_computed_tokens: Count
+    max_tokens: Positive
+    block_table: tuple[BlockId, ...]
+    num_preemptions: Count
     prompt: str
     output_text: str
-    finish_reason: str | None
+    finish_reason: FinishReason | None
 
 
 @dataclass(frozen=True)
 class RequestMetrics:
     """Latency of one request, in engine steps and in milliseconds."""
 
-    request_id: str
-    arrival_step: int
-    first_token_step: int | None
-    finished_step: int | None
-    num_output_tokens: int
-    ttft_steps: int | None
-    ttft_ms: float | None
-    tpot_ms: float | None  # mean time per output token after the first
-    e2e_ms: float | None
-    num_preemptions: int
+    request_id: RequestId
+    arrival_step: Count
+    first_token_step: Count | None
+    finished_step: Count | None
+    num_output_tokens: Count
+    ttft_steps: Count | None
+    ttft_ms: Millis | None
+    tpot_ms: Millis | None  # mean time per output token after the first
+    e2e_ms: Millis | None
+    num_preemptions: Count
 
 
 @dataclass(frozen=True)
 class Snapshot:
     """The engine after a step: block pool, block tables, queues, per-request metrics."""
 
-    step: int
-    block_size: int
-    num_blocks: int
-    kv_bytes_per_token: int
+    step: Count
+    block_size: Positive
+    num_blocks: Positive
+    kv_bytes_per_token: Positive
     blocks: tuple[BlockState, ...]
     requests: tuple[RequestState, ...]
-    waiting: tuple[str, ...]
-    running: tuple[str, ...]
+    waiting: tuple[RequestId, ...]
+    running: tuple[RequestId, ...]
     metrics: tuple[RequestMetrics, ...]
 
     @property
@@ -123,8 +135,9 @@ class Snapshot:
         return sum(1 for b in self.blocks if b.ref_count == 0)
 
 
-_RECORDS = {cls.__name__: cls for cls in (ScheduledChunk, SampledToken, StepTrace, BlockState,
-                                          RequestState, RequestMetrics, Snapshot)}
+RECORD_TYPES: tuple[type, ...] = (ScheduledChunk, SampledToken, StepTrace, BlockState, RequestState,
+                                  RequestMetrics, Snapshot)
+TAGGED = frozenset(RECORD_TYPES)  # serialised with "_type": "<class name>"
 
 
 def to_dict(record: Any) -> Any:
@@ -139,14 +152,12 @@ def to_dict(record: Any) -> Any:
     return record
 
 
-def from_dict(data: Any) -> Any:
-    """Inverse of ``to_dict``; lists become tuples so records stay hashable and frozen."""
-    if isinstance(data, dict) and "_type" in data:
-        cls = _RECORDS.get(data["_type"])
-        if cls is None:
-            raise ValueError(f"trace: unknown record type {data['_type']!r}")
-        kwargs = {k: from_dict(v) for k, v in data.items() if k != "_type"}
-        return cls(**kwargs)
-    if isinstance(data, list):
-        return tuple(from_dict(x) for x in data)
-    return data
+def from_dict(tp: Any, data: Any) -> Any:
+    """Inverse of ``to_dict`` for annotation ``tp`` (a record type, ``tuple[StepTrace, ...]``, ...).
+
+    Every field is checked against its annotation above (type and range; see engine.schema);
+    lists become tuples so records stay hashable and frozen. Bad data: a SchemaError (ValueError)
+    naming the path of the bad field. Cross-field rules (ids below num_blocks, ...) are the
+    loader's (engine.recording).
+    """
+    return decode(tp, data, TAGGED)

@@ -19,7 +19,8 @@ import plotly.graph_objects as go
 from engine.trace import Snapshot, StepTrace
 from visualizers.figures import Panel, figure, hline, live_layout, stack
 from visualizers.theme import (CHUNK_KIND_COLORS, CHUNK_PATTERNS, LANE_STATE_COLORS, LANE_STATES, QUEUE_COLORS,
-                               discrete_colorscale, request_color, request_label, request_sort_key)
+                               discrete_colorscale, plot_label, request_color, request_label,
+                               request_sort_key)
 
 MAX_TEXT_STEPS = 80  # print token counts in swim-lane cells only up to this many steps
 
@@ -96,7 +97,7 @@ def budget_panel(traces: Sequence[StepTrace]) -> Panel:
     data = []
     for rid in sorted(per_request, key=request_sort_key):
         pts = per_request[rid]
-        label = request_label(rid)
+        label = plot_label(rid)
         data.append(dict(
             type="bar", x=[p[0] for p in pts], y=[p[1] for p in pts], name=label, legendgroup=label,
             marker=dict(color=request_color(rid), pattern=dict(shape=[CHUNK_PATTERNS[p[2]] for p in pts],
@@ -136,7 +137,7 @@ def lane_heatmap(lane: Lanes, show_text: bool | None = None, xaxis: str = "x", y
     hover = [[f"{s}" + (f", {n} tokens" if n else "") for s, n in zip(srow, nrow)]
              for srow, nrow in zip(lane.states, lane.tokens)]
     trace = dict(
-        type="heatmap", z=codes, x=list(lane.steps), y=[request_label(r) for r in lane.request_ids],
+        type="heatmap", z=codes, x=list(lane.steps), y=[plot_label(r) for r in lane.request_ids],
         colorscale=discrete_colorscale([LANE_STATE_COLORS[s] for s in LANE_STATES]),
         zmin=-0.5, zmax=len(LANE_STATES) - 0.5, showscale=False, xgap=1, ygap=1,
         customdata=hover, hovertemplate="%{y}, step %{x}: %{customdata}<extra></extra>", name="swim lane",
@@ -159,7 +160,7 @@ def request_chips(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> list[dict]
     if not lane.request_ids:
         return []
     x0 = (lane.steps[0] if lane.steps else 0) - 1.2
-    return [dict(type="scatter", x=[x0] * len(lane.request_ids), y=[request_label(r) for r in lane.request_ids],
+    return [dict(type="scatter", x=[x0] * len(lane.request_ids), y=[plot_label(r) for r in lane.request_ids],
                  mode="markers", marker=dict(symbol="square", size=12, color=[request_color(r) for r in lane.request_ids]),
                  name="request colour", showlegend=False, hovertemplate="%{y}<extra></extra>",
                  xaxis=xaxis, yaxis=yaxis)]
@@ -231,7 +232,7 @@ def latency_figure(snapshot: Snapshot, font_size: int = 12) -> go.Figure:
     data = []
     for axis, attr in (("", "ttft_ms"), ("2", "tpot_ms")):
         pts = [m for m in metrics if getattr(m, attr) is not None]
-        data.append(dict(type="bar", x=[request_label(m.request_id) for m in pts], y=[getattr(m, attr) for m in pts],
+        data.append(dict(type="bar", x=[plot_label(m.request_id) for m in pts], y=[getattr(m, attr) for m in pts],
                          marker=dict(color=[request_color(m.request_id) for m in pts]), name=attr, showlegend=False,
                          xaxis="x" + axis, yaxis="y" + axis, hovertemplate="%{x}: %{y:.1f} ms<extra></extra>"))
     axis = dict(type="category", fixedrange=True)

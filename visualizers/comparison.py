@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from engine.run import PolicyRun
 from visualizers.batching import lane_heatmap, lanes, request_chips, state_legend
 from visualizers.figures import figure
-from visualizers.theme import POLICY_COLORS, request_label, request_sort_key
+from visualizers.theme import POLICY_COLORS, plot_label, request_sort_key
 
 
 def idle_slots(run: PolicyRun, max_num_seqs: int) -> tuple[int, int]:
@@ -94,7 +94,7 @@ def latency_comparison_figure(runs: Mapping[str, PolicyRun], font_size: int = 12
     for p, run in runs.items():
         ms = sorted((m for m in run.final.metrics if m.finished_step is not None),
                     key=lambda m: request_sort_key(m.request_id))
-        data.append(dict(type="bar", x=[request_label(m.request_id) for m in ms],
+        data.append(dict(type="bar", x=[plot_label(m.request_id) for m in ms],
                          y=[m.finished_step - m.arrival_step + 1 for m in ms], name=p,
                          marker=dict(color=POLICY_COLORS.get(p, "#888888")),
                          hovertemplate=f"{p} %{{x}}: %{{y}} steps<extra></extra>"))

@@ -16,7 +16,8 @@ import plotly.graph_objects as go
 
 from engine.trace import BlockState, RequestState, Snapshot, StepTrace
 from visualizers.figures import Panel, live_layout, stack, vline
-from visualizers.theme import BLOCK_STATE_COLORS, request_color, request_label, request_sort_key
+from visualizers.text import escape_markdown
+from visualizers.theme import BLOCK_STATE_COLORS, plot_label, request_color, request_label, request_sort_key
 
 CELL_PX = 30  # pitch of one block in the pool grid
 ALLOCATED_OUTLINE = "#222222"
@@ -90,7 +91,7 @@ def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | 
             name, color = "shared (ref>1)", BLOCK_STATE_COLORS["shared"]
             opacity = [_fill_opacity(c.block.num_tokens, bs) for c in group]
         else:
-            name, color = request_label(key), request_color(key)
+            name, color = plot_label(key), request_color(key)
             faded = focus is not None and key != focus
             opacity = [0.12 if faded else _fill_opacity(c.block.num_tokens, bs) for c in group]
         outline = [ALLOCATED_OUTLINE if c.block.block_id in allocated else
@@ -100,7 +101,7 @@ def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | 
             mode="markers", name=name, legendgroup=name,
             marker=dict(symbol="square", size=CELL_PX - 4, color=color, opacity=opacity,
                         line=dict(color=outline, width=[3 if c.block.block_id in changed else 0 for c in group])),
-            customdata=[[c.block.block_id, ", ".join(request_label(o) for o in c.block.owners) or "—",
+            customdata=[[c.block.block_id, ", ".join(plot_label(o) for o in c.block.owners) or "—",
                          c.block.ref_count, c.block.num_tokens, _hover_text(c.block.text)] for c in group],
             hovertemplate=("block %{customdata[0]}<br>owner: %{customdata[1]}<br>ref count: %{customdata[2]}"
                            f"<br>tokens: %{{customdata[3]}}/{bs}<br>%{{customdata[4]}}<extra></extra>"),
@@ -146,7 +147,7 @@ def table_panel(snapshot: Snapshot, focus: str | None = None, font_size: int = 1
     for r in tables:
         bs = [blocks[p] for p in r.block_table]
         faded = focus is not None and r.request_id != focus
-        label = request_label(r.request_id)
+        label = plot_label(r.request_id)
         data.append(dict(
             type="scatter", x=list(range(len(bs))), y=[label] * len(bs),
             mode="markers+text" if size >= 18 else "markers", name=label, legendgroup=label, showlegend=False,
@@ -202,10 +203,13 @@ WASTE_SCHEMES = ("paged (this engine)", "contiguous: prompt + max_tokens", "cont
 
 
 def step_events_markdown(frame: pd.DataFrame) -> str:
-    """``step_events_frame`` as a short Markdown list (cheaper to redraw every step than a table)."""
+    """``step_events_frame`` as a short Markdown list (cheaper to redraw every step than a table).
+
+    The items (request ids from a recording) are escaped: they render as text, never as Markdown.
+    """
     if frame.empty:
         return "No step yet: press **Step** (PageDown)."
-    return "\n".join(f"- {row.event}: **{row.count}**" + (f" ({row.items})" if row.count else "")
+    return "\n".join(f"- {row.event}: **{row.count}**" + (f" ({escape_markdown(row.items)})" if row.count else "")
                      for row in frame.itertuples())
 
 

@@ -10,6 +10,7 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
+from visualizers.text import escape_plotly
 from visualizers.theme import MEMORY_COLORS, VERDICT_COLORS
 
 GiB = 1 << 30
@@ -159,7 +160,7 @@ def roofline_figure(est) -> go.Figure:
         height=380, margin=dict(l=10, r=10, t=40, b=40), dragmode=False,
         xaxis=dict(type="log", title="arithmetic intensity (FLOP / byte moved)", fixedrange=True),
         yaxis=dict(type="log", title=f"attainable TFLOP/s ({est.peak_label})", fixedrange=True),
-        title=dict(text=f"Roofline: {est.hardware_name} — filled at the roof, open with efficiency"
+        title=dict(text=f"Roofline: {escape_plotly(est.hardware_name)} — filled at the roof, open with efficiency"
                         f" {est.efficiency_memory:.2f}/{e:.2f}", font=dict(size=14)),
         legend=dict(orientation="h", yanchor="bottom", y=-0.35, x=0),
     )

@@ -6,6 +6,8 @@ Colour-blind-safe choices (Okabe-Ito / Tol based) so a projector in a talk still
 """
 from __future__ import annotations
 
+from visualizers.text import escape_plotly
+
 # Requests: a request keeps its colour in every view (block grid, batch bars, timelines).
 # 24 colours (Tol's bright, muted, light and dark schemes): every scenario's requests differ.
 REQUEST_COLORS: tuple[str, ...] = (
@@ -112,6 +114,11 @@ def discrete_colorscale(colors: list[str] | tuple[str, ...]) -> list[list[float 
         scale.append([i / n, color])
         scale.append([(i + 1) / n, color])
     return scale
+
+
+def plot_label(request_id: str) -> str:
+    """``request_label`` for Plotly text (names, ticks, hovers): a recording's ids may hold tags."""
+    return escape_plotly(request_label(request_id))
 
 
 def request_label(request_id: str) -> str:

@@ -10,6 +10,7 @@ import streamlit as st
 
 from engine import memory as calc
 from visualizers import memory as vm
+from visualizers.text import escape_markdown as md  # every non-literal text that reaches Markdown
 
 PRESET_MODELS = calc.model_presets()
 PRESET_HARDWARE = calc.hardware_presets()
@@ -84,7 +85,7 @@ with st.sidebar:
     model_key = st.selectbox("Model", [*PRESET_MODELS, CUSTOM], index=PRESET_MODELS.index("internvl2-8b"),
                              key="model", bind="query-params", help="a preset, or 'custom' to paste a config.json")
     if model_key != CUSTOM:
-        st.caption(_model_label(model_key))
+        st.caption(md(_model_label(model_key)))
     config_text = ""
     if model_key == CUSTOM:
         uploaded = st.file_uploader("Upload a config.json", type=["json"], key="cfg_file")
@@ -99,7 +100,7 @@ with st.sidebar:
     hw_key = st.selectbox("Device", [*PRESET_HARDWARE, CUSTOM], index=PRESET_HARDWARE.index("atlas-300v-pro"),
                           key="hw", bind="query-params", help="a preset, or 'custom' to type in your own")
     if hw_key != CUSTOM:
-        st.caption(_hardware_label(hw_key))
+        st.caption(md(_hardware_label(hw_key)))
     custom_hw: tuple = ()
     if hw_key == CUSTOM:
         c1, c2 = st.columns(2)
@@ -162,7 +163,7 @@ with st.sidebar:
 dropped = [f"{k}={v}" for k, v in url_before.items()
            if k in BOUND_KEYS and st.query_params.get(k) != v and not _same_value(v, st.session_state.get(k))]
 if dropped:
-    st.warning("Ignored link settings that are not valid here: " + ", ".join(dropped)
+    st.warning("Ignored link settings that are not valid here: " + md(", ".join(dropped))
                + " (the defaults are shown instead).", icon="🔗")
 
 # ---------------------------------------------------------------------------------------
@@ -189,10 +190,10 @@ try:
             hardware = calc.get_hardware(hw_key)
     est = calc.estimate(model, hardware, workload, settings)
 except calc.SizingError as exc:
-    st.error(f"Can't size this: {exc}", icon="🚫")
+    st.error(f"Can't size this: {md(exc)}", icon="🚫")
     st.stop()
 except Exception as exc:  # noqa: BLE001 - the page promise: a message, never a traceback
-    st.error(f"Unexpected problem with these inputs ({type(exc).__name__}): {exc}", icon="🚫")
+    st.error(f"Unexpected problem with these inputs ({type(exc).__name__}): {md(exc)}", icon="🚫")
     st.stop()
 
 def render(est, hardware) -> None:
@@ -200,15 +201,16 @@ def render(est, hardware) -> None:
     # verdict first, in words and colour
     colour = {"fits": "green", "fits_with_more": "orange", "does_not_fit": "red"}[est.verdict_key]
     headline = {"fits": "Fits", "fits_with_more": "Fits with more devices", "does_not_fit": "Does not fit"}[est.verdict_key]
-    st.markdown(f"## :{colour}[{headline}] — {est.model_name} on {est.devices} × {est.hardware_name}")
+    st.markdown(f"## :{colour}[{headline}] — {md(est.model_name)} on {est.devices} × {md(est.hardware_name)}")
     box = {"fits": st.success, "fits_with_more": st.warning, "does_not_fit": st.error}[est.verdict_key]
-    box(f"**{est.verdict[0].upper() + est.verdict[1:]}** with {calc.FRAMEWORK_LABELS[est.framework]}: {est.reason}.",
+    box(f"**{md(est.verdict[0].upper() + est.verdict[1:])}** with {md(calc.FRAMEWORK_LABELS[est.framework])}: "
+        f"{md(est.reason)}.",
         icon={"fits": "✅", "fits_with_more": "➕", "does_not_fit": "⛔"}[est.verdict_key])
 
     m = st.columns(5)
     m[0].metric("Weights", f"{est.weight_bytes / calc.GiB:.2f} GiB", f"{est.weights_format.upper()}", delta_color="off")
     m[1].metric("KV per token", f"{est.kv_bytes_per_token / 1024:,.1f} KiB", f"{est.kv_dtype.upper()}", delta_color="off")
-    m[2].metric(f"Needed per {est.device_unit}", f"{est.total_bytes_per_device / calc.GiB:.2f} GiB",
+    m[2].metric(f"Needed per {md(est.device_unit)}", f"{est.total_bytes_per_device / calc.GiB:.2f} GiB",
                 f"of {est.usable_bytes_per_device / calc.GiB:.2f} GiB usable", delta_color="off")
     there = est.at_devices_needed  # when it only fits on more devices, speed is quoted there
     speed = there or dict(decode_tokens_per_s=est.decode_tokens_per_s, prefill_seconds=est.prefill_seconds,
@@ -225,20 +227,20 @@ def render(est, hardware) -> None:
     room = (f"KV room: **{est.kv_pool_bytes / calc.GiB:.2f} GiB ≈ {est.kv_room_tokens:,} tokens** · "
             if est.kv_bytes_per_token else "Constant recurrent state (no per-token KV) · ")
     st.markdown(room + f"longest context at {est.batch} sequence(s): **{est.max_context:,}** · most sequences at"
-                f" {est.context:,} tokens: **{est.max_batch:,}** · fewest {est.device_unit}s that fit:"
+                f" {est.context:,} tokens: **{est.max_batch:,}** · fewest {md(est.device_unit)}s that fit:"
                 f" **{est.devices_needed if est.devices_needed else 'none ≤ 64'}**")
 
     if est.suggestions:
         st.subheader("What would make it fit")
-        st.markdown("\n".join(f"- {s}" for s in est.suggestions))
+        st.markdown("\n".join(f"- {md(s)}" for s in est.suggestions))
     for w in est.warnings:
-        st.warning(w, icon="⚠️")
+        st.warning(md(w), icon="⚠️")
     for n in est.notes:
-        st.caption(f"ℹ️ {n}")
+        st.caption(f"ℹ️ {md(n)}")
 
     st.subheader("Serve it")
     if there:
-        st.caption(f"On {there['devices']} {est.device_unit}s (tp {there['tp']}, pp {there['pp']}), where it fits:")
+        st.caption(f"On {there['devices']} {md(est.device_unit)}s (tp {there['tp']}, pp {there['pp']}), where it fits:")
     st.code(there["serve_command"] if there else est.serve_command, language="bash")
 
     tab_cmp, tab_fmt, tab_roof, tab_ctx = st.tabs(["Every device", "Other formats", "Roofline", "Context vs sequences"])
@@ -249,26 +251,26 @@ def render(est, hardware) -> None:
             st.caption("Same model and settings on every preset (framework chosen per device unless you picked one)."
                        " Where it needs more devices, speed is for that many.")
         except calc.SizingError as exc:
-            st.error(f"Comparison unavailable: {exc}")
+            st.error(f"Comparison unavailable: {md(exc)}")
     with tab_fmt:
         st.dataframe(vm.alternatives_table(est), key="formats_table", hide_index=True, width="stretch")
     with tab_roof:
         st.plotly_chart(vm.roofline_figure(est), key="roofline", width="stretch", config={"displaylogo": False})
-        st.caption(est.formulas.get("ridge", ""))
+        st.caption(md(est.formulas.get("ridge", "")))
     with tab_ctx:
         try:
             curve = _curve(model_key, config_text, hw_key, custom_hw, workload, settings)
             st.plotly_chart(vm.concurrency_figure(curve, est.context, est.batch), key="curve", width="stretch",
                             config={"displaylogo": False})
         except calc.SizingError as exc:
-            st.error(f"Curve unavailable: {exc}")
+            st.error(f"Curve unavailable: {md(exc)}")
 
-    with st.expander(f"{hardware.name}: figures, sources and confidence"):
+    with st.expander(f"{md(hardware.name)}: figures, sources and confidence"):
         rows = vm.hardware_sources_table(hardware)
         if len(rows):
             st.dataframe(rows, key="hw_sources", hide_index=True, width="stretch")
         for note in hardware.notes:
-            st.caption(note)
+            st.caption(md(note))
 
     with st.expander("Formulas, with the numbers filled in"):
         st.code(vm.formula_text(est), language=None)
@@ -278,4 +280,4 @@ def render(est, hardware) -> None:
 try:
     render(est, hardware)
 except Exception as exc:  # noqa: BLE001 - a message, never a traceback
-    st.error(f"Could not draw this answer ({type(exc).__name__}): {exc}", icon="🚫")
+    st.error(f"Could not draw this answer ({type(exc).__name__}): {md(exc)}", icon="🚫")

@@ -7,6 +7,7 @@ import streamlit as st
 from app import live, state
 from engine import generation
 from visualizers.steps import step_table, step_table_csv
+from visualizers.text import escape_markdown
 
 st.header("Generate", anchor=False)
 st.caption("One request through the real engine, step by step: prefill the prompt, then one decode step per token.")
@@ -31,24 +32,24 @@ if clicked:
         shared = state.load_model(request.model)
         session = generation.start(shared, request)
     except ValueError as e:
-        st.error(str(e), icon=":material/error:")
+        st.error(escape_markdown(e), icon=":material/error:")
     else:
         with st.chat_message("assistant"):
-            st.write_stream(session.stream())
+            st.write_stream(escape_markdown(piece, keep_newlines=True) for piece in session.stream())
         result = session.result()
         state.set_generate_result(result)
 else:
     result = state.generate_result()
     if result is not None:
         with st.chat_message("assistant"):
-            st.markdown(result.text)
+            st.markdown(escape_markdown(result.text, keep_newlines=True))
 
 if result is not None:
     cols = st.columns(4)
     cols[0].metric("Prompt tokens", result.prompt_tokens)
     cols[1].metric("Output tokens", result.output_tokens)
     cols[2].metric("Engine steps", len(result.traces))
-    cols[3].metric("Finish reason", result.finish_reason or "—")
+    cols[3].metric("Finish reason", escape_markdown(result.finish_reason or "—"))
     with st.expander("Exact prompt sent to the model"):
         st.code(result.formatted_prompt, language=None, wrap_lines=True)
     st.subheader("Engine steps that produced it", anchor=False)

@@ -8,6 +8,7 @@ from app import live, state
 from app.state import K
 from engine.run import RunView
 from visualizers import kv_blocks as kv
+from visualizers.text import escape_markdown
 from visualizers.theme import request_label
 
 INTRO = ("Top: every square is one physical KV block; its colour is the request that owns it (the same colour in "
@@ -33,7 +34,7 @@ def render(view: RunView, style: live.Style) -> None:
                    "kv_waste", style)
         st.markdown(kv.waste_summary(frame, view.meta.max_model_len))
         st.segmented_control("Highlight a request", options, key=K.focus, required=True,
-                             format_func=lambda r: "all" if r == "all" else request_label(r))
+                             format_func=lambda r: "all" if r == "all" else escape_markdown(request_label(r)))
     if style.explain:
         with st.expander("Block tables with the tokens each block holds"):
             live.table(kv.block_table_frame(snap), "block_tables",
