@@ -191,3 +191,48 @@ def test_formula_flag_prints_formulas_with_numbers():
     assert "KV elements/token = L x 2 x nkv x d = 32 x 2 x 32 x 128 = 262,144" in proc.stdout
     assert "= 524,288 B/token" in proc.stdout
     assert "usable = gpu_memory_utilization x total = 0.90 x" in proc.stdout
+
+
+# --- the JSON contract's key set, pinned (the typed refactor must not change it) -----------------------------
+CONTRACT_TOP_KEYS = frozenset({
+    "activation_bytes", "alternatives", "at_devices_needed", "bandwidth_bytes_per_s", "batch", "bound", "context",
+    "decode_bytes_per_step", "decode_flops_per_step", "decode_tokens_per_s", "decode_tokens_per_s_roofline",
+    "decode_tokens_per_s_total", "device_memory_bytes", "device_unit", "devices", "devices_needed",
+    "devices_needed_pp", "devices_needed_tp", "efficiency_compute", "efficiency_memory", "fits", "framework",
+    "hardware", "hardware_name", "image_tokens", "images", "kv_bytes", "kv_bytes_per_device", "kv_bytes_per_token",
+    "kv_bytes_per_token_per_device", "kv_dtype", "kv_pool_bytes", "kv_room_tokens", "mask_bytes", "max_batch",
+    "max_context", "model", "model_name", "notes", "output_tokens", "overhead_bytes", "params_active", "params_total",
+    "params_vision", "peak_flops", "peak_label", "pp", "prefill_bound", "prefill_bytes", "prefill_flops",
+    "prefill_seconds", "prefill_seconds_roofline", "prompt_tokens", "reason", "reserve_bytes",
+    "ridge_flops_per_byte", "serve_command", "suggestions", "tiles", "total_bytes_per_device", "tp",
+    "usable_bytes_per_device", "verdict", "verdict_key", "vision_dtype", "vision_weight_bytes_per_device", "warnings",
+    "weight_bytes", "weight_bytes_per_device", "weights_format"})
+CONTRACT_ALTERNATIVE_KEYS = frozenset({
+    "current", "decode_tokens_per_s", "decode_tokens_per_s_roofline", "fits", "format", "kv_room_tokens", "label",
+    "prefill_seconds", "support", "total_bytes_per_device", "weight_bytes"})
+CONTRACT_AT_DEVICES_KEYS = frozenset({
+    "decode_tokens_per_s", "decode_tokens_per_s_roofline", "devices", "pp", "prefill_seconds",
+    "prefill_seconds_roofline", "serve_command", "tp"})
+CONTRACT_FORMULA_KEYS = frozenset({
+    "activations", "budget", "decode", "fits", "kv_per_token", "kv_room", "kv_total", "overhead", "parameters",
+    "prefill", "ridge", "weights"})
+
+
+def _main_json(capsys, *args: str) -> dict:
+    from engine.memory import main
+
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_contract_key_set_is_pinned(capsys):
+    """Exactly these keys (no more, no fewer) at the top level and in the nested records."""
+    d = _main_json(capsys, "--model", "llama-3-70b", "--hardware", "rtx-4090", "--batch", "4", "--context", "8192",
+                   "--formula")
+    assert set(d) == CONTRACT_TOP_KEYS | {"formulas"}
+    assert set(d["formulas"]) == CONTRACT_FORMULA_KEYS
+    assert all(set(a) == CONTRACT_ALTERNATIVE_KEYS for a in d["alternatives"]) and d["alternatives"]
+    assert set(d["at_devices_needed"]) == CONTRACT_AT_DEVICES_KEYS
+    vlm = _main_json(capsys, "--model", "internvl2-8b", "--hardware", "atlas-300v-pro")
+    assert set(vlm) == CONTRACT_TOP_KEYS and vlm["at_devices_needed"] is None
+    assert set(JSON_KEYS) <= CONTRACT_TOP_KEYS
