@@ -154,7 +154,7 @@ def test_tied_head_is_copied_to_the_last_stage():
     e1 = estimate("smollm2-135m", "t4", detail=False)
     e2 = estimate("smollm2-135m", "t4", settings=Settings(pp=2), detail=False)
     emb = 49152 * 576 * 2
-    assert sum(s["weights"] for s in e2.stages) == pytest.approx(e1.weight_bytes + emb, abs=4)
+    assert sum(s.weights for s in e2.stages) == pytest.approx(e1.weight_bytes + emb, abs=4)
 
 
 def test_duo_card_defaults_to_two_chips():
@@ -241,16 +241,53 @@ def test_max_batch_is_the_exact_boundary():
     assert p.fits(e.max_batch, 8192) and not p.fits(e.max_batch + 1, 8192)
 
 
-def test_devices_needed_is_minimal():
+def test_devices_needed_is_minimal_among_engine_layouts():
+    """Fewest devices as engines lay them out: TP in {1, 2, 4, 8} within a node, then TP 8 x PP
+    across nodes (issue 7; the old search allowed any TP x PP, e.g. TP 1 x PP 11)."""
     e = estimate("llama-3-70b", "rtx-4090", detail=False)
     p = plan("llama-3-70b", "rtx-4090")
     n, tp, pp = e.devices_needed, e.devices_needed_tp, e.devices_needed_pp
     assert not e.fits and e.verdict_key == "fits_with_more" and n == tp * pp
     assert p.fits(1, 4096, tp, pp)
-    for m in range(1, n):
-        for t in (1, 2, 4, 8):
-            if m % t == 0 and p._tp_valid(t):
-                assert not p.fits(1, 4096, t, m // t)
+    for t in (1, 2, 4, 8):  # no smaller TP within the node fits
+        if t < tp and p.tp_valid(t):
+            assert not p.fits(1, 4096, t, 1)
+    assert (n, tp, pp) == (8, 8, 1)
+
+
+def test_deepseek_v3_fp8_on_h100_is_two_nodes_of_eight():
+    """The known deployment: 2 x 8 H100 (TP 8 x PP 2); fewer only as a pipeline-only layout,
+    which the answer names along with the memory it assumes."""
+    e = estimate("deepseek-v3", "h100-sxm", settings=Settings(weights="fp8"))
+    assert (e.devices_needed, e.devices_needed_tp, e.devices_needed_pp) == (16, 8, 2)
+    assert "PP 2 across nodes" in e.devices_note and "memory alone would fit 11 (TP 1 x PP 11)" in e.devices_note
+    assumed = next(n for n in e.notes if n.startswith("fewest devices"))
+    assert "71.27 GiB usable of 79.19 GiB per device" in assumed and "weights 40.40 GiB" in assumed
+    assert e.at_devices_needed is not None and e.at_devices_needed.tp == 8 and e.at_devices_needed.pp == 2
+    assert "--tensor-parallel-size 8 --pipeline-parallel-size 2" in e.at_devices_needed.serve_command
+    assert not plan("deepseek-v3", "h100-sxm", s=Settings(weights="fp8")).fits(1, 4096, 8, 1)
+
+
+def test_a_model_that_fits_on_tp_2():
+    e = estimate("llama-3-70b", "h100-sxm", detail=False)
+    assert (e.devices_needed, e.devices_needed_tp, e.devices_needed_pp) == (2, 2, 1)
+    assert e.devices_note.startswith("TP 2 within one node")
+
+
+def test_a_model_that_needs_pipeline_stages_across_nodes():
+    e = estimate("llama-3.1-405b", "h100-sxm", detail=False)  # BF16: ~756 GiB
+    assert e.devices_needed_tp == 8 and e.devices_needed_pp >= 2
+    assert e.devices_needed == 8 * e.devices_needed_pp
+    assert plan("llama-3.1-405b", "h100-sxm").fits(1, 4096, 8, e.devices_needed_pp)
+    assert not plan("llama-3.1-405b", "h100-sxm").fits(1, 4096, 8, e.devices_needed_pp - 1)
+
+
+def test_pipeline_only_layout_is_named():
+    """SmolLM2 has 9 heads: no TP in {2, 4, 8} divides them, so only PP can spread it."""
+    tiny = custom_hardware(0.7, 100, 10, overhead_mb=10, framework="none")
+    e = estimate("smollm2-135m", tiny, settings=Settings(weights="fp32"), detail=False)
+    assert not e.fits and e.devices_needed_tp == 1 and e.devices_needed_pp == e.devices_needed >= 2
+    assert "pipeline-only" in e.devices_note
 
 
 def test_does_not_fit_anywhere():
@@ -264,8 +301,8 @@ def test_suggestions_are_computed_not_guessed():
     assert not e.fits
     fmt_lines = [s for s in e.suggestions if s.startswith("use ") and "devices" not in s]
     assert fmt_lines
-    chosen = next(a for a in e.alternatives if a["fits"] and not a["current"])
-    assert estimate("llama-3-8b", "t4", settings=Settings(weights=chosen["format"]), detail=False).fits
+    chosen = next(a for a in e.alternatives if a.fits and not a.current)
+    assert estimate("llama-3-8b", "t4", settings=Settings(weights=chosen.format), detail=False).fits
     assert any(f"use {e.devices_needed} devices" in s for s in e.suggestions)
 
 
@@ -275,8 +312,8 @@ def test_suggestions_are_computed_not_guessed():
        batch=st.integers(1, 64), context=st.integers(2, 40000), extra_b=st.integers(0, 8), extra_s=st.integers(0, 5000))
 def test_memory_grows_with_batch_and_context(model, hw, batch, context, extra_b, extra_s):
     p = plan(model, hw)
-    a = max(s["total"] for s in p.memory(batch, context))
-    b = max(s["total"] for s in p.memory(batch + extra_b, context + extra_s))
+    a = max(s.total for s in p.memory(batch, context))
+    b = max(s.total for s in p.memory(batch + extra_b, context + extra_s))
     assert b >= a
 
 
@@ -451,7 +488,7 @@ def test_kv_and_mib_units():
 def test_speed_and_command_are_also_given_where_it_fits():
     e = estimate("llama-3-70b", "rtx-4090", Workload(batch=4, context=8192))
     there = e.at_devices_needed
-    assert there["devices"] == e.devices_needed == 8 and there["tp"] == 8
-    assert "--tensor-parallel-size 8" in there["serve_command"]
-    assert there["decode_tokens_per_s_roofline"] > 5 * e.decode_tokens_per_s_roofline
+    assert there.devices == e.devices_needed == 8 and there.tp == 8
+    assert "--tensor-parallel-size 8" in there.serve_command
+    assert there.decode_tokens_per_s_roofline > 5 * e.decode_tokens_per_s_roofline
     assert estimate("llama-3-8b", "h100-sxm", detail=False).at_devices_needed is None

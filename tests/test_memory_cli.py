@@ -308,13 +308,12 @@ def test_serve_heading_names_the_framework_the_command_is_for(capsys):
     from engine.memory import main
 
     assert main(["--model", "mixtral-8x7b", "--hardware", "a100-80gb", "--weights", "q2_k", "--framework", "vllm"]) == 0
-    out = capsys.readouterr().out
-    serve = [ln for ln in out.splitlines() if ln.lstrip().startswith("serve")]
-    assert len(serve) == 2, out
-    assert "llama.cpp" in serve[0] and "not vLLM" in serve[0] and "GGUF" in serve[0]
-    assert serve[1].strip().startswith("llama-server")
+    lines = capsys.readouterr().out.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("serve"))
+    assert "llama.cpp" in lines[i] and "not vLLM" in lines[i] and "GGUF" in lines[i]
+    assert lines[i + 1].strip().startswith("llama-server")
     # the same framework as asked: the heading just names it
     assert main(["--model", "llama-3-8b", "--hardware", "h100-sxm"]) == 0
-    out = capsys.readouterr().out
-    serve = [ln for ln in out.splitlines() if ln.lstrip().startswith("serve")]
-    assert "(vLLM)" in serve[0] and "vllm serve" in serve[1]
+    lines = capsys.readouterr().out.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("serve"))
+    assert lines[i].split() == ["serve", "with", "vLLM:"] and lines[i + 1].strip().startswith("vllm serve")

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from engine.memory import GiB, Settings, Workload, compare_hardware, concurrency_curve, estimate
+from engine.memory import MAX_BATCH, MAX_CONTEXT, GiB, Settings, Workload, compare_hardware, concurrency_curve, estimate
 from visualizers import memory as vm
 from visualizers.theme import MEMORY_COLORS, VERDICT_COLORS
 
@@ -78,7 +78,8 @@ def test_compare_rows_report_errors_instead_of_raising():
 
 
 def test_huge_numbers_do_not_overflow_tables():
-    e = estimate("llama-3.1-405b", "jetson-agx-orin", Workload(batch=1_000_000, context=100_000_000), detail=True)
+    # the documented maxima (issue 7: 100,000,000 tokens is now refused)
+    e = estimate("llama-3.1-405b", "jetson-agx-orin", Workload(batch=MAX_BATCH, context=MAX_CONTEXT), detail=True)
     vm.memory_table(e).to_string()
     vm.alternatives_table(e).to_string()
     assert math.isfinite(vm.memory_bar(e).data[0].x[0])

@@ -10,9 +10,8 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
+from engine.sizing.units import GiB
 from visualizers.theme import MEMORY_COLORS, VERDICT_COLORS
-
-GiB = 1 << 30
 
 #: (field on the estimate, label, colour key) in stacking order
 COMPONENTS = (
@@ -109,14 +108,14 @@ def alternatives_table(est) -> pd.DataFrame:
     rows = []
     for a in est.alternatives:
         rows.append({
-            "format": a["label"] + (" (current)" if a["current"] else ""),
-            "weights GiB": round(a["weight_bytes"] / GiB, 2),
-            "needed GiB/device": round(a["total_bytes_per_device"] / GiB, 2),
-            "fits?": "yes" if a["fits"] else "no",
-            "decode tok/s (roofline)": round(a["decode_tokens_per_s_roofline"], 1),
-            "decode tok/s (expected)": round(a["decode_tokens_per_s"], 1),
-            "KV room tokens": a["kv_room_tokens"],
-            "support": a["support"],
+            "format": a.label + (" (current)" if a.current else ""),
+            "weights GiB": round(a.weight_bytes / GiB, 2),
+            "needed GiB/device": round(a.total_bytes_per_device / GiB, 2),
+            "fits?": "yes" if a.fits else "no",
+            "decode tok/s (roofline)": round(a.decode_tokens_per_s_roofline, 1),
+            "decode tok/s (expected)": round(a.decode_tokens_per_s, 1),
+            "KV room tokens": a.kv_room_tokens,
+            "support": a.support,
         })
     return pd.DataFrame(rows)
 

@@ -13,11 +13,16 @@ import argparse
 import json
 import sys
 
+from typing import Any
+
+from .budget import FRAMEWORK_LABELS
 from .estimate import Estimate, estimate
-from .plan import FRAMEWORK_LABELS, Settings, Workload, gib, rate
 from .formats import KV_DTYPES, WEIGHT_FORMATS, SizingError
-from .hardware import GiB, get_hardware, hardware_info, hardware_presets
+from .hardware import get_hardware, hardware_info, hardware_presets
 from .models import get_model, model_preset_config, model_presets
+from .plan import Settings, Workload
+from .units import GiB, gib, rate
+from .workload import MAX_BATCH, MAX_CONTEXT
 
 JSON_KEYS = ("params_total", "params_active", "weight_bytes", "kv_bytes_per_token", "kv_bytes", "activation_bytes",
              "overhead_bytes", "total_bytes_per_device", "device_memory_bytes", "fits", "devices_needed",
@@ -37,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", default="auto", help=f"weight format: auto, {', '.join(WEIGHT_FORMATS)}")
     p.add_argument("--kv-dtype", default="auto", help=f"KV-cache dtype: auto, {', '.join(KV_DTYPES)}")
     p.add_argument("--vision-dtype", default="auto", help="vision tower precision (vision-language models)")
-    p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
-    p.add_argument("--context", type=int, help="tokens per sequence: prompt + image tokens + output (default 4096)")
+    p.add_argument("--batch", type=int, default=1, help=f"concurrent sequences (default 1, at most {MAX_BATCH:,})")
+    p.add_argument("--context", type=int, help="tokens per sequence: prompt + image tokens + output (default 4096,"
+                                               f" at most {MAX_CONTEXT:,})")
     p.add_argument("--prompt", type=int, help="text tokens in the prompt")
     p.add_argument("--output", type=int, help="generated tokens (default 512)")
     p.add_argument("--images", type=int, help="images per sequence (VLMs; default 1)")
@@ -60,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _list_models(as_json: bool) -> str:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key in model_presets():
         cfg = model_preset_config(key)
         src = cfg.get("_source", {})
@@ -74,7 +80,7 @@ def _list_models(as_json: bool) -> str:
 
 
 def _list_hardware(as_json: bool) -> str:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key in hardware_presets():
         info = hardware_info(key)
         if info.get("measure"):
@@ -100,6 +106,7 @@ def _list_hardware(as_json: bool) -> str:
 
 
 def render_text(e: Estimate, formulas: bool = False) -> str:
+    """The answer for people: verdict, why, memory, room, devices, speed, formats, advice, command."""
     unit = e.device_unit
     lines = [f"{e.model_name} on {e.devices} x {e.hardware_name} ({gib(e.device_memory_bytes)}, "
              f"{e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s each) with {FRAMEWORK_LABELS[e.framework]}: {e.verdict.upper()}",
@@ -131,7 +138,8 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
         lines.append(f"  room     memory does not grow with context (longest context limited only by the model);"
                      f" most sequences at {e.context:,} tokens: {e.max_batch:,}")
     if e.devices_needed:
-        lines.append(f"  devices  fewest that fit: {e.devices_needed} (tp {e.devices_needed_tp}, pp {e.devices_needed_pp})")
+        lines.append(f"  devices  fewest that fit: {e.devices_needed} (tp {e.devices_needed_tp}, pp {e.devices_needed_pp})"
+                     + (f": {e.devices_note}" if e.devices_note else ""))
     as_is = "" if e.fits else "as configured: "
     lines.append(f"  decode   {as_is}<= {e.decode_tokens_per_s_roofline:,.1f} tok/s roofline ({e.bound}-bound:"
                  f" {e.decode_bytes_per_step / 1e9:,.2f} GB read per step at {e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s);"
@@ -141,16 +149,16 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
                  f" {e.peak_label}); expect ~{e.prefill_seconds:,.2f} s at efficiency {e.efficiency_compute:.2f}")
     there = e.at_devices_needed
     if there:
-        lines.append(f"  fitted   on {there['devices']} {unit}s (tp {there['tp']}, pp {there['pp']}): decode <="
-                     f" {there['decode_tokens_per_s_roofline']:,.1f} tok/s roofline (~{there['decode_tokens_per_s']:,.1f});"
-                     f" prefill >= {there['prefill_seconds_roofline']:,.2f} s (~{there['prefill_seconds']:,.2f} s)")
-    others = [a for a in e.alternatives if not a["current"]]
+        lines.append(f"  fitted   on {there.devices} {unit}s (tp {there.tp}, pp {there.pp}): decode <="
+                     f" {there.decode_tokens_per_s_roofline:,.1f} tok/s roofline (~{there.decode_tokens_per_s:,.1f});"
+                     f" prefill >= {there.prefill_seconds_roofline:,.2f} s (~{there.prefill_seconds:,.2f} s)")
+    others = [a for a in e.alternatives if not a.current]
     if others:
         lines.append("  formats  " + "; ".join(
-            f"{a['label']}: {gib(a['weight_bytes'])}, {'fits' if a['fits'] else 'does not fit'},"
-            f" decode <= {a['decode_tokens_per_s_roofline']:,.1f} tok/s (~{a['decode_tokens_per_s']:,.1f})"
-            + (f", KV room {a['kv_room_tokens']:,} tokens" if e.kv_bytes_per_token else "")
-            + (f" [{a['support']}]" if a["support"] != "supported" else "")
+            f"{a.label}: {gib(a.weight_bytes)}, {'fits' if a.fits else 'does not fit'},"
+            f" decode <= {a.decode_tokens_per_s_roofline:,.1f} tok/s (~{a.decode_tokens_per_s:,.1f})"
+            + (f", KV room {a.kv_room_tokens:,} tokens" if e.kv_bytes_per_token else "")
+            + (f" [{a.support}]" if a.support != "supported" else "")
             for a in others))
     for s in e.suggestions:
         lines.append(f"  to fit   {s}")
@@ -158,7 +166,9 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
         lines.append(f"  warning  {w}")
     for n in e.notes:
         lines.append(f"  note     {n}")
-    lines.append(f"  serve    {there['serve_command'] if there else e.serve_command}")
+    where = f" on {there.devices} {unit}s (tp {there.tp}, pp {there.pp}), where it fits" if there else ""
+    lines.append(f"  serve    with {e.serve_heading}{where}:")
+    lines.append(f"           {there.serve_command if there else e.serve_command}")
     if formulas:
         lines.append("  formulas")
         for name, text in e.formulas.items():
@@ -168,6 +178,7 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; 0 on an answer, 2 with one line on stderr for a bad input."""
     try:
         args = build_parser().parse_args(argv)
         if args.list_models:
