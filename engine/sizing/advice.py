@@ -5,7 +5,7 @@ formula with its numbers filled in.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .budget import DEFAULT_UTIL, FRAMEWORK_LABELS
 from .formats import WEIGHT_FORMATS, SizingError, torch_dtype_name
@@ -75,8 +75,9 @@ def _support_note(plan: Plan, key: str) -> str:
     return "supported"
 
 
-def _with(plan: Plan, **changes: object) -> Plan:
-    return Plan(plan.model, plan.hw, plan.workload_in, replace(plan.settings, **changes))  # type: ignore[arg-type]
+def _with(plan: Plan, **changes: Any) -> Plan:
+    """The same plan with some settings changed (re-resolved from scratch)."""
+    return Plan(plan.model, plan.hw, plan.workload_in, replace(plan.settings, **changes))
 
 
 def serve_target(plan: Plan) -> ServeTarget:

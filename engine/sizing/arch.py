@@ -162,7 +162,7 @@ def _get(cfg: dict, *names: str, default: Any = _MISSING, what: str = "") -> Any
     return default
 
 
-def _int(cfg: dict, *names: str, default: Any = _MISSING, minimum: int = 1, what: str = "") -> int:
+def _int(cfg: dict, *names: str, default: Any = _MISSING, minimum: int = 1, what: str = "") -> Any:
     value = _get(cfg, *names, default=default, what=what)
     if value is None:
         return value

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from typing import Any
+from typing import Any, NoReturn
 
 from .budget import FRAMEWORK_LABELS
 from .estimate import Estimate, estimate
@@ -30,7 +30,7 @@ JSON_KEYS = ("params_total", "params_active", "weight_bytes", "kv_bytes_per_toke
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
         raise SizingError(message)
 
 
