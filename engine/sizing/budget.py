@@ -106,7 +106,7 @@ class Budget:
 
 def _framework(hw: Hardware, requested: str | None, remarks: Remarks) -> str:
     """The framework key: 'auto' is the hardware's usual one; vLLM on Ascend is vllm-ascend."""
-    fw = str(requested or "auto").strip().lower()
+    fw = "auto" if requested is None else str(requested).strip().lower()
     if fw == "auto":
         fw = hw.default_framework
     if fw not in FRAMEWORKS:

@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SizingError("--model is required (or --list-models / --list-hardware)")
         if not args.hardware:
             raise SizingError("--hardware is required (see --list-hardware)")
+        _check_name_lengths(args.model, args.hardware)
         workload = Workload(batch=args.batch, context=args.context, prompt=args.prompt, output=args.output,
                             images=args.images, tiles=args.tiles)
         settings = Settings(weights=args.weights, kv_dtype=args.kv_dtype, vision_dtype=args.vision_dtype, tp=args.tp,
@@ -208,12 +209,43 @@ def main(argv: list[str] | None = None) -> int:
             print(render_text(est, formulas=args.formula))
         return 0
     except SizingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(str(exc))
     except BrokenPipeError:  # e.g. piped into head
         return 0
+    except OSError as exc:  # an input path the OS cannot open (too long, permissions, a device, ...)
+        what = f" {str(exc.filename)[:200]}" if exc.filename else ""
+        return _refuse(f"cannot read{what}: {exc.strerror or exc}")
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except Exception as exc:  # noqa: BLE001 - the contract: one line, no traceback
-        print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(_one_line(f"error: unexpected {type(exc).__name__}: {exc}"), file=sys.stderr)
         return 3
+
+
+MESSAGE_LIMIT = 400
+NAME_LIMIT = 4096  # PATH_MAX on Linux: no preset name or path is longer
+
+
+def _check_name_lengths(model: str, hardware: str) -> None:
+    """--model / --hardware longer than any path can be are refused before touching the disk."""
+    for flag, value in (("--model", model), ("--hardware", hardware)):
+        if len(value) > NAME_LIMIT:
+            raise SizingError(f"{flag} is {len(value):,} characters long; a preset name or a path has at most"
+                              f" {NAME_LIMIT:,}")
+
+
+
+def _one_line(text: str) -> str:
+    """The message as one line of at most MESSAGE_LIMIT characters (a 5,000-character model name
+    is shown by its start and end)."""
+    flat = " ".join(text.split())
+    if len(flat) <= MESSAGE_LIMIT:
+        return flat
+    half = MESSAGE_LIMIT // 2 - 2
+    return f"{flat[:half]} … {flat[-half:]}"
+
+
+def _refuse(message: str) -> int:
+    """A bad input: one line on stderr, exit status 2."""
+    print(_one_line(f"error: {message}"), file=sys.stderr)
+    return 2

@@ -175,17 +175,22 @@ def _weights(model: ModelSpec, fmt: WeightFormat, vision_fmt: WeightFormat, auto
     return groups.scaled(scale), scale
 
 
+def _choice(value: str | None) -> str:
+    """A format name as given, normalised; None means "auto" (an empty string is not a format)."""
+    return "auto" if value is None else str(value).strip().lower()
+
+
 def resolve_precision(model: ModelSpec, hw: Hardware, weights: str | None, kv: str | None, vision: str | None,
                       framework: str, remarks: Remarks) -> Precision:
     """Every format choice for this model on this hardware (module doc)."""
-    requested = str(weights or "auto").strip().lower()
+    requested = _choice(weights)
     auto = requested in ("auto", "checkpoint")
     fmt = _auto_weights(model, hw, remarks) if auto else _requested_weights(requested, hw, remarks)
     _compute_remarks(fmt, hw, remarks)
     ckpt = model.checkpoint_dtype
     act_dtype = "fp32" if fmt.key == "fp32" else sixteen_bit(hw, ckpt if ckpt in ("bf16", "fp16") else "bf16")
-    kv_fmt = _kv(str(kv or "auto").strip().lower(), fmt, act_dtype, hw, framework, remarks)
-    vision_fmt = _vision(str(vision or "auto").strip().lower(), fmt, act_dtype, model, hw, remarks)
+    kv_fmt = _kv(_choice(kv), fmt, act_dtype, hw, framework, remarks)
+    vision_fmt = _vision(_choice(vision), fmt, act_dtype, model, hw, remarks)
     groups, scale = _weights(model, fmt, vision_fmt, auto, remarks)
     return Precision(fmt=fmt, kv=kv_fmt, vision_fmt=vision_fmt, act_dtype=act_dtype,
                      act_bytes=4 if fmt.key == "fp32" else 2, small_bytes=small_bytes(fmt),
