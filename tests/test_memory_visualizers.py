@@ -73,7 +73,7 @@ def test_tables(est):
 
 def test_compare_rows_report_errors_instead_of_raising():
     rows = compare_hardware("llama-2-7b", ["t4", "no-such-device"])
-    assert rows[1]["error"].startswith("unknown hardware")
+    assert rows[1].error.startswith("unknown hardware")
     assert vm.compare_table(rows).iloc[1]["fits?"] == "n/a"
 
 
@@ -87,8 +87,8 @@ def test_huge_numbers_do_not_overflow_tables():
 
 def test_concurrency_curve_figure():
     pts = concurrency_curve("llama-3-8b", "h100-sxm")
-    assert [p["context"] for p in pts] == sorted(p["context"] for p in pts)
-    assert all(a["max_batch"] >= b["max_batch"] for a, b in zip(pts, pts[1:]))
+    assert [p.context for p in pts] == sorted(p.context for p in pts)
+    assert all(a.max_batch >= b.max_batch for a, b in zip(pts, pts[1:]))
     fig = vm.concurrency_figure(pts, 4096, 8)
     assert len(fig.data) == 2 and fig.data[1].x[0] == 4096
 

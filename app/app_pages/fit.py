@@ -47,14 +47,15 @@ def _framework_label(key: str) -> str:
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _compare(model_key: str, config_text: str, workload: calc.Workload, settings: calc.Settings) -> list[dict]:
+def _compare(model_key: str, config_text: str, workload: calc.Workload,
+             settings: calc.Settings) -> list[calc.HardwareRow]:
     model = calc.get_model(model_key) if model_key != CUSTOM else calc.parse_config_text(config_text)
     return calc.compare_hardware(model, PRESET_HARDWARE, workload, settings)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _curve(model_key: str, config_text: str, hw_key: str, custom_hw: tuple, workload: calc.Workload,
-           settings: calc.Settings) -> list[dict]:
+           settings: calc.Settings) -> list[calc.CurvePoint]:
     model = calc.get_model(model_key) if model_key != CUSTOM else calc.parse_config_text(config_text)
     hw = calc.get_hardware(hw_key) if hw_key != CUSTOM else calc.custom_hardware(*custom_hw[:3], **dict(custom_hw[3]))
     return calc.concurrency_curve(model, hw, workload, settings)

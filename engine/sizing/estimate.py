@@ -305,35 +305,67 @@ def _compare_settings(hw: Hardware, settings: Settings | None) -> Settings:
     return s
 
 
+@dataclass(frozen=True)
+class HardwareRow:
+    """One hardware preset in the comparison: the verdict as configured, and speed and memory
+    where it fits (on the fewest devices when it needs more). ``error``: why it could not be sized."""
+
+    hardware: str
+    name: str
+    memory_gib: float | None = None
+    framework: str = ""
+    fits: bool = False
+    verdict: str = "n/a"
+    devices_needed: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    total_gib: float | None = None
+    usable_gib: float | None = None
+    decode_tokens_per_s: float | None = None
+    decode_tokens_per_s_roofline: float | None = None
+    prefill_seconds: float | None = None
+    max_context: int | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """Most concurrent sequences that fit at one context length."""
+
+    context: int
+    max_batch: int
+
+
+def _hardware_row(model: ModelSpec | str, key: str, workload: Workload | None, settings: Settings | None) -> HardwareRow:
+    hw = get_hardware(key)
+    s = _compare_settings(hw, settings)
+    est = estimate(model, hw, workload, s, detail=False)
+    fits, verdict, needed = est.fits, est.verdict, est.devices_needed
+    if not est.fits and est.devices_needed:  # report speed and memory where it does fit
+        est = estimate(model, hw, workload, replace(s, tp=est.devices_needed_tp, pp=est.devices_needed_pp or 1),
+                       detail=False)
+    return HardwareRow(hardware=key, name=hw.name, memory_gib=hw.memory_bytes / GiB, framework=est.framework,
+                       fits=fits, verdict=verdict, devices_needed=needed, tp=est.tp, pp=est.pp,
+                       total_gib=est.total_bytes_per_device / GiB, usable_gib=est.usable_bytes_per_device / GiB,
+                       decode_tokens_per_s=est.decode_tokens_per_s,
+                       decode_tokens_per_s_roofline=est.decode_tokens_per_s_roofline,
+                       prefill_seconds=est.prefill_seconds, max_context=est.max_context)
+
+
 def compare_hardware(model: ModelSpec | str, keys: list[str], workload: Workload | None = None,
-                     settings: Settings | None = None) -> list[dict[str, Any]]:
+                     settings: Settings | None = None) -> list[HardwareRow]:
     """One row per hardware preset: fits? devices needed? tokens/s. Errors become a row note."""
-    rows: list[dict[str, Any]] = []
+    rows = []
     for key in keys:
         try:
-            hw = get_hardware(key)
-            s = _compare_settings(hw, settings)
-            est = estimate(model, hw, workload, s, detail=False)
-            fits, verdict, needed = est.fits, est.verdict, est.devices_needed
-            if not est.fits and est.devices_needed:  # report speed and memory where it does fit
-                est = estimate(model, hw, workload, replace(s, tp=est.devices_needed_tp, pp=est.devices_needed_pp or 1),
-                               detail=False)
-            rows.append(dict(hardware=key, name=hw.name, memory_gib=hw.memory_bytes / GiB, framework=est.framework,
-                             fits=fits, verdict=verdict, devices_needed=needed, tp=est.tp, pp=est.pp,
-                             total_gib=est.total_bytes_per_device / GiB, usable_gib=est.usable_bytes_per_device / GiB,
-                             decode_tokens_per_s=est.decode_tokens_per_s,
-                             decode_tokens_per_s_roofline=est.decode_tokens_per_s_roofline,
-                             prefill_seconds=est.prefill_seconds, max_context=est.max_context, error=""))
+            rows.append(_hardware_row(model, key, workload, settings))
         except SizingError as exc:
-            rows.append(dict(hardware=key, name=key, memory_gib=None, framework="", fits=False, verdict="n/a",
-                             devices_needed=None, tp=None, pp=None, total_gib=None, usable_gib=None, decode_tokens_per_s=None,
-                             decode_tokens_per_s_roofline=None, prefill_seconds=None, max_context=None,
-                             error=str(exc)))
+            rows.append(HardwareRow(hardware=key, name=key, error=str(exc)))
     return rows
 
 
 def concurrency_curve(model: ModelSpec | str, hardware: Hardware | str, workload: Workload | None = None,
-                      settings: Settings | None = None, contexts: list[int] | None = None) -> list[dict[str, int]]:
+                      settings: Settings | None = None, contexts: list[int] | None = None) -> list[CurvePoint]:
     """Most concurrent sequences that fit at each context length (for the page's curve)."""
     spec, hw = _resolve_inputs(model, hardware)
     plan = Plan(spec, hw, workload or Workload(), settings or Settings())
@@ -341,8 +373,8 @@ def concurrency_curve(model: ModelSpec | str, hardware: Hardware | str, workload
         top = spec.max_position or 131072
         contexts = sorted({c for c in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, top)
                            if 2 <= c <= top})
-    return [{"context": c, "max_batch": _max_batch(plan, c)} for c in contexts]
+    return [CurvePoint(c, _max_batch(plan, c)) for c in contexts]
 
 
-__all__ = ["Estimate", "FittedLayout", "FormatOption", "Speed", "compare_hardware", "concurrency_curve", "estimate",
+__all__ = ["CurvePoint", "Estimate", "FittedLayout", "FormatOption", "HardwareRow", "Speed", "compare_hardware", "concurrency_curve", "estimate",
            "kv_bytes_per_token", "weight_bytes"]
