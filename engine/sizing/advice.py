@@ -1,6 +1,6 @@
 """Advice attached to an answer: which other formats to try and how they do, what would make it
-fit (computed by re-running the plan, not guessed), the command line that serves it, and every
-formula with its numbers filled in.
+fit (computed by re-running the plan, not guessed), and the command line that serves it (and
+which tool that line is for). The formulas with their numbers are in ``formulas``.
 """
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from .budget import DEFAULT_UTIL, FRAMEWORK_LABELS
 from .formats import WEIGHT_FORMATS, SizingError, torch_dtype_name
-from .plan import ACT_COEFF, Plan, Speed, nccl_bytes
+from .plan import Plan
 from .precision import sixteen_bit
-from .units import ceil_exact, fmt_bytes, gib, rate, round_up
+from .units import ceil_exact, gib
 
 if TYPE_CHECKING:
     from .estimate import Estimate
@@ -222,100 +222,3 @@ def _suggestions(plan: Plan, est: Estimate) -> list[str]:
     if not out:
         out.append("nothing within reach fits: a smaller model, or more memory per device")
     return out
-
-
-def _formulas(plan: Plan, est: Estimate, sp: Speed, roof: Speed) -> dict[str, str]:
-    """Every formula of the answer with its numbers filled in (name -> text)."""
-    m, hw, prec, b = plan.model, plan.hw, plan.precision, plan.budget
-    f: dict[str, str] = {}
-    f["parameters"] = "\n".join(list(m.param_formula) + [
-        f"embeddings V*h = {m.vocab:,}*{m.hidden:,} = {m.embed_params:,}"
-        + (" (tied: the LM head shares it)" if m.tied else f"; LM head V*h = {m.lm_head_params:,}"),
-        f"total = {est.params_total:,}; active per token = {est.params_active:,}"])
-    fmt = plan.fmt
-    wline = (f"weights = layers' matmul params x {float(fmt.bytes_per_param):.4g} B ({fmt.label})"
-             f" + embeddings/LM head x {float(fmt.bytes_per_param if fmt.quantizes_embeddings else prec.small_bytes):.4g} B"
-             f" + norms/biases x {float(prec.small_for_layers):.4g} B")
-    if m.vision:
-        wline += f" + vision/projector {m.vision.total_params:,} x {float(prec.vision_fmt.bytes_per_param):.4g} B ({prec.vision_fmt.label})"
-    wline += f" = {est.weight_bytes:,} B = {gib(est.weight_bytes)}"
-    if prec.exact_scale is not None:
-        wline += " (scaled to the exact safetensors bytes)"
-    if est.devices > 1:
-        wline += f"; per device (tp {plan.tp}, pp {plan.pp}, worst stage) = {gib(est.weight_bytes_per_device)}"
-    f["weights"] = wline
-    kv = plan.kv
-    if m.has_kv:
-        f["kv_per_token"] = (m.kv_formula + f"; x {float(kv.bytes_per_elem):.4g} B ({kv.label})"
-                             + (f" + scales 4 B per head per layer" if kv.per_head_scale_bytes else "")
-                             + f" = {est.kv_bytes_per_token:,} B/token = {fmt_bytes(est.kv_bytes_per_token)}")
-        windows = sorted({lay.window for lay in m.layers if lay.window})
-        wtxt = f"; sliding layers hold min(S, {', '.join(f'{w:,}' for w in windows)}) tokens" if windows else ""
-        f["kv_total"] = (f"KV = B x ceil(S/block)*block x KV/token = {est.batch} x {round_up(est.context, b.block):,}"
-                         f" x {est.kv_bytes_per_token:,}{wtxt} = {est.kv_bytes:,} B = {gib(est.kv_bytes)}"
-                         + (f"; per device {gib(est.kv_bytes_per_device)}" if est.devices > 1 else ""))
-    else:
-        f["kv_per_token"] = m.kv_formula + f"; x {float(kv.bytes_per_elem):.4g} B"
-        f["kv_total"] = f"state = B x state/sequence = {est.kv_bytes:,} B = {gib(est.kv_bytes)} (independent of context)"
-    ap = plan.activation_parts(est.batch)
-    act = (f"activations = {prec.act_bytes} B x {ap.tokens:,} tokens x max(h, nh*d) {max(m.hidden, m.num_heads * m.head_dim):,}"
-           f" x {ACT_COEFF} = {fmt_bytes(ap.llm)} + logits B x V x 4 = {est.batch} x {m.vocab:,} x 4 = {fmt_bytes(ap.logits)}")
-    if ap.vision and m.vision:
-        act += (f" + vision {plan.work.images} x {plan.work.tiles} tiles x {m.vision.patch_tokens} tokens x {m.vision.hidden}"
-                f" x {prec.act_bytes} B x {ACT_COEFF} = {fmt_bytes(ap.vision)}")
-    act += f" = {fmt_bytes(est.activation_bytes)}"
-    act += ("  (vLLM profiles at max_num_batched_tokens)" if plan.framework in ("vllm", "vllm-ascend")
-            else "  (SGLang: chunked prefill size)" if plan.framework == "sglang"
-            else "  (prefill in chunks of at most this many tokens)")
-    f["activations"] = act
-    f["overhead"] = (f"overhead = runtime context {hw.runtime_overhead_bytes / 1e6:,.0f} MB"
-                     + (f" + NCCL/HCCL buffers {fmt_bytes(nccl_bytes(est.devices))}" if est.devices > 1 else "")
-                     + f" = {fmt_bytes(est.overhead_bytes)}")
-    cap = hw.memory_bytes
-    if plan.framework in ("vllm", "vllm-ascend"):
-        budget = f"usable = gpu_memory_utilization x total = {b.util or DEFAULT_UTIL:.2f} x {gib(cap)} = {gib(est.usable_bytes_per_device)}"
-        if hw.usable_fraction < 1:
-            budget += f" (capped at the unified-memory share {hw.usable_fraction:.2f})"
-    elif plan.framework == "sglang":
-        frac = b.static_fraction(plan.tp)
-        budget = (f"SGLang: weights + KV pool <= mem_fraction_static x total = {frac:.2f} x {gib(cap)} = {gib(frac * cap)};"
-                  f" reserve = (1 - {frac:.2f}) x total - activations - overhead = {gib(est.reserve_bytes)}")
-    else:
-        budget = (f"usable = device memory {gib(cap)}" + (f" x unified-memory share {hw.usable_fraction:.2f}"
-                                                          if hw.usable_fraction < 1 else "")
-                  + f" = {gib(est.usable_bytes_per_device)}")
-    if b.ascend_310p_rules:
-        budget += (f"; 310P mask = max_model_len^2 x 2 = {est.context:,}^2 x 2 = {fmt_bytes(est.mask_bytes)};"
-                   f" KV pool = (usable - weights - activations - mask - overhead) / 2 = {gib(est.kv_pool_bytes)}"
-                   f" (reserve = the other half, sized to this workload's KV: {gib(est.reserve_bytes)})")
-    f["budget"] = budget
-    f["fits"] = (f"per device: weights {gib(est.weight_bytes_per_device)} + KV {gib(est.kv_bytes_per_device)}"
-                 f" + activations {gib(est.activation_bytes)}" + (f" + mask {gib(est.mask_bytes)}" if est.mask_bytes else "")
-                 + f" + overhead {gib(est.overhead_bytes)}" + (f" + reserve {gib(est.reserve_bytes)}" if est.reserve_bytes else "")
-                 + f" = {gib(est.total_bytes_per_device)} {'<=' if est.fits else '>'} usable {gib(est.usable_bytes_per_device)}"
-                 f" -> {est.verdict}")
-    if m.has_kv:
-        f["kv_room"] = (f"KV room = pool / KV-per-token-per-device = {gib(est.kv_pool_bytes)} / {est.kv_bytes_per_token_per_device:,} B"
-                        + (" (sliding layers stop growing at their window)" if any(l.window for l in m.layers) else "")
-                        + f" = {est.kv_room_tokens:,} tokens; largest context at {est.batch} sequence(s) = {est.max_context:,}"
-                        + (f" (capped at max_position_embeddings {m.max_position:,})" if m.max_position and est.max_context == m.max_position else "")
-                        + f"; most sequences at {est.context:,} tokens = {est.max_batch:,}")
-    bw = hw.bandwidth
-    f["decode"] = (f"decode step = max(bytes / (BW x eta_mem), FLOPs / (peak x eta_compute)) [+ TP/PP communication]:"
-                   f" bytes/step = LLM weights read + KV read = {roof.decode_bytes / 1e9:,.3f} GB,"
-                   f" BW = {bw / 1e9:,.1f} GB/s, FLOPs/step = {roof.decode_flops / 1e9:,.1f} GFLOP,"
-                   f" peak = {rate(sp.peak)} {sp.peak_label}; roofline (eta = 1):"
-                   f" {est.decode_tokens_per_s_roofline:,.1f} tok/s per sequence;"
-                   f" with eta_mem {b.eta_memory:.2f}" + (f" x {plan.fmt.label} kernel factor {plan.fmt.eta_factor:.2f}" if plan.fmt.eta_factor != 1 else "")
-                   + f" / eta_compute {b.eta_compute:.2f}: {est.decode_tokens_per_s:,.1f} tok/s"
-                   f" ({est.bound}-bound; {est.decode_tokens_per_s_total:,.1f} tok/s over {est.batch} sequence(s))")
-    f["prefill"] = (f"prefill = max(FLOPs / (peak x eta), bytes / (BW x eta)): FLOPs = 2 x active params x"
-                    f" {est.batch * est.prompt_tokens:,} tokens + causal attention"
-                    + (f" + vision {roof.vision_flops / 1e12:,.2f} TFLOP" if roof.vision_flops else "")
-                    + f" = {roof.prefill_flops / 1e12:,.2f} TFLOP; roofline {est.prefill_seconds_roofline:,.3f} s;"
-                    f" with eta: {est.prefill_seconds:,.3f} s ({est.prefill_bound}-bound)")
-    f["ridge"] = (f"ridge point = peak / BW = {rate(sp.peak)} / {bw / 1e9:,.1f} GB/s ="
-                  f" {est.ridge_flops_per_byte:,.0f} FLOP/byte; decode intensity"
-                  f" {roof.decode_flops / max(roof.decode_bytes, 1):,.1f}, prefill intensity"
-                  f" {roof.prefill_flops / max(roof.prefill_bytes, 1):,.0f} FLOP/byte")
-    return f

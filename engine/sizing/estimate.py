@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from fractions import Fraction as F
 from typing import Any
 
-from .advice import FormatOption, _alternatives, _formulas, _suggestions, serve_command, serve_target
+from .advice import FormatOption, _alternatives, _suggestions, serve_command, serve_target
 from .arch import ModelSpec
 from .formats import SizingError, kv_dtype, weight_format
+from .formulas import formulas
 from .hardware import Hardware, get_hardware
 from .models import get_model
 from .parallel import MAX_DEVICES, DeviceLayout, fewest_devices
@@ -265,14 +266,14 @@ def estimate(model: ModelSpec | str, hardware: Hardware | str, workload: Workloa
         stages=stages, serve_heading=target.heading,
         devices_note=layout.explanation if layout and layout.devices > 1 else "",
     )
-    if layout and layout.devices > 1:
+    if layout and not fits:
         est.notes.append(_layout_memory_note(plan, layout, unit))
     if not fits and layout:
         est.at_devices_needed = _fitted(spec, hw, workload, settings, layout)
     if detail:
         est.alternatives = _alternatives(plan)
         est.suggestions = _suggestions(plan, est)
-    est.formulas = _formulas(plan, est, sp, roof)
+    est.formulas = formulas(plan, est, sp, roof)
     return est
 
 
