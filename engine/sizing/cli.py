@@ -15,7 +15,8 @@ import sys
 
 from typing import Any, NoReturn
 
-from .budget import FRAMEWORK_LABELS
+from .budget import (ASCEND_BLOCK_SIZES, FRAMEWORK_LABELS, MAX_BATCHED_TOKENS, SGLANG_MAX_PAGE,
+                     VLLM_BLOCK_SIZES)
 from .estimate import Estimate, estimate
 from .formats import KV_DTYPES, WEIGHT_FORMATS, SizingError
 from .hardware import get_hardware, hardware_info, hardware_presets
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, help="tokens per sequence: prompt + image tokens + output (default 4096,"
                                                f" at most {MAX_CONTEXT:,})")
     p.add_argument("--prompt", type=int, help="text tokens in the prompt")
-    p.add_argument("--output", type=int, help="generated tokens (default 512)")
+    p.add_argument("--output", type=int, help="generated tokens (default 512); prompt and output < context")
     p.add_argument("--images", type=int, help="images per sequence (VLMs; default 1)")
     p.add_argument("--tiles", type=int, help="tiles per image (InternVL: 256 tokens each; default 12 + thumbnail)")
     p.add_argument("--tp", type=int, help="tensor-parallel size (default: chips per card)")
@@ -54,8 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--framework", default="auto", help="none | vllm | sglang | vllm-ascend (default: by hardware)")
     p.add_argument("--gpu-memory-utilization", "--util", type=float, dest="util",
                    help="vLLM gpu_memory_utilization / SGLang mem_fraction_static")
-    p.add_argument("--block-size", type=int, help="KV block size (default 16 on GPUs, 128 on Ascend)")
-    p.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (activation profile)")
+    p.add_argument("--block-size", type=int, help="KV block size (default 16 on GPUs, 128 on Ascend): vLLM takes"
+                                                  f" {', '.join(map(str, VLLM_BLOCK_SIZES))}; vllm-ascend"
+                                                  f" {', '.join(map(str, ASCEND_BLOCK_SIZES))}; SGLang's page size"
+                                                  f" 1..{SGLANG_MAX_PAGE}")
+    p.add_argument("--max-num-batched-tokens", type=int,
+                   help=f"token budget per step (activation profile; at most {MAX_BATCHED_TOKENS:,})")
     p.add_argument("--efficiency-memory", type=float, help="fraction of peak bandwidth reached (default by device class)")
     p.add_argument("--efficiency-compute", type=float, help="fraction of peak compute reached (default by device class)")
     p.add_argument("--formula", action="store_true", help="also print every formula with its numbers")

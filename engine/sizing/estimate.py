@@ -337,7 +337,8 @@ class CurvePoint:
     max_batch: int
 
 
-def _hardware_row(model: ModelSpec | str, key: str, workload: Workload | None, settings: Settings | None) -> HardwareRow:
+def _hardware_row(model: ModelSpec | str, key: str, workload: Workload | None,
+                  settings: Settings | None) -> HardwareRow:
     hw = get_hardware(key)
     s = _compare_settings(hw, settings)
     est = estimate(model, hw, workload, s, detail=False)
@@ -377,5 +378,5 @@ def concurrency_curve(model: ModelSpec | str, hardware: Hardware | str, workload
     return [CurvePoint(c, _max_batch(plan, c)) for c in contexts]
 
 
-__all__ = ["CurvePoint", "Estimate", "FittedLayout", "FormatOption", "HardwareRow", "Speed", "compare_hardware", "concurrency_curve", "estimate",
-           "kv_bytes_per_token", "weight_bytes"]
+__all__ = ["CurvePoint", "Estimate", "FittedLayout", "FormatOption", "HardwareRow", "Speed", "compare_hardware",
+           "concurrency_curve", "estimate", "kv_bytes_per_token", "weight_bytes"]

@@ -469,7 +469,8 @@ class Plan:
         step = t_mem_sum = t_comp_sum = d_bytes = d_flops = 0.0
         for st in stages:
             bytes_ = self._decode_weight_bytes(st, batch, tp) + float(self.kv_bytes_stage(st, batch, context))
-            attn = sum(f * (context if win is None else min(context, win)) for win, f in st.attn_flops_by_window.items())
+            attn = sum(f * (context if win is None else min(context, win))
+                       for win, f in st.attn_flops_by_window.items())
             flops = (2 * st.active_params + attn) * batch / tp
             t_mem, t_comp = bytes_ / (hw.bandwidth * eta_m), flops / (peak * eta_c)
             step += max(t_mem, t_comp)
@@ -491,7 +492,8 @@ class Plan:
         return Speed(
             decode_step_s=step, decode_tokens_per_s=1 / step, decode_tokens_per_s_total=batch / step,
             decode_bound="memory" if t_mem_sum >= t_comp_sum else "compute", decode_bytes=d_bytes,
-            decode_flops=d_flops, comm_s=comm, prefill_s=prefill, prefill_bound="compute" if p_comp >= p_mem else "memory",
+            decode_flops=d_flops, comm_s=comm, prefill_s=prefill,
+            prefill_bound="compute" if p_comp >= p_mem else "memory",
             prefill_flops=p_flops + v_flops, prefill_bytes=p_bytes, vision_flops=v_flops, peak=peak,
             peak_label=peak_label, bandwidth=hw.bandwidth, eta_memory=eta_m, eta_compute=eta_c)
 

@@ -163,7 +163,8 @@ def _weights(model: ModelSpec, fmt: WeightFormat, vision_fmt: WeightFormat, auto
     if ck is None:
         return groups, None
     if not auto:
-        remarks.note(f"checkpoint on disk: {ck.stored_bytes:,} B ({', '.join(ck.dtypes)}); sized as {fmt.label} instead")
+        remarks.note(f"checkpoint on disk: {ck.stored_bytes:,} B ({', '.join(ck.dtypes)});"
+                     f" sized as {fmt.label} instead")
         return groups, None
     stored_fmt = weight_format(model.checkpoint_dtype)
     formula_total = group_bytes(model, stored_fmt, stored_fmt).total
