@@ -198,16 +198,16 @@ def llama_activation_estimate(plan: Plan, batch: int) -> Activations:
     """aiconfigurator's rule (sizing.md §3.4): act bytes x tokens x max(h, nh x d) x 11, tokens =
     max_num_batched_tokens under a framework (vLLM profiles there), else min(B x prompt, budget);
     + logits B x V x 4 B; + vision tower images x tiles x patch tokens x vision hidden x act bytes x 11."""
-    m, w = plan.model, plan.work
+    m = plan.model
     if plan.framework == "none":
-        tokens = min(batch * w.prompt_total, plan.batched_tokens) if w.prompt_total else 1
+        tokens = min(batch * plan.prompt_total, plan.batched_tokens) if plan.prompt_total else 1
     else:
         tokens = plan.batched_tokens
     width = max(m.hidden, m.num_heads * m.head_dim)
-    act = plan.precision.act_bytes
+    act = plan.act_bytes
     vision = 0
-    if m.vision and w.images:
-        vision = w.images * w.tiles * m.vision.patch_tokens * m.vision.hidden * act * ACT_COEFF
+    if m.vision and plan.images:
+        vision = plan.images * plan.tiles * m.vision.patch_tokens * m.vision.hidden * act * ACT_COEFF
     return Activations(tokens=tokens, llm=act * tokens * width * ACT_COEFF, logits=batch * m.vocab * 4, vision=vision)
 
 
@@ -267,6 +267,24 @@ class Plan:
     @property
     def batched_tokens(self) -> int:
         return self.budget.batched_tokens
+
+    @property
+    def prompt_total(self) -> int:
+        """Prompt tokens per sequence, text + image tokens."""
+        return self.work.prompt_total
+
+    @property
+    def images(self) -> int:
+        return self.work.images
+
+    @property
+    def tiles(self) -> int:
+        return self.work.tiles
+
+    @property
+    def act_bytes(self) -> int:
+        """Bytes per activation element (2, or 4 in FP32)."""
+        return self.precision.act_bytes
 
     @property
     def warnings(self) -> list[str]:
