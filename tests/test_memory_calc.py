@@ -288,6 +288,7 @@ def test_pipeline_only_layout_is_named():
     e = estimate("smollm2-135m", tiny, settings=Settings(weights="fp32"), detail=False)
     assert not e.fits and e.devices_needed_tp == 1 and e.devices_needed_pp == e.devices_needed >= 2
     assert "pipeline-only" in e.devices_note
+    assert any(n.startswith(f"fewest devices ({e.devices_needed}: pipeline-only, tp 1") for n in e.notes)
 
 
 def test_does_not_fit_anywhere():

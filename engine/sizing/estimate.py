@@ -172,7 +172,8 @@ def _devices_needed(plan: Plan) -> DeviceLayout | None:
 def _layout_memory_note(plan: Plan, layout: DeviceLayout, unit: str) -> str:
     """The memory the fewest-devices answer assumes there (worst stage)."""
     worst = max(plan.memory(plan.batch, plan.context, layout.tp, layout.pp), key=lambda s: s.over)
-    return (f"fewest {unit}s ({layout.devices}: tp {layout.tp} x pp {layout.pp}) assume {gib(worst.usable)} usable"
+    kind = "pipeline-only, " if layout.rule == "pipeline-only" else ""
+    return (f"fewest {unit}s ({layout.devices}: {kind}tp {layout.tp} x pp {layout.pp}) assume {gib(worst.usable)} usable"
             f" of {gib(worst.capacity)} per {unit}; {gib(worst.total)} needed per {unit} there (weights"
             f" {gib(worst.weights)}, KV {gib(worst.kv)}, activations {gib(worst.activations)}, overhead"
             f" {gib(worst.overhead)})")
