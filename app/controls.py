@@ -11,13 +11,22 @@ import streamlit as st
 
 from app import state
 from app.state import K
+from engine.config import MAX_BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS, MAX_NUM_SEQS
 
 KNOB_LABELS = {
-    "block_size": ("Block size (tokens)", "Tokens per KV block (1 to 256)."),
-    "num_blocks": ("KV blocks in the pool", "Physical blocks; the pool holds blocks x block size tokens."),
-    "max_num_batched_tokens": ("Token budget per step", "max_num_batched_tokens: all requests together."),
-    "max_num_seqs": ("Max running requests", "max_num_seqs: most requests in one batch."),
+    "block_size": ("Block size (tokens)", f"Tokens per KV block (1 to {MAX_BLOCK_SIZE})."),
+    "num_blocks": ("KV blocks in the pool", f"Physical blocks (1 to {MAX_NUM_BLOCKS:,}, and what memory "
+                                            "allows); the pool holds blocks x block size tokens."),
+    "max_num_batched_tokens": ("Token budget per step", "max_num_batched_tokens: all requests together "
+                                                        f"(1 to {MAX_NUM_BATCHED_TOKENS:,})."),
+    "max_num_seqs": ("Max running requests", f"max_num_seqs: most requests in one batch (1 to {MAX_NUM_SEQS:,})."),
 }
+# The widgets' upper bounds are the engine's hard caps (engine.config), so the browser never
+# sends a value the engine would take minutes to refuse; below them, the engine checks the
+# memory the knobs need and its ValueError is shown as a message (state.build_run). The lower
+# bound stays 0 so that a 0 reaches the engine and its message names the knob.
+KNOB_MAX = {"block_size": MAX_BLOCK_SIZE, "num_blocks": MAX_NUM_BLOCKS,
+            "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS}
 
 
 def prepare() -> None:
@@ -71,8 +80,8 @@ def _knobs() -> None:
     disabled = state.is_replay()
     with st.expander("Engine knobs", expanded=False):
         for knob, (label, help_text) in KNOB_LABELS.items():
-            st.number_input(label, min_value=0, step=1, key=K.knob + knob, help=help_text,
-                            persist_state="session", disabled=disabled)
+            st.number_input(label, min_value=0, max_value=KNOB_MAX[knob], step=1, key=K.knob + knob,
+                            help=help_text, persist_state="session", disabled=disabled)
         st.toggle("Chunked prefill", key=K.knob + "enable_chunked_prefill", persist_state="session",
                   disabled=disabled, help="Split prompts larger than the remaining budget across steps.")
         st.segmented_control("Policy", ["continuous", "static"], key=K.knob + "policy", required=True,

@@ -186,6 +186,8 @@ def build_run(spec: RunSpec) -> None:
         ss[K.run] = LiveRun.from_scenario(sc, model, **dict(spec.knobs))
     except (ValueError, OSError) as e:
         ss[K.error] = str(e)
+    except MemoryError:  # the engine checks memory first; this is the OS changing its mind
+        ss[K.error] = "out of memory building the engine: lower num_blocks or max_num_batched_tokens"
 
 
 def reset() -> None:
@@ -209,7 +211,7 @@ def step(n: int = 1) -> None:
         return
     try:
         current.step(n)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, MemoryError) as e:  # the failed step was rolled back
         st.session_state[K.error] = f"step failed: {e}"
         st.session_state[K.playing] = False
 

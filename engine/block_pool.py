@@ -8,12 +8,23 @@ which physical block holds which tokens.
 
 Invariant: a block is in the free queue  <=>  its ref_count == 0, and
            num_free + num_used == num_blocks.
+
+Undo journal: between ``begin()`` and ``commit()`` every change is journaled, and
+``rollback()`` restores ref counts and the free queue's exact order (the engine rolls back a
+step that failed). A block reused in a rolled-back step keeps ``block_hash = None``: the failed
+forward may have overwritten its KV, so its cached content is dropped, never trusted.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Literal
+
+from engine.config import MAX_NUM_BLOCKS
+
+# (operation, block id, extra): "alloc" / "free" (extra: whether the block became free) /
+# "touch" (extra: the block's index in the free queue when it was revived, else -1).
+JournalEntry = tuple[Literal["alloc", "free", "touch"], int, int]
 
 
 @dataclass(slots=True, eq=False)
@@ -29,10 +40,12 @@ class BlockPool:
     num_blocks: int
     blocks: list[Block] = field(init=False)
     free_queue: "OrderedDict[int, None]" = field(init=False)
+    journal: list[JournalEntry] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        if self.num_blocks < 1:
-            raise ValueError(f"num_blocks: must be >= 1, got {self.num_blocks}")
+        if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) \
+                or not 1 <= self.num_blocks <= MAX_NUM_BLOCKS:
+            raise ValueError(f"num_blocks: must be an integer in 1 .. {MAX_NUM_BLOCKS:,}, got {self.num_blocks!r}")
         self.blocks = [Block(i) for i in range(self.num_blocks)]
         self.free_queue = OrderedDict((i, None) for i in range(self.num_blocks))
 
@@ -55,15 +68,22 @@ class BlockPool:
             block.block_hash = None  # reusing a block evicts whatever it cached
             block.ref_count = 1
             out.append(block_id)
+            if self.journal is not None:
+                self.journal.append(("alloc", block_id, 0))
         return out
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Share blocks that already hold the right KV (a prefix hit): ref_count += 1."""
         for block_id in block_ids:
             block = self.blocks[block_id]
+            index = -1
             if block.ref_count == 0:
+                if self.journal is not None:  # O(num_free), only for prefix hits on freed blocks
+                    index = list(self.free_queue).index(block_id)
                 del self.free_queue[block_id]
             block.ref_count += 1
+            if self.journal is not None:
+                self.journal.append(("touch", block_id, index))
 
     def free(self, block_ids: Iterable[int]) -> list[int]:
         """Drop one reference from each block; blocks reaching 0 go to the back of the queue.
@@ -81,7 +101,38 @@ class BlockPool:
             if block.ref_count == 0:
                 self.free_queue[block_id] = None
                 released.append(block_id)
+            if self.journal is not None:
+                self.journal.append(("free", block_id, int(block.ref_count == 0)))
         return released
+
+    # -- undo journal (one step at a time) ----------------------------------------------------
+    def begin(self) -> None:
+        """Start journaling changes (a step begins)."""
+        self.journal = []
+
+    def commit(self) -> None:
+        """Keep the changes and stop journaling."""
+        self.journal = None
+
+    def rollback(self) -> None:
+        """Undo every change since ``begin()``, newest first; the free queue's order is exact."""
+        for op, block_id, extra in reversed(self.journal or []):
+            block = self.blocks[block_id]
+            if op == "alloc":
+                block.ref_count = 0
+                self.free_queue[block_id] = None
+                self.free_queue.move_to_end(block_id, last=False)
+            elif op == "free":
+                block.ref_count += 1
+                if extra:
+                    del self.free_queue[block_id]
+            else:  # touch
+                block.ref_count -= 1
+                if extra >= 0:
+                    order = list(self.free_queue)
+                    order.insert(extra, block_id)
+                    self.free_queue = OrderedDict.fromkeys(order)
+        self.journal = None
 
     def check_integrity(self) -> None:
         for block in self.blocks:

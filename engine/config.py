@@ -6,12 +6,25 @@ range, so a bad knob never reaches the engine's state.
 from __future__ import annotations
 
 import math
-
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 Policy = Literal["continuous", "static"]
 DTYPES = ("float32", "bfloat16", "float16")
+
+# Hard caps that need no model (the model-dependent memory check is in LLMEngine.__init__).
+# They keep one engine small enough to build in about a second on a laptop CPU: the block pool
+# is pure Python (~230 B and ~10 us per block measured), and a demo never needs more.
+MAX_BLOCK_SIZE = 256
+MAX_NUM_BLOCKS = 1 << 17  # 131,072 blocks (x block_size tokens each)
+MAX_NUM_BATCHED_TOKENS = 1 << 20  # 1,048,576 tokens in one step
+MAX_NUM_SEQS = 1 << 14  # 16,384 running requests
+MAX_MODEL_LEN = 1 << 24  # 16,777,216 positions; the model's own limit usually binds first
+MAX_TOKENS = 1 << 24  # SamplingParams.max_tokens; the context limit usually binds first
+MAX_SEED = 2 ** 63 - 1  # seeds are 0 .. 2**63 - 1 (a torch.Generator seed, as vLLM)
+# vLLM's _SAMPLING_EPS: a temperature below it samples greedily (logits / t would overflow).
+SAMPLING_EPS = 1e-5
 
 
 def _is_number(value: object) -> bool:
@@ -19,11 +32,33 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _require_int(name: str, value: object, minimum: int) -> None:
+def _require_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    """An int (not a bool) in [minimum, maximum]; ValueError naming ``name`` and the range."""
+    allowed = f">= {minimum}" if maximum is None else f"in {minimum} .. {maximum:,}"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+        raise ValueError(f"{name}: must be an integer {allowed}, got {_short(value)}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(f"{name}: must be an integer {allowed}, got {value:,}")
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """repr() cut to ``limit`` characters, so a huge bad value cannot flood a message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    """None (no stop strings, as vLLM), one string, or a list/tuple of non-empty strings."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (list, tuple)):
+        raise ValueError(f"stop: must be None, a string or a list of non-empty strings, got "
+                         f"{type(stop).__name__}")
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise ValueError("stop: every stop string must be a non-empty string")
+    return tuple(stop)
 
 
 @dataclass(frozen=True)
@@ -54,23 +89,23 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _require_int("block_size", self.block_size, 1)
-        if self.block_size > 256:
-            raise ValueError(f"block_size: must be <= 256, got {self.block_size}")
-        _require_int("num_blocks", self.num_blocks, 1)
-        _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
-        _require_int("max_num_seqs", self.max_num_seqs, 1)
+        """Every knob an int in its range (hard caps above); memory is checked by the engine."""
+        _require_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
+        _require_int("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
+        _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS)
+        _require_int("max_num_seqs", self.max_num_seqs, 1, MAX_NUM_SEQS)
         if self.max_model_len is not None:
-            _require_int("max_model_len", self.max_model_len, 2)
-        if self.policy not in ("continuous", "static"):
-            raise ValueError(f"policy: must be 'continuous' or 'static', got {self.policy!r}")
+            _require_int("max_model_len", self.max_model_len, 2, MAX_MODEL_LEN)
+        if not isinstance(self.policy, str) or self.policy not in ("continuous", "static"):
+            raise ValueError(f"policy: must be 'continuous' or 'static', got {_short(self.policy)}")
         if not isinstance(self.enable_chunked_prefill, bool):
             raise ValueError("enable_chunked_prefill: must be True or False")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
-        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in DTYPES:
-            raise ValueError(f"kv_cache_dtype: must be one of {DTYPES}, got {self.kv_cache_dtype!r}")
-        _require_int("seed", self.seed, 0)
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {DTYPES}, got {_short(self.dtype)}")
+        if self.kv_cache_dtype is not None and (not isinstance(self.kv_cache_dtype, str)
+                                                or self.kv_cache_dtype not in DTYPES):
+            raise ValueError(f"kv_cache_dtype: must be one of {DTYPES}, got {_short(self.kv_cache_dtype)}")
+        _require_int("seed", self.seed, 0, MAX_SEED)
 
     @property
     def pool_tokens(self) -> int:
@@ -81,8 +116,17 @@ class EngineConfig:
 class SamplingParams:
     """How one request samples and when it stops.
 
-    temperature 0 is greedy (argmax, exact against Hugging Face ``generate``). With a seed,
-    a request's random draws come from its own generator, so a run replays identically.
+    temperature  a finite number >= 0; 0 is greedy (argmax, exact against Hugging Face
+                 ``generate``), and so is any 0 < t < SAMPLING_EPS (1e-5, as vLLM)
+    top_k        an int >= 0; 0 = off (vLLM's -1 is not accepted), k >= vocab keeps all
+    top_p        in (0, 1]; the top token is always kept, so a tiny top_p is greedy
+    max_tokens   an int in 1 .. MAX_TOKENS (the context limit may end a request sooner)
+    seed         None (derived from the engine's seed) or an int in 0 .. 2**63 - 1
+    stop         None or () = no stop strings, a string, or a list/tuple of non-empty strings
+    ignore_eos   a bool
+
+    With a seed, a request's random draws come from its own generator, so a run replays
+    identically.
     """
 
     temperature: float = 1.0
@@ -90,25 +134,23 @@ class SamplingParams:
     top_p: float = 1.0
     max_tokens: int = 16
     seed: int | None = None
-    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop: Sequence[str] | None = field(default_factory=tuple)  # stored as tuple[str, ...]
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
         if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
-            raise ValueError(f"temperature: must be a number >= 0, got {self.temperature!r}")
-        _require_int("max_tokens", self.max_tokens, 1)
+            raise ValueError(f"temperature: must be a finite number >= 0, got {_short(self.temperature)}")
+        _require_int("max_tokens", self.max_tokens, 1, MAX_TOKENS)
         _require_int("top_k", self.top_k, 0)
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
+            raise ValueError(f"top_p: must be a number in (0, 1], got {_short(self.top_p)}")
         if self.seed is not None:
-            _require_int("seed", self.seed, 0)
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop: every stop string must be a non-empty string")
+            _require_int("seed", self.seed, 0, MAX_SEED)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos: must be True or False, got {_short(self.ignore_eos)}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Rule: temperature below SAMPLING_EPS (vLLM's _SAMPLING_EPS) samples greedily."""
+        return self.temperature < SAMPLING_EPS

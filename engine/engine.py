@@ -9,26 +9,40 @@
 One step = arrivals -> schedule -> one flattened forward -> sample -> update (append tokens,
 stop checks, free finished requests' blocks) -> StepTrace. ``step`` holds the engine's lock,
 so concurrent callers (e.g. overlapping Streamlit reruns) never interleave half-steps.
+
+A step is all or nothing (``LLMEngine.step``): it completes, or it is rolled back to exactly
+the state before it and the exception propagates; only an error attributable to one request
+(its sampling, or non-finite logits in its row) finishes that request with
+``finish_reason="error"`` and lets the step complete for the others.
+
+Limits (each a ValueError naming the knob or field): the knobs' hard caps in
+``engine.config``; the memory a configuration needs (KV cache + block-pool objects + one
+step's activations) against a fraction of the memory the OS reports available; arrivals at
+most ``MAX_ARRIVAL_HORIZON`` steps ahead; at most ``MAX_GENERATE_PROMPTS`` prompts in one
+``LLM.generate`` (see ``engine.limits``).
 """
 from __future__ import annotations
 
 import itertools
 import threading
 import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 
-from engine.config import EngineConfig, SamplingParams
+from engine.config import MAX_SEED, EngineConfig, SamplingParams
+from engine import limits
 from engine.kv_cache import KVCacheManager, cdiv
-from engine.model_runner import DTYPES, ModelRunner
+from engine.limits import MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS, estimate_memory
+from engine.model_runner import DTYPES, ModelRunner, kv_cache_bytes_per_token
 from engine.models.llama import LlamaModel
-from engine.models.loader import load_model
-from engine.request import Request, RequestStatus
-from engine.sampling import sample
-from engine.scheduler import Scheduler
+from engine.models.loader import check_model_name, load_model
+from engine.request import Request, RequestCheckpoint, RequestStatus
+from engine.sampling import SamplingError, sample_rows
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.trace import (BlockState, RequestMetrics, RequestState, SampledToken, ScheduledChunk,
                           Snapshot, StepTrace)
 
@@ -42,10 +56,17 @@ class SharedModel:
     tokenizer: Any
 
 
-@lru_cache(maxsize=4)
 def get_shared_model(model: str, dtype: str = "float32") -> SharedModel:
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: must be one of {tuple(DTYPES)}, got {dtype!r}")
+    """The process-wide weights for ``model``; a bad name or dtype is a ValueError, checked
+    before the cache (an unhashable argument must not surface as lru_cache's TypeError)."""
+    model = check_model_name(model)
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"dtype: must be one of {tuple(DTYPES)}, got {str(dtype)[:40]!r}")
+    return _shared_model(model, dtype)
+
+
+@lru_cache(maxsize=4)
+def _shared_model(model: str, dtype: str) -> SharedModel:
     loaded = load_model(model)
     return SharedModel(loaded.name, LlamaModel(loaded.config, loaded.weights, DTYPES[dtype]),
                        loaded.tokenizer)
@@ -58,6 +79,7 @@ class CompletionOutput:
     token_ids: tuple[int, ...]
     finish_reason: str | None
     stop_reason: str | None = None
+    error: str | None = None  # the reason, when finish_reason == "error"
 
 
 @dataclass(frozen=True)
@@ -70,24 +92,43 @@ class RequestOutput:
     metrics: RequestMetrics
 
 
+@dataclass(frozen=True)
+class StepCheckpoint:
+    """The engine's state before a step: what ``LLMEngine.step`` restores when the step fails."""
+
+    step_count: int
+    pending: tuple[Request, ...]
+    queues: tuple[tuple[Request, ...], tuple[Request, ...]]
+    requests: tuple[tuple[Request, RequestCheckpoint], ...]
+
+
 class LLMEngine:
     def __init__(self, model: str | SharedModel = "smollm2-135m", config: EngineConfig | None = None,
                  **knobs: Any) -> None:
+        """Validate knobs, then the memory they need, then allocate (KV tensors, block pool)."""
+        if config is not None and not isinstance(config, EngineConfig):
+            raise ValueError(f"config: must be an EngineConfig (or pass knobs as keywords), got "
+                             f"{type(config).__name__}")
         if config is not None and knobs:
             raise ValueError("pass either config or keyword knobs, not both")
         unknown = set(knobs) - set(EngineConfig.__dataclass_fields__)
         if unknown:
             raise ValueError(f"{sorted(unknown)[0]}: unknown engine option")
         self.config = config or EngineConfig(**knobs)
+        if not isinstance(model, (str, SharedModel)):
+            raise ValueError(f"model: must be a model name (a string), got {type(model).__name__}")
         self.shared = model if isinstance(model, SharedModel) else get_shared_model(model, self.config.dtype)
         mc = self.shared.model.config
         self.tokenizer = self.shared.tokenizer
         model_limit = min(mc.max_position_embeddings, self.config.max_model_len or mc.max_position_embeddings)
         self.model_max_len = model_limit
         self.max_model_len = min(model_limit, self.config.pool_tokens)
+        kv_dtype = DTYPES[self.config.kv_cache_dtype or self.config.dtype]
+        self.memory_need = estimate_memory(self.config, mc, self.max_model_len,
+                                           kv_cache_bytes_per_token(mc, kv_dtype))
+        limits.check_memory(self.config, self.memory_need, limits.available_memory_bytes())
         self.kv = KVCacheManager(self.config.num_blocks, self.config.block_size)
         self.scheduler = Scheduler(self.config, self.kv, self.max_model_len)
-        kv_dtype = DTYPES[self.config.kv_cache_dtype or self.config.dtype]
         self.runner = ModelRunner(self.shared.model, self.config.num_blocks, self.config.block_size, kv_dtype)
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -130,7 +171,8 @@ class LLMEngine:
         with self.lock:
             rid = self._new_request_id(request_id)
             arrival = self.step_count if arrival_step is None else arrival_step
-            seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + len(self.requests)
+            seed = params.seed if params.seed is not None else \
+                (self.config.seed * 1_000_003 + len(self.requests)) % (MAX_SEED + 1)
             request = Request(rid, text, token_ids, params, arrival_step=arrival,
                               generator=None if params.greedy else torch.Generator().manual_seed(seed))
             self.requests[rid] = request
@@ -140,18 +182,36 @@ class LLMEngine:
 
     def _tokenize(self, prompt: str | Sequence[int]) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt: must not be empty")
-            return self.tokenizer(prompt, add_special_tokens=False).input_ids, prompt
-        if isinstance(prompt, bytes) or not isinstance(prompt, Sequence):
+            return self._encode_text(prompt), prompt
+        if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
             raise ValueError(f"prompt: must be a string or a list of token ids, got {type(prompt).__name__}")
-        ids = list(prompt)
+        ids: list[Any] = list(prompt)  # each element is checked below
         if not ids:
             raise ValueError("prompt: must not be empty")
+        if len(ids) + 1 > self.model_max_len:
+            raise ValueError(f"prompt: {len(ids):,} tokens is longer than the model's context "
+                             f"(max_model_len={self.model_max_len}, one position kept for output)")
         vocab = self.shared.model.config.vocab_size
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
             raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
         return ids, None
+
+    def _encode_text(self, prompt: str) -> list[int]:
+        """Text -> token ids; text the tokenizer cannot take (lone surrogates) is a ValueError."""
+        if not prompt:
+            raise ValueError("prompt: must not be empty")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"prompt: not valid Unicode text ({prompt[e.start]!r}, a lone surrogate, at "
+                             f"character {e.start})") from None
+        try:
+            ids = list(self.tokenizer(prompt, add_special_tokens=False).input_ids)
+        except Exception as e:  # noqa: BLE001 - any tokenizer failure is about this prompt
+            raise ValueError(f"prompt: the tokenizer could not encode it ({type(e).__name__}: {e})") from None
+        if not ids:
+            raise ValueError("prompt: encodes to no tokens")
+        return ids
 
     def _validate_request(self, token_ids: list[int], arrival_step: int | None) -> None:
         n = len(token_ids)
@@ -165,9 +225,13 @@ class LLMEngine:
         if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
             raise ValueError(f"prompt: {n} tokens exceed max_num_batched_tokens="
                              f"{self.config.max_num_batched_tokens} and chunked prefill is off")
-        if arrival_step is not None and (isinstance(arrival_step, bool) or not isinstance(arrival_step, int)
-                                         or arrival_step < 0):
-            raise ValueError(f"arrival_step: must be an integer >= 0, got {arrival_step!r}")
+        if arrival_step is not None:
+            horizon = self.step_count + MAX_ARRIVAL_HORIZON
+            if isinstance(arrival_step, bool) or not isinstance(arrival_step, int) or arrival_step < 0:
+                raise ValueError(f"arrival_step: must be an integer >= 0, got {str(arrival_step)[:80]}")
+            if arrival_step > horizon:
+                raise ValueError(f"arrival_step: must be at most {horizon:,} (the current step {self.step_count:,} "
+                                 f"+ MAX_ARRIVAL_HORIZON {MAX_ARRIVAL_HORIZON:,}), got {arrival_step:,}")
 
     def _new_request_id(self, request_id: str | None) -> str:
         if request_id is None:
@@ -180,11 +244,17 @@ class LLMEngine:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         return request_id
 
+    def _lookup(self, request_id: str) -> Request:
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id: must be a string, got {type(request_id).__name__}")
+        request = self.requests.get(request_id)
+        if request is None:
+            raise ValueError(f"request_id: unknown request {request_id[:200]!r}")
+        return request
+
     def abort_request(self, request_id: str) -> None:
         with self.lock:
-            request = self.requests.get(request_id)
-            if request is None:
-                raise ValueError(f"request_id: unknown request {request_id!r}")
+            request = self._lookup(request_id)
             if request.is_finished:
                 return
             if request in self.pending:
@@ -198,29 +268,85 @@ class LLMEngine:
 
     # -- the loop -------------------------------------------------------------------------
     def step(self) -> StepTrace:
+        """One engine step, all or nothing.
+
+        Rule: the step completes, or, if anything in it raises (any exception, including
+        KeyboardInterrupt and MemoryError), every request, queue, block table, the block pool's
+        free queue, the sampling generators and the step count are restored to exactly their
+        state before the step, and the exception propagates (the next step redoes the same
+        work). An error attributable to one request does not fail the step: a request whose
+        sampling fails or whose logits are not finite is finished with finish_reason="error"
+        (its blocks freed, the reason in ``CompletionOutput.error``).
+        """
         with self.lock:
-            t0 = time.perf_counter()
-            arrived = self._admit_arrivals()
-            output = self.scheduler.schedule()
-            t1 = time.perf_counter()
-            tokens: list[int] = []
-            sampled_requests: list[Request] = []
-            if not output.is_empty:
-                batch = self.runner.prepare(output, self.requests, self.kv)
-                logits = self.runner.execute(batch)
-                t2 = time.perf_counter()
-                sampled_requests = [self.requests[s.request_id] for s in output.scheduled if not s.is_prefill]
-                tokens = sample(logits, [r.sampling_params for r in sampled_requests],
-                                [r.generator for r in sampled_requests])
-            else:
-                t2 = t1
-            finished = self._update(sampled_requests, tokens, output)
-            t3 = time.perf_counter()
-            trace = self._build_trace(output, arrived, finished, sampled_requests, tokens,
-                                      (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
-            self.trace_seconds += time.perf_counter() - t3
-            self.step_count += 1
+            checkpoint = self._checkpoint()
+            try:
+                trace = self._step()
+            except BaseException:
+                self._rollback(checkpoint)
+                raise
+            self.kv.commit()
             return trace
+
+    def _checkpoint(self) -> StepCheckpoint:
+        """Copy what a step may change (live requests only), then open the KV journal."""
+        live = (*self.pending, *self.scheduler.waiting, *self.scheduler.running)
+        checkpoint = StepCheckpoint(self.step_count, tuple(self.pending), self.scheduler.queues(),
+                                    tuple((r, r.checkpoint()) for r in live))
+        self.kv.begin()
+        return checkpoint
+
+    def _rollback(self, cp: StepCheckpoint) -> None:
+        for request, saved in cp.requests:
+            request.restore(saved)
+        self.pending = list(cp.pending)
+        self.scheduler.restore_queues(cp.queues)
+        self.kv.rollback()
+        self.step_count = cp.step_count
+
+    def _step(self) -> StepTrace:
+        t0 = time.perf_counter()
+        arrived = self._admit_arrivals()
+        output = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        tokens: list[int] = []
+        sampled_requests: list[Request] = []
+        failed: list[tuple[Request, str]] = []
+        if not output.is_empty:
+            batch = self.runner.prepare(output, self.requests, self.kv)
+            logits = self.runner.execute(batch)
+            t2 = time.perf_counter()
+            to_sample = [self.requests[s.request_id] for s in output.scheduled if not s.is_prefill]
+            results = sample_rows(logits, [r.sampling_params for r in to_sample], [r.generator for r in to_sample])
+            for r, result in zip(to_sample, results):
+                if isinstance(result, SamplingError):
+                    failed.append((r, str(result)))
+                else:
+                    sampled_requests.append(r)
+                    tokens.append(result)
+        else:
+            t2 = t1
+        finished = self._update(sampled_requests, tokens, output) + self._fail(failed)
+        t3 = time.perf_counter()
+        trace = self._build_trace(output, arrived, finished, sampled_requests, tokens,
+                                  (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+        self.trace_seconds += time.perf_counter() - t3
+        self.step_count += 1
+        return trace
+
+    def _fail(self, failed: list[tuple[Request, str]]) -> tuple[str, ...]:
+        """Finish requests whose sampling failed with finish_reason="error" and free their blocks."""
+        for r, reason in failed:
+            self.scheduler.remove(r)
+            r.error = reason
+            self._finish(r, "error")
+        return tuple(r.request_id for r, _ in failed)
+
+    def made_no_progress(self, trace: StepTrace) -> bool:
+        """True when a step scheduled and preempted nothing although requests were waiting or
+        running: with nothing running every block is free and every queued request fits the
+        pool (checked at add_request), so such a step means the engine is stuck."""
+        return not trace.scheduled and not trace.preempted and self.scheduler.has_work()
 
     def _admit_arrivals(self) -> tuple[str, ...]:
         arrived = []
@@ -232,7 +358,8 @@ class LLMEngine:
             arrived.append(request.request_id)
         return tuple(arrived)
 
-    def _update(self, sampled_requests: list[Request], tokens: list[int], output) -> tuple[str, ...]:
+    def _update(self, sampled_requests: list[Request], tokens: list[int],
+                output: SchedulerOutput) -> tuple[str, ...]:
         """Append sampled tokens, apply stop rules, free finished requests' blocks."""
         now = time.perf_counter()
         for s in output.scheduled:
@@ -359,16 +486,17 @@ class LLMEngine:
 
     def get_output(self, request_id: str) -> RequestOutput:
         with self.lock:
-            r = self.requests.get(request_id)
-            if r is None:
-                raise ValueError(f"request_id: unknown request {request_id!r}")
+            r = self._lookup(request_id)
             text = r.output_text if r.is_finished else self._decode(r.output_token_ids)
             return RequestOutput(r.request_id, r.prompt, tuple(r.prompt_token_ids),
                                  (CompletionOutput(0, text, tuple(r.output_token_ids), r.finish_reason,
-                                                   r.stop_reason),),
+                                                   r.stop_reason, r.error),),
                                  r.is_finished, self.metrics(r))
 
     def check_integrity(self) -> None:
+        """Every manager's invariants, plus: each request is finished or in exactly one queue
+        (pending, waiting, running) with the matching status; nothing is stuck (see
+        Scheduler.check_integrity)."""
         with self.lock:
             self.scheduler.check_integrity()
             live = [r for r in self.requests.values() if r not in self.pending]
@@ -376,8 +504,23 @@ class LLMEngine:
             for r in self.pending:
                 if r.request_id in self.kv.block_tables:
                     raise AssertionError(f"pending request {r.request_id} holds blocks")
+                if r.status is not RequestStatus.PENDING:
+                    raise AssertionError(f"pending request {r.request_id} has status {r.status.value}")
+            self._check_every_request_is_somewhere()
             if not self.has_unfinished_requests() and self.kv.num_free_blocks != self.config.num_blocks:
                 raise AssertionError("all requests finished but blocks are still in use")
+
+    def _check_every_request_is_somewhere(self) -> None:
+        queued: dict[int, int] = {}
+        for r in (*self.pending, *self.scheduler.waiting, *self.scheduler.running):
+            queued[id(r)] = queued.get(id(r), 0) + 1
+        for r in self.requests.values():
+            n = queued.get(id(r), 0)
+            if r.is_finished and n:
+                raise AssertionError(f"finished request {r.request_id} is still queued")
+            if not r.is_finished and n != 1:
+                raise AssertionError(f"unfinished request {r.request_id} ({r.status.value}) is in no queue"
+                                     if n == 0 else f"request {r.request_id} is queued {n} times")
 
 
 class LLM:
@@ -389,24 +532,68 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
-    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+    def generate(self, prompts: str | Sequence[int] | Iterable[str | Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)
-        if isinstance(sampling_params, SamplingParams) or sampling_params is None:
-            params = [sampling_params] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError("sampling_params: one per prompt, or a single one for all")
+        """Outputs in the order of ``prompts``; ``[]`` for no prompts.
+
+        Rules: every prompt is validated before any is added (a bad one adds nothing); the
+        engine is stepped only until the requests added here are finished (requests added
+        earlier through ``llm_engine`` are stepped along but never waited for); a step that
+        makes no progress raises RuntimeError instead of spinning; if a step raises, the
+        requests added here are aborted and the exception propagates.
+        """
+        prompt_list = _prompt_list(prompts)
+        params = _params_list(sampling_params, len(prompt_list))
         engine = self.llm_engine
-        # Validate every prompt before adding any, so a bad one leaves nothing half-queued.
-        prepared = [engine._prepare(p, sp) for p, sp in zip(prompts, params)]
+        prepared = [engine._prepare(p, sp) for p, sp in zip(prompt_list, params)]
         ids = [engine._enqueue(*request, request_id=None, arrival_step=None) for request in prepared]
-        while engine.has_unfinished_requests():
-            engine.step()
+        try:
+            self._run_until_finished(ids)
+        except BaseException:
+            for rid in ids:
+                engine.abort_request(rid)
+            raise
         return [engine.get_output(i) for i in ids]
+
+    def _run_until_finished(self, ids: list[str]) -> None:
+        engine = self.llm_engine
+        remaining = [engine.requests[i] for i in ids]
+        while remaining:
+            trace = engine.step()
+            if engine.made_no_progress(trace):
+                raise RuntimeError(f"generate: no progress at step {trace.step} (nothing could be scheduled for "
+                                   f"{len(remaining)} unfinished requests); the engine is stuck")
+            remaining = [r for r in remaining if not r.is_finished]
+
+
+def _prompt_list(prompts: object) -> list[Any]:
+    """Rule: one prompt (a string, or a list of token ids) or an ordered collection of prompts
+    (list, tuple, or an iterator such as a generator, read in order). Sets and mappings are
+    refused: their iteration order would decide which output belongs to which prompt."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (Set, Mapping)):
+        raise ValueError(f"prompts: a {type(prompts).__name__} has no order, and the order of the prompts is "
+                         f"the order of the outputs; pass a list")
+    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, (Sequence, Iterator)):
+        raise ValueError(f"prompts: must be a string, a list of token ids, or a list of those, got "
+                         f"{type(prompts).__name__}")
+    items = list(itertools.islice(prompts, MAX_GENERATE_PROMPTS + 1))
+    if len(items) > MAX_GENERATE_PROMPTS:
+        raise ValueError(f"prompts: at most {MAX_GENERATE_PROMPTS:,} prompts in one generate call")
+    if items and isinstance(items[0], int) and not isinstance(items[0], bool):
+        return [items]  # one prompt given as token ids
+    return items
+
+
+def _params_list(sampling_params: object, n: int) -> list[SamplingParams | None]:
+    if isinstance(sampling_params, SamplingParams) or sampling_params is None:
+        return [sampling_params] * n
+    if not isinstance(sampling_params, (list, tuple)):
+        raise ValueError(f"sampling_params: a SamplingParams or a list of them, got {type(sampling_params).__name__}")
+    if len(sampling_params) != n:
+        raise ValueError("sampling_params: one per prompt, or a single one for all")
+    return list(sampling_params)
 
 
 def _check_params(params: SamplingParams | None) -> SamplingParams:

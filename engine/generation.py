@@ -56,13 +56,18 @@ class GenerationSession:
         self.traces: list[StepTrace] = []
 
     def stream(self) -> Iterator[str]:
-        """Yield the new text after each engine step (nothing for steps that only prefill)."""
+        """Yield the new text after each engine step (nothing for steps that only prefill).
+
+        Never spins: a step that makes no progress raises RuntimeError (LLMEngine.made_no_progress)."""
         shown = ""
         while True:
             with self.engine.lock:
                 if not self.engine.has_unfinished_requests():
                     break
-                self.traces.append(self.engine.step())
+                trace = self.engine.step()
+                self.traces.append(trace)
+                if self.engine.made_no_progress(trace):
+                    raise RuntimeError(f"generate: no progress at step {trace.step}; the engine is stuck")
                 text = self.engine.get_output(self.request_id).outputs[0].text
             # Byte-level BPE can end mid-character ("\ufffd"); wait until the text is stable.
             if text.startswith(shown) and not text.endswith("\ufffd") and len(text) > len(shown):

@@ -32,6 +32,10 @@ class KVCacheManager:
     # Events since the last drain, for the step trace.
     allocated: list[int] = field(init=False, default_factory=list)
     freed: list[int] = field(init=False, default_factory=list)
+    # Undo state of the open step (begin .. commit/rollback): the tables as they were before
+    # their first change this step (None = the request had no table), and the event lists.
+    _saved_tables: dict[str, list[int] | None] | None = field(init=False, default=None)
+    _saved_events: tuple[list[int], list[int]] = field(init=False, default=([], []))
 
     def __post_init__(self) -> None:
         self.pool = BlockPool(self.num_blocks)
@@ -56,6 +60,7 @@ class KVCacheManager:
         blocks (the scheduler then preempts or stops admitting).
         """
         computed_blocks = list(computed_blocks)
+        self._save_table(request.request_id)
         table = self.block_tables.get(request.request_id, [])
         covered = len(table) + len(computed_blocks)
         num_hit_tokens = len(computed_blocks) * self.block_size
@@ -72,10 +77,39 @@ class KVCacheManager:
 
     def free(self, request: Request) -> list[int]:
         """Release a finished or preempted request's blocks, tail first."""
+        self._save_table(request.request_id)
         table = self.block_tables.pop(request.request_id, [])
         released = self.pool.free(reversed(table))
         self.freed.extend(released)
         return released
+
+    # -- undo (one step at a time) ------------------------------------------------------------
+    def begin(self) -> None:
+        """Journal every change from here on, so a failed step can be undone exactly."""
+        self._saved_tables = {}
+        self._saved_events = (list(self.allocated), list(self.freed))
+        self.pool.begin()
+
+    def commit(self) -> None:
+        self._saved_tables = None
+        self.pool.commit()
+
+    def rollback(self) -> None:
+        """Block tables, the pool (ref counts, free-queue order) and the events as at ``begin``."""
+        for rid, table in (self._saved_tables or {}).items():
+            if table is None:
+                self.block_tables.pop(rid, None)
+            else:
+                self.block_tables[rid] = table
+        self.allocated, self.freed = list(self._saved_events[0]), list(self._saved_events[1])
+        self._saved_tables = None
+        self.pool.rollback()
+
+    def _save_table(self, request_id: str) -> None:
+        """Remember a table before its first change in the open step (tables are replaced, never
+        mutated in place, so keeping the old list object is enough)."""
+        if self._saved_tables is not None and request_id not in self._saved_tables:
+            self._saved_tables[request_id] = self.block_tables.get(request_id)
 
     def slot_mapping(self, request_id: str, start: int, end: int) -> list[int]:
         table, bs = self.block_tables[request_id], self.block_size
@@ -103,10 +137,10 @@ class KVCacheManager:
                     f"{refs.get(block.block_id, 0)} table references"
                 )
         for request in requests:
-            table = self.block_tables.get(request.request_id)
+            held = self.block_tables.get(request.request_id)
             if request.status is RequestStatus.RUNNING:
-                if table is None or len(table) < cdiv(request.num_computed_tokens, self.block_size):
+                if held is None or len(held) < cdiv(request.num_computed_tokens, self.block_size):
                     raise AssertionError(f"request {request.request_id}: table does not cover its KV")
-            elif table is not None:
+            elif held is not None:
                 raise AssertionError(f"request {request.request_id} ({request.status.value}) holds blocks")
         self.prefix_cache.check_integrity(self.pool)

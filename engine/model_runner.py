@@ -9,11 +9,17 @@ import torch
 
 from engine.forward_batch import ForwardBatch, build_forward_batch
 from engine.kv_cache import KVCacheManager
-from engine.models.llama import LlamaModel
+from engine.models.llama import LlamaModel, ModelConfig
 from engine.request import Request
 from engine.scheduler import SchedulerOutput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def kv_cache_bytes_per_token(config: ModelConfig, kv_cache_dtype: torch.dtype) -> int:
+    """K and V, every layer, one token: 2 * layers * kv_heads * head_dim * bytes."""
+    elem = torch.empty((), dtype=kv_cache_dtype).element_size()
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * elem
 
 
 class ModelRunner:
@@ -31,9 +37,7 @@ class ModelRunner:
     @property
     def kv_cache_bytes_per_token(self) -> int:
         """K and V, every layer, one token: 2 * layers * kv_heads * head_dim * bytes."""
-        c = self.model.config
-        elem = torch.empty((), dtype=self.kv_cache_dtype).element_size()
-        return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * elem
+        return kv_cache_bytes_per_token(self.model.config, self.kv_cache_dtype)
 
     @property
     def kv_cache_total_bytes(self) -> int:

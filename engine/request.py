@@ -42,6 +42,7 @@ class Request:
     num_preemptions: int = 0
     generator: torch.Generator | None = None
     output_text: str = ""
+    error: str | None = None  # why the request finished with finish_reason "error"
     # Timing, in engine steps and in wall-clock seconds (perf_counter).
     arrival_time: float | None = None
     first_scheduled_step: int | None = None
@@ -49,6 +50,30 @@ class Request:
     first_token_time: float | None = None
     finished_step: int | None = None
     finished_time: float | None = None
+
+    def checkpoint(self) -> "RequestCheckpoint":
+        """Every field a step may change (output tokens are only appended, so their count is
+        enough), and the generator's state, so a rolled-back step redraws the same numbers."""
+        return RequestCheckpoint(
+            status=self.status, num_computed_tokens=self.num_computed_tokens,
+            num_output_tokens=len(self.output_token_ids), spec_token_ids=list(self.spec_token_ids),
+            num_preemptions=self.num_preemptions, finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason, output_text=self.output_text, error=self.error,
+            arrival_time=self.arrival_time, first_scheduled_step=self.first_scheduled_step,
+            first_token_step=self.first_token_step, first_token_time=self.first_token_time,
+            finished_step=self.finished_step, finished_time=self.finished_time,
+            generator_state=None if self.generator is None else self.generator.get_state())
+
+    def restore(self, cp: "RequestCheckpoint") -> None:
+        """Back to ``cp`` exactly (the inverse of ``checkpoint``)."""
+        del self.output_token_ids[cp.num_output_tokens:]
+        self.spec_token_ids = list(cp.spec_token_ids)
+        for name in ("status", "num_computed_tokens", "num_preemptions", "finish_reason", "stop_reason",
+                     "output_text", "error", "arrival_time", "first_scheduled_step", "first_token_step",
+                     "first_token_time", "finished_step", "finished_time"):
+            setattr(self, name, getattr(cp, name))
+        if self.generator is not None and cp.generator_state is not None:
+            self.generator.set_state(cp.generator_state)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -74,3 +99,25 @@ class Request:
     def is_prefill(self) -> bool:
         """True while the request's next chunk has no token to sample from (prompt or recompute)."""
         return self.num_computed_tokens < self.num_tokens - 1
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCheckpoint:
+    """A request's mutable fields at the start of a step (see ``Request.checkpoint``)."""
+
+    status: RequestStatus
+    num_computed_tokens: int
+    num_output_tokens: int
+    spec_token_ids: list[int]
+    num_preemptions: int
+    finish_reason: str | None
+    stop_reason: str | None
+    output_text: str
+    error: str | None
+    arrival_time: float | None
+    first_scheduled_step: int | None
+    first_token_step: int | None
+    first_token_time: float | None
+    finished_step: int | None
+    finished_time: float | None
+    generator_state: torch.Tensor | None

@@ -74,6 +74,14 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def queues(self) -> tuple[tuple[Request, ...], tuple[Request, ...]]:
+        """(waiting, running) as they are now, for a step's rollback."""
+        return tuple(self.waiting), tuple(self.running)
+
+    def restore_queues(self, queues: tuple[tuple[Request, ...], tuple[Request, ...]]) -> None:
+        self.waiting = deque(queues[0])
+        self.running = list(queues[1])
+
     # -- the algorithm ------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Decide this step's tokens per request.
@@ -169,6 +177,9 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def check_integrity(self) -> None:
+        """Queues consistent with statuses, and no request stuck: every running request has a
+        token to compute (a running request with none can never be scheduled again), and every
+        waiting request fits the pool on its own (or it could never be admitted)."""
         ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting]
         if len(ids) != len(set(ids)):
             raise AssertionError("scheduler: a request is queued twice")
@@ -179,8 +190,14 @@ class Scheduler:
                 raise AssertionError(f"scheduler: {r.request_id} in running with status {r.status}")
             if r.num_computed_tokens > r.num_tokens_with_spec:
                 raise AssertionError(f"scheduler: {r.request_id} computed beyond its tokens")
+            if r.num_computed_tokens == r.num_tokens_with_spec:
+                raise AssertionError(f"scheduler: running {r.request_id} has nothing to schedule "
+                                     f"({r.num_computed_tokens} of {r.num_tokens_with_spec} tokens computed, "
+                                     f"nothing sampled): it would never finish")
         for r in self.waiting:
             if r.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
                 raise AssertionError(f"scheduler: {r.request_id} in waiting with status {r.status}")
             if r.num_computed_tokens != 0:
                 raise AssertionError(f"scheduler: waiting {r.request_id} has computed tokens")
+            if -(-r.num_tokens // self.kv.block_size) > self.kv.num_blocks:
+                raise AssertionError(f"scheduler: waiting {r.request_id} needs more blocks than the pool has")

@@ -177,8 +177,9 @@ def test_vllm_budget_is_utilisation_of_total():
     assert e.usable_bytes_per_device == int(0.9 * hw.memory_bytes)
     e5 = estimate("llama-3-8b", hw, settings=Settings(gpu_memory_utilization=0.5), detail=False)
     assert e5.usable_bytes_per_device == int(0.5 * hw.memory_bytes)
-    # activations profiled at max_num_batched_tokens (8,192 on >= 70 GiB devices): aiconfigurator's 2*T*h*11
-    assert e.activation_bytes == 2 * 8192 * 4096 * 11 + 1 * 128256 * 4
+    # activations profiled at max_num_batched_tokens (8,192 on >= 70 GiB devices): the MLP's live tensors
+    # T x 2 B x (3h + 3I) (engine/sizing/activations.py) + the RoPE cache max_position x head_dim x 2 B
+    assert e.activation_bytes == 8192 * 2 * (3 * 4096 + 3 * 14336) + 8192 * 128 * 2
 
 
 def test_sglang_fraction_and_reserve():
@@ -262,7 +263,7 @@ def test_deepseek_v3_fp8_on_h100_is_two_nodes_of_eight():
     assert (e.devices_needed, e.devices_needed_tp, e.devices_needed_pp) == (16, 8, 2)
     assert "PP 2 across nodes" in e.devices_note and "memory alone would fit 11 (TP 1 x PP 11)" in e.devices_note
     assumed = next(n for n in e.notes if n.startswith("fewest devices"))
-    assert "71.27 GiB usable of 79.19 GiB per device" in assumed and "weights 40.40 GiB" in assumed
+    assert "71.30 GiB usable of 79.22 GiB per device" in assumed and "weights 40.40 GiB" in assumed
     assert e.at_devices_needed is not None and e.at_devices_needed.tp == 8 and e.at_devices_needed.pp == 2
     assert "--tensor-parallel-size 8 --pipeline-parallel-size 2" in e.at_devices_needed.serve_command
     assert not plan("deepseek-v3", "h100-sxm", s=Settings(weights="fp8")).fits(1, 4096, 8, 1)

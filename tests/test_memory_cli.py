@@ -42,7 +42,7 @@ def test_internvl2_on_atlas_300v_pro_text_answer():
     assert "INT8 W8A8:" in out and "INT4 W4A16" in out  # what the smaller formats would give
     assert "310P is FP16-only" in out
     assert "always set --max-model-len on 310P" in out and "2.00 GiB" in out  # the 32k default mask
-    assert "KV room  13.54 GiB for the KV pool = 110,848 tokens" in out
+    assert "KV room  13.51 GiB for the KV pool = 110,592 tokens" in out
     assert "vllm serve OpenGVLab/InternVL2-8B" in out and "--max-model-len 4096" in out
     assert "--dtype float16" in out and "--enforce-eager" in out
 

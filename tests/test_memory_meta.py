@@ -33,14 +33,14 @@ def _preset(name: str) -> dict:
     return json.loads((PRESETS / f"{name}.json").read_text())
 
 
-TEXT_PRESETS = sorted(p.stem for p in PRESETS.glob("*.json") if p.stem != "internvl2-8b")
+TEXT_PRESETS = sorted(p.stem for p in PRESETS.glob("*.json") if "vision_config" not in _preset(p.stem))
 
 
 def test_at_least_eight_architectures_are_checked():
     assert len(TEXT_PRESETS) >= 8
     kinds = {_preset(n)["model_type"] for n in TEXT_PRESETS}
     assert {"llama", "qwen2", "qwen3", "mistral", "mixtral", "deepseek_v2", "gemma2", "phi3", "falcon",
-            "mamba"} <= kinds
+            "mamba", "gpt2", "gpt_neox", "phi", "starcoder2"} <= kinds
 
 
 @pytest.mark.parametrize("name", TEXT_PRESETS)
@@ -142,3 +142,134 @@ def test_random_llama_family_configs_match_meta_device(model_type, kv_heads, gro
         cfg["hidden_size"] = head_dim * kv_heads * group
     expected = _meta_count(model_type, cfg)
     assert model_from_config({"model_type": model_type, **cfg}).params_total == expected
+
+
+# --------------------------------------------------------------------------------------------
+# GPT-2, GPT-NeoX, Phi, StarCoder2, Qwen2-VL / Qwen2.5-VL (issue 7). Each config below is the
+# published config.json of the named checkpoint, written from its Hugging Face model page
+# (https://huggingface.co/<id>/blob/main/config.json), keeping the fields that shape the model
+# (dropouts, token ids and other fields that create no parameter are left out). Expected KV
+# elements per token are derived by hand from the shapes (2 x L x nkv x d).
+
+PUBLISHED = {
+    # openai-community/gpt2: n_inner absent (null) = 4 x n_embd; 124M on the model card
+    "gpt2": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024, n_ctx=1024, vocab_size=50257,
+                          activation_function="gelu_new", layer_norm_epsilon=1e-5), 2 * 12 * 768),
+    # openai-community/gpt2-xl: 1.5B on the model card
+    "gpt2-xl": ("gpt2", dict(n_embd=1600, n_layer=48, n_head=25, n_positions=1024, n_ctx=1024, vocab_size=50257,
+                             activation_function="gelu_new", layer_norm_epsilon=1e-5), 2 * 48 * 1600),
+    # EleutherAI/pythia-1.4b (Pythia README: 1,414,647,808 params)
+    "pythia-1.4b": ("gpt_neox", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=16,
+                                     num_hidden_layers=24, vocab_size=50304, rotary_pct=0.25, rotary_emb_base=10000,
+                                     use_parallel_residual=True, max_position_embeddings=2048, hidden_act="gelu",
+                                     tie_word_embeddings=False, torch_dtype="float16"), 2 * 24 * 2048),
+    # EleutherAI/pythia-6.9b (Pythia README: 6,857,302,016 params)
+    "pythia-6.9b": ("gpt_neox", dict(hidden_size=4096, intermediate_size=16384, num_attention_heads=32,
+                                     num_hidden_layers=32, vocab_size=50432, rotary_pct=0.25, rotary_emb_base=10000,
+                                     use_parallel_residual=True, max_position_embeddings=2048, hidden_act="gelu",
+                                     tie_word_embeddings=False, torch_dtype="float16"), 2 * 32 * 4096),
+    # microsoft/phi-2: 2.7B on the model card
+    "phi-2": ("phi", dict(hidden_size=2560, intermediate_size=10240, num_attention_heads=32, num_key_value_heads=32,
+                          num_hidden_layers=32, vocab_size=51200, partial_rotary_factor=0.4, qk_layernorm=False,
+                          max_position_embeddings=2048, hidden_act="gelu_new", tie_word_embeddings=False,
+                          rope_theta=10000.0, torch_dtype="float16"), 2 * 32 * 2560),
+    # bigcode/starcoder2-3b (tie_word_embeddings absent: Starcoder2Config ties by default); 3B
+    "starcoder2-3b": ("starcoder2", dict(hidden_size=3072, intermediate_size=12288, num_attention_heads=24,
+                                         num_key_value_heads=2, num_hidden_layers=30, vocab_size=49152, use_bias=True,
+                                         sliding_window=4096, max_position_embeddings=16384, norm_epsilon=1e-5,
+                                         rope_theta=999999.4420358813, torch_dtype="float32"), 2 * 30 * 2 * 128),
+    # bigcode/starcoder2-7b: 7B
+    "starcoder2-7b": ("starcoder2", dict(hidden_size=4608, intermediate_size=18432, num_attention_heads=36,
+                                         num_key_value_heads=4, num_hidden_layers=32, vocab_size=49152, use_bias=True,
+                                         sliding_window=4096, max_position_embeddings=16384, norm_epsilon=1e-5,
+                                         rope_theta=1000000.0, torch_dtype="float32"), 2 * 32 * 4 * 128),
+}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_published_gpt_style_models_match_meta_device(name):
+    model_type, cfg, kv = PUBLISHED[name]
+    expected = _meta_count(model_type, cfg)
+    spec = model_from_config({"model_type": model_type, **copy.deepcopy(cfg)})
+    assert spec.params_total == pytest.approx(expected, rel=TOLERANCE), f"{name}: {spec.params_total:,} vs {expected:,}"
+    assert spec.kv_elems_per_token == kv
+
+
+def test_starcoder2_window_is_modelled_on_every_layer():
+    spec = model_from_config({"model_type": "starcoder2", **PUBLISHED["starcoder2-3b"][1]})
+    assert {layer.window for layer in spec.layers} == {4096}
+
+
+GPT_VARIANTS = {
+    "gpt2 untied, explicit n_inner": ("gpt2", dict(n_embd=128, n_layer=3, n_head=4, n_positions=64, n_inner=200,
+                                                   vocab_size=500, tie_word_embeddings=False)),
+    "gpt_neox no attention bias, tied": ("gpt_neox", dict(hidden_size=128, intermediate_size=300,
+                                                          num_attention_heads=8, num_hidden_layers=2, vocab_size=400,
+                                                          attention_bias=False, tie_word_embeddings=True)),
+    "phi GQA + qk_layernorm": ("phi", dict(hidden_size=128, intermediate_size=256, num_attention_heads=8,
+                                           num_key_value_heads=2, num_hidden_layers=2, vocab_size=300,
+                                           qk_layernorm=True)),
+    "phi tied (the LM-head bias stays)": ("phi", dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                                      num_hidden_layers=2, vocab_size=300, tie_word_embeddings=True)),
+    "starcoder2 without biases, untied": ("starcoder2", dict(hidden_size=128, intermediate_size=512,
+                                                             num_attention_heads=8, num_key_value_heads=2,
+                                                             num_hidden_layers=2, vocab_size=300, use_bias=False,
+                                                             tie_word_embeddings=False, sliding_window=None)),
+}
+
+
+@pytest.mark.parametrize("label", list(GPT_VARIANTS))
+def test_gpt_style_variants_match_meta_device_exactly(label):
+    model_type, cfg = GPT_VARIANTS[label]
+    expected = _meta_count(model_type, cfg)
+    assert model_from_config({"model_type": model_type, **copy.deepcopy(cfg)}).params_total == expected
+
+
+# Qwen/Qwen2-VL-7B-Instruct and Qwen/Qwen2.5-VL-7B-Instruct config.json (flat transformers-4 form,
+# as published); both model pages say 8.29B params.
+_QWEN_VL_TEXT = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                     num_key_value_heads=4, vocab_size=152064, max_window_layers=28, rms_norm_eps=1e-6,
+                     rope_theta=1000000.0, sliding_window=32768, use_sliding_window=False, tie_word_embeddings=False,
+                     torch_dtype="bfloat16", rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})
+QWEN_VL = {
+    "Qwen2-VL-7B-Instruct": ("qwen2_vl", "Qwen2VLForConditionalGeneration", dict(
+        _QWEN_VL_TEXT, max_position_embeddings=32768, vision_config=dict(
+            depth=32, embed_dim=1280, mlp_ratio=4, num_heads=16, in_chans=3, hidden_size=3584, patch_size=14,
+            spatial_merge_size=2, spatial_patch_size=14, temporal_patch_size=2))),
+    "Qwen2.5-VL-7B-Instruct": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", dict(
+        _QWEN_VL_TEXT, max_position_embeddings=128000, vision_config=dict(
+            depth=32, hidden_act="silu", hidden_size=1280, intermediate_size=3420, num_heads=16, in_chans=3,
+            out_hidden_size=3584, patch_size=14, spatial_merge_size=2, spatial_patch_size=14, window_size=112,
+            fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2, temporal_patch_size=2))),
+}
+
+
+def _qwen_vl_meta(model_type: str, cls_name: str, cfg: dict):
+    config = transformers.CONFIG_MAPPING[model_type](**copy.deepcopy(cfg))
+    with torch.device("meta"):
+        model = getattr(transformers, cls_name)(config)
+    total = sum(p.numel() for p in model.parameters())
+    vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
+    return config, total, vision
+
+
+@pytest.mark.parametrize("name", list(QWEN_VL))
+def test_qwen_vl_matches_meta_device_flat_and_nested(name):
+    model_type, cls_name, cfg = QWEN_VL[name]
+    config, expected, expected_vision = _qwen_vl_meta(model_type, cls_name, cfg)
+    flat = model_from_config({"model_type": model_type, **copy.deepcopy(cfg)})
+    assert flat.params_total == pytest.approx(expected, rel=TOLERANCE), f"{flat.params_total:,} vs {expected:,}"
+    assert flat.vision.total_params == expected_vision
+    assert flat.kv_elems_per_token == 2 * 28 * 4 * 128
+    # transformers 5 writes the nested form (text_config / vision_config); it parses the same
+    nested = model_from_config(json.loads(json.dumps(config.to_dict())))
+    assert "hidden_size" not in config.to_dict() and "text_config" in config.to_dict()
+    assert nested.params_total == flat.params_total
+    assert nested.kv_elems_per_token == flat.kv_elems_per_token
+
+
+def test_qwen_vl_presets_match_meta_device():
+    for name, (model_type, cls_name, _) in zip(("qwen2-vl-7b-instruct", "qwen2.5-vl-7b-instruct"), QWEN_VL.values()):
+        cfg = {k: v for k, v in _preset(name).items() if not k.startswith("_") and k != "model_type"}
+        _, expected, _ = _qwen_vl_meta(model_type, cls_name, cfg)
+        assert get_model(name).params_total == pytest.approx(expected, rel=TOLERANCE)

@@ -10,79 +10,17 @@ pipeline stage can run a layer range.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from engine.attention import paged_attention, write_kv
 from engine.forward_batch import ForwardBatch
+from engine.models.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
+from engine.models.weights import check_tensors
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    max_position_embeddings: int
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
-    architecture: str = "LlamaForCausalLM"
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-
-    @classmethod
-    def from_hf(cls, d: dict[str, Any]) -> "ModelConfig":
-        arch = (d.get("architectures") or ["LlamaForCausalLM"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"model: architecture {arch!r} is not supported "
-                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-        scaling = d.get("rope_scaling") or (d.get("rope_parameters") or {})
-        if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-            raise ValueError(f"model: rope_scaling {scaling!r} is not supported")
-        theta = d.get("rope_theta", (d.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-        eos = d.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        heads = d["num_attention_heads"]
-        return cls(
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=d.get("num_key_value_heads") or heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
-            max_position_embeddings=d.get("max_position_embeddings", 2048),
-            rms_norm_eps=d.get("rms_norm_eps", 1e-5),
-            rope_theta=float(theta),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            architecture=arch,
-        )
-
-    def to_hf(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("extra")
-        d.pop("architecture")
-        eos = d.pop("eos_token_ids")
-        d["eos_token_id"] = list(eos) if len(eos) != 1 else eos[0]
-        d["architectures"] = [self.architecture]
-        d["model_type"] = {"MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}.get(
-            self.architecture, "llama")
-        d["hidden_act"] = "silu"
-        return d
+__all__ = ["FusedLayer", "LlamaModel", "ModelConfig", "SUPPORTED_ARCHITECTURES", "rms_norm", "rotate_half"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -98,38 +36,60 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+@dataclass(frozen=True)
+class FusedLayer:
+    """One decoder layer's weights, with q|k|v and gate|up concatenated for one GEMM each."""
+
+    input_layernorm: torch.Tensor
+    post_attention_layernorm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.input_layernorm, self.post_attention_layernorm, self.qkv,
+                            self.qkv_bias, self.o, self.o_bias, self.gate_up, self.down)
+                if t is not None]
+
+
 class LlamaModel:
     """Holds the weights (read-only, shareable across engines) and runs the forward."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
                  dtype: torch.dtype = torch.float32) -> None:
+        check_tensors(config, {k: tuple(v.shape) for k, v in weights.items()}, "weights")
         self.config = config
         self.dtype = dtype
         w = {k: v.to(dtype) for k, v in weights.items()}
         self.embed_tokens = w["model.embed_tokens.weight"]  # [V, h]
         self.norm = w["model.norm.weight"]
-        self.lm_head = w.get("lm_head.weight", self.embed_tokens)  # tied when absent
+        # Tied: the embedding is the head (as Hugging Face ties it), whatever else was passed.
+        self.lm_head = self.embed_tokens if config.tie_word_embeddings else w["lm_head.weight"]
         self.layers = [self._fuse_layer(w, i) for i in range(config.num_hidden_layers)]
         c = config
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
         self._inv_freq = inv_freq  # [head_dim / 2] fp32, the same arithmetic as HF
 
-    def _fuse_layer(self, w: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor | None]:
+    @staticmethod
+    def _fuse_layer(w: dict[str, torch.Tensor], i: int) -> FusedLayer:
         p = f"model.layers.{i}."
         qkv_bias = None
         if p + "self_attn.q_proj.bias" in w:
             qkv_bias = torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
-        return {
-            "input_layernorm": w[p + "input_layernorm.weight"],
-            "post_attention_layernorm": w[p + "post_attention_layernorm.weight"],
+        return FusedLayer(
+            input_layernorm=w[p + "input_layernorm.weight"],
+            post_attention_layernorm=w[p + "post_attention_layernorm.weight"],
             # Fused projections: one GEMM instead of three (q|k|v) and two (gate|up).
-            "qkv": torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
-            "qkv_bias": qkv_bias,
-            "o": w[p + "self_attn.o_proj.weight"],
-            "o_bias": w.get(p + "self_attn.o_proj.bias"),
-            "gate_up": torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
-            "down": w[p + "mlp.down_proj.weight"],
-        }
+            qkv=torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]),
+            qkv_bias=qkv_bias,
+            o=w[p + "self_attn.o_proj.weight"],
+            o_bias=w.get(p + "self_attn.o_proj.bias"),
+            gate_up=torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]]),
+            down=w[p + "mlp.down_proj.weight"],
+        )
 
     # -- forward pieces -----------------------------------------------------------------
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,8 +113,8 @@ class LlamaModel:
         for i in range(start, end):
             layer = self.layers[i]
             k_cache, v_cache = kv_caches[i]
-            x = rms_norm(hidden, layer["input_layernorm"], c.rms_norm_eps)
-            qkv = F.linear(x, layer["qkv"], layer["qkv_bias"])  # [T, (nq + 2 nkv) d]
+            x = rms_norm(hidden, layer.input_layernorm, c.rms_norm_eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [T, (nq + 2 nkv) d]
             q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
             q = q.view(T, nq, d)
             k = k.view(T, nkv, d)
@@ -163,10 +123,10 @@ class LlamaModel:
             k = k * cos + rotate_half(k) * sin
             write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
             attn = paged_attention(q, k_cache, v_cache, batch, scale)  # [T, nq, d]
-            hidden = hidden + F.linear(attn.reshape(T, nq * d), layer["o"], layer["o_bias"])
-            x = rms_norm(hidden, layer["post_attention_layernorm"], c.rms_norm_eps)
-            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer["down"])
+            hidden = hidden + F.linear(attn.reshape(T, nq * d), layer.o, layer.o_bias)
+            x = rms_norm(hidden, layer.post_attention_layernorm, c.rms_norm_eps)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -185,5 +145,5 @@ class LlamaModel:
         if self.lm_head is not self.embed_tokens:
             tensors.append(self.lm_head)
         for layer in self.layers:
-            tensors.extend(t for t in layer.values() if t is not None)
+            tensors.extend(layer.tensors())
         return sum(t.numel() * t.element_size() for t in tensors)

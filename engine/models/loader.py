@@ -15,9 +15,12 @@ from typing import Any
 import torch
 
 from engine.models.convert import ProgressFn, _print_progress, bundled_gguf_path, cached_folder
-from engine.models.llama import ModelConfig
+from engine.models.model_config import ModelConfig
+from engine.models.weights import load_checked
 
 MODEL_NAMES = ("smollm2-135m", "tiny-random")
+MAX_NAME_CHARS = 4096  # PATH_MAX on Linux
+MAX_CONFIG_BYTES = 16 * 2**20
 
 TINY_RANDOM_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -52,24 +55,7 @@ class LoadedModel:
 def tiny_random_weights(config: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
     """Seeded random weights in Hugging Face naming (std 0.02 like HF's init; norms near 1)."""
     g = torch.Generator().manual_seed(seed)
-    c = ModelConfig.from_hf(config)
-    h, inter, d = c.hidden_size, c.intermediate_size, c.head_dim
-    shapes = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, h)
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (c.num_attention_heads * d, h),
-            p + "self_attn.k_proj.weight": (c.num_key_value_heads * d, h),
-            p + "self_attn.v_proj.weight": (c.num_key_value_heads * d, h),
-            p + "self_attn.o_proj.weight": (h, c.num_attention_heads * d),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-        })
+    shapes = ModelConfig.from_hf(config, "tiny-random config").weight_shapes()
     out = {}
     for name, shape in shapes.items():
         if len(shape) == 1:
@@ -103,42 +89,121 @@ def byte_tokenizer():
     return fast
 
 
-def _load_folder(name: str, folder: Path) -> LoadedModel:
-    from safetensors.torch import load_file
+def read_config(folder: Path) -> ModelConfig:
+    """``folder/config.json`` parsed and checked (``ModelConfig.from_hf`` names the field)."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ValueError(f"model: {_short(str(folder))} has no config.json")
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"model: {path}: {path.stat().st_size:,} bytes, more than a config "
+                             f"can be ({MAX_CONFIG_BYTES:,})")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"model: {path}: cannot be read ({e.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"model: {path}: not valid JSON ({str(e)[:120]})") from None
+    return ModelConfig.from_hf(data, str(path))
+
+
+def load_tokenizer(folder: Path, config: ModelConfig) -> Any:
+    """The folder's tokenizer (local files only, no remote code); every id it can produce must
+    be a row of the embedding, or the first step would index past it."""
     from transformers import AutoTokenizer
 
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise ValueError(f"model: {folder} has no config.json")
     try:
-        hf_config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"model: {cfg_path} is not valid JSON ({e})") from None
-    config = ModelConfig.from_hf(hf_config)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
+                                                  trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - transformers raises OSError/ValueError/KeyError/...
+        raise ValueError(f"model: {_short(str(folder))}: no usable tokenizer "
+                         f"({type(e).__name__}: {str(e)[:120]})") from None
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(f"model: {_short(str(folder))}: the tokenizer has {len(tokenizer)} tokens but "
+                         f"config.json vocab_size is {config.vocab_size}")
+    return tokenizer
+
+
+def _load_folder(name: str, folder: Path, converted: bool = False) -> LoadedModel:
+    """A Hugging Face folder: config, then weights checked against it, then the tokenizer.
+    ``converted``: a cache entry this package wrote, whose values were checked finite when it
+    was converted (the per-load finiteness pass over every weight is skipped; the rest is not)."""
+    config = read_config(folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"model: {folder} has no *.safetensors weights")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        weights.update(load_file(str(f)))
-    weights = {k: v.float() for k, v in weights.items()}
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    return LoadedModel(name, config, weights, tokenizer, folder)
+        raise ValueError(f"model: {_short(str(folder))} has no *.safetensors weights")
+    weights = load_checked(files, config, check_finite=not converted)
+    return LoadedModel(name, config, weights, load_tokenizer(folder, config), folder)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """``text`` cut to about ``limit`` characters for an error message (names can be huge);
+    both ends are kept, so a path still shows its file name."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}…{text[-(limit // 2):]} ({len(text)} characters)"
+
+
+def check_model_name(model: object) -> str:
+    """A model name is a non-empty str of at most MAX_NAME_CHARS characters, valid UTF-8
+    (no lone surrogates), without NUL; anything else is a ValueError naming the problem."""
+    if not isinstance(model, str):
+        raise ValueError(f"model: must be one of {MODEL_NAMES} or a local path, "
+                         f"got {type(model).__name__}")
+    if not model.strip():
+        raise ValueError(f"model: the name is empty; use one of {MODEL_NAMES} or a local path")
+    if len(model) > MAX_NAME_CHARS:
+        raise ValueError(f"model: the name is {len(model)} characters long (limit {MAX_NAME_CHARS}): "
+                         f"{_short(model, 40)!r}")
+    if "\0" in model:
+        raise ValueError(f"model: the name contains a NUL character: {_short(model.replace(chr(0), '?'))!r}")
+    try:
+        model.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"model: the name is not valid UTF-8 text (lone surrogate): "
+                         f"{_short(model)!r}") from None
+    return model
+
+
+def _kind(path: Path) -> str:
+    """"file", "dir" or "none"; an OS error (a name too long for the file system, a permission
+    problem) is a ValueError, never an OSError."""
+    try:
+        if path.is_file():
+            return "file"
+        return "dir" if path.is_dir() else "none"
+    except OSError as e:
+        raise ValueError(f"model: cannot read the path {_short(str(path))!r} ({e.strerror})") from None
+
+
+def _expand(model: str) -> Path:
+    """``model`` as a path with ``~`` expanded; an unknown user's home is a ValueError."""
+    try:
+        return Path(model).expanduser()
+    except RuntimeError as e:  # pathlib: "Could not determine home directory."
+        raise ValueError(f"model: cannot expand {_short(model)!r} ({e}); "
+                         "give an absolute path") from None
+
+
+def _display_name(path: Path) -> str:
+    """A model's display name from its file: the stem, or the file name when the stem is only
+    dots (``..gguf``)."""
+    return path.stem if path.stem.strip(".") else path.name
 
 
 def load_model(model: str, progress: ProgressFn = _print_progress) -> LoadedModel:
-    """Load by name or path; ``ValueError`` names the problem for anything unknown."""
-    if not isinstance(model, str) or not model:
-        raise ValueError(f"model: must be one of {MODEL_NAMES} or a local path, got {model!r}")
+    """Load by name or path; ``ValueError`` names the problem for anything unknown or bad."""
+    model = check_model_name(model)
     if model == "tiny-random":
-        config = ModelConfig.from_hf(TINY_RANDOM_CONFIG)
+        config = ModelConfig.from_hf(TINY_RANDOM_CONFIG, "tiny-random config")
         return LoadedModel(model, config, tiny_random_weights(TINY_RANDOM_CONFIG), byte_tokenizer(), None)
     if model == "smollm2-135m":
-        return _load_folder(model, cached_folder(bundled_gguf_path(), model, progress))
-    path = Path(model).expanduser()
-    if path.suffix == ".gguf" and path.is_file():
-        return _load_folder(path.stem, cached_folder(path, path.stem, progress))
-    if path.is_dir():
+        return _load_folder(model, cached_folder(bundled_gguf_path(), model, progress), converted=True)
+    path = _expand(model)
+    kind = _kind(path)
+    if kind == "file" and path.suffix == ".gguf":
+        return _load_folder(_display_name(path), cached_folder(path, _display_name(path), progress),
+                            converted=True)
+    if kind == "dir":
         return _load_folder(path.name, path)
-    raise ValueError(f"model: unknown model {model!r}; use one of {MODEL_NAMES}, "
+    raise ValueError(f"model: unknown model {_short(model)!r}; use one of {MODEL_NAMES}, "
                      "a local Hugging Face folder or a .gguf file")

@@ -10,12 +10,19 @@ Families handled:
   mla         deepseek_v2, deepseek_v3 (kimi_k2): latent KV, routed + shared experts
   falcon      falcon / RefinedWeb (MQA, parallel attention, LayerNorm, GELU MLP)
   mamba       mamba (v1) selective SSM
-  vlm         InternVL chat (vision_config + llm_config), HF-native internvl, llava-style
+  gpt-style   gpt2 (learned positions, n_inner null = 4h), gpt_neox (Pythia), phi (Phi-1/1.5/2),
+              starcoder2: LayerNorm, non-gated GELU MLP, biases (``_Dense``)
+  vlm         InternVL chat (vision_config + llm_config), HF-native internvl, Qwen2-VL and
+              Qwen2.5-VL (their own ViT + patch merger; flat or nested text_config), llava-style
               (vision_config + text_config, generic CLIP formula, marked approximate)
+
+Every field read is validated (type and range); a bad one raises SizingError with one line
+naming it (``config field 'vision_config.depth' must be >= 1, got 0``).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +59,7 @@ class LayerSpec:
 class VisionSpec:
     """Vision tower + projector of a vision-language model."""
 
-    kind: str  # "internvit" | "clip (approximate)"
+    kind: str  # "internvit" | "qwen2-vl" | "qwen2.5-vl" | "clip (approximate)"
     params: int
     linear_params: int
     projector_params: int
@@ -108,7 +115,7 @@ class ModelSpec:
     param_formula: tuple[str, ...] = ()
     kv_formula: str = ""
     notes: tuple[str, ...] = ()
-    source: dict = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
     checkpoint: Checkpoint | None = None
 
     # -- parameters ---------------------------------------------------------------
@@ -150,51 +157,193 @@ class ModelSpec:
 
 # --------------------------------------------------------------------------------------
 # field access with clear errors
+#
+# Every reader below either returns a value of the promised type, inside its bounds, or raises
+# SizingError with one line naming the field ("config field 'vision_config.patch_size' ...").
+# Bounds are generous (no published model comes near them) but keep a hostile config from
+# building 10^12 layers or overflowing into absurd answers.
+
+MAX_LAYERS = 10_000  # decoder / vision-tower depth (largest published: 126, Llama-3.1-405B)
+MAX_VOCAB = 2 ** 24  # 16,777,216 (largest published: 262,144, Gemma 3)
+MAX_POSITIONS = 2 ** 31 - 1  # context length fields
+MAX_DIM = 2 ** 24  # any other width, head count or expert count
+_LAYER_FIELDS = {"num_hidden_layers", "n_layer", "num_layers", "depth"}
+_VOCAB_FIELDS = {"vocab_size"}
+_POSITION_FIELDS = {"max_position_embeddings", "n_positions", "n_ctx", "sliding_window", "max_window_layers"}
 
 
-def _get(cfg: dict, *names: str, default: Any = _MISSING, what: str = "") -> Any:
+def _label(name: str, where: str) -> str:
+    """The dotted name a person sees: ``vision_config.patch_size``."""
+    return f"{where}.{name}" if where else name
+
+
+def _find(cfg: dict[str, Any], names: tuple[str, ...]) -> tuple[str, Any]:
+    """The first of ``names`` present with a non-null value, as (name, value); (names[0], None) if none."""
     for name in names:
-        if name in cfg and cfg[name] is not None:
-            return cfg[name]
+        if cfg.get(name) is not None:
+            return name, cfg[name]
+    return names[0], None
+
+
+def _default_max(name: str) -> int:
+    if name in _LAYER_FIELDS:
+        return MAX_LAYERS
+    if name in _VOCAB_FIELDS:
+        return MAX_VOCAB
+    if name in _POSITION_FIELDS:
+        return MAX_POSITIONS
+    return MAX_DIM
+
+
+def _get(cfg: dict[str, Any], *names: str, default: Any = _MISSING, what: str = "", where: str = "") -> Any:
+    """The raw value of the first present field; SizingError naming ``names[0]`` when all are absent/null."""
+    _, value = _find(cfg, names)
+    if value is not None:
+        return value
     if default is _MISSING:
         need = f" (needed for {what})" if what else ""
-        raise SizingError(f"config is missing {names[0]!r}{need}")
+        raise SizingError(f"config is missing {_label(names[0], where)!r}{need}")
     return default
 
 
-def _int(cfg: dict, *names: str, default: Any = _MISSING, minimum: int = 1, what: str = "") -> Any:
-    value = _get(cfg, *names, default=default, what=what)
-    if value is None:
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and not value.is_integer()):
-        raise SizingError(f"config field {names[0]!r} must be an integer, got {value!r}")
-    value = int(value)
+def _check_int(label: str, value: Any, minimum: int, maximum: int) -> int:
+    """``value`` must be a JSON integer (not a bool, not a float such as 4096.0 or NaN) in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SizingError(f"config field {label!r} must be an integer, got {value!r}"[:300])
     if value < minimum:
-        raise SizingError(f"config field {names[0]!r} must be >= {minimum}, got {value}")
+        raise SizingError(f"config field {label!r} must be >= {minimum:,}, got {value:,}")
+    if value > maximum:
+        raise SizingError(f"config field {label!r} must be <= {maximum:,}, got {value:,}"[:300])
     return value
 
 
-def _bool(cfg: dict, name: str, default: bool) -> bool:
+def _int(cfg: dict[str, Any], *names: str, default: Any = _MISSING, minimum: int = 1, maximum: int | None = None,
+         what: str = "", where: str = "") -> Any:
+    """An integer field (the first of ``names`` present); ``default`` (may be None) when absent or null."""
+    name, value = _find(cfg, names)
+    if value is None:
+        return _get(cfg, *names, default=default, what=what, where=where)
+    return _check_int(_label(name, where), value, minimum, _default_max(name) if maximum is None else maximum)
+
+
+def _req_int(cfg: dict[str, Any], *names: str, minimum: int = 1, what: str = "", where: str = "") -> int:
+    """A required integer field (mypy sees ``int``, not ``Any``)."""
+    value: int = _int(cfg, *names, minimum=minimum, what=what, where=where)
+    return value
+
+
+def _opt_int(cfg: dict[str, Any], *names: str, default: int, minimum: int = 1, where: str = "") -> int:
+    """An optional integer field with an integer default."""
+    value: int = _int(cfg, *names, default=default, minimum=minimum, where=where)
+    return value
+
+
+def _float(cfg: dict[str, Any], name: str, default: float, *, low: float = 0.0, high: float = math.inf,
+           low_open: bool = True, where: str = "") -> float:
+    """A finite real number in (low, high] (``low_open``) or [low, high]; ``default`` when absent or null."""
+    value = cfg.get(name)
+    if value is None:
+        return default
+    label = _label(name, where)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SizingError(f"config field {label!r} must be a finite number, got {value!r}"[:300])
+    if value < low or (low_open and value == low) or value > high:
+        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise SizingError(f"config field {label!r} must be in {bounds}, got {value!r}")
+    return float(value)
+
+
+def _bool(cfg: dict[str, Any], name: str, default: bool, where: str = "") -> bool:
+    """true / false (0 / 1 accepted, as transformers does); ``default`` when absent or null."""
     value = cfg.get(name, default)
     if value is None:
         return default
-    if not isinstance(value, (bool, int)):
-        raise SizingError(f"config field {name!r} must be true or false, got {value!r}")
-    return bool(value)
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise SizingError(f"config field {_label(name, where)!r} must be true or false, got {value!r}"[:300])
+
+
+def _int_list(cfg: dict[str, Any], name: str, where: str = "") -> list[int]:
+    """A list of non-negative integers (layer indices); [] when absent or null."""
+    value = cfg.get(name)
+    if value is None:
+        return []
+    label = _label(name, where)
+    if not isinstance(value, list):
+        raise SizingError(f"config field {label!r} must be a list of integers, got {value!r}"[:300])
+    return [_check_int(f"{label}[{i}]", v, 0, MAX_DIM) for i, v in enumerate(value)]
+
+
+def _str_list(cfg: dict[str, Any], name: str, where: str = "") -> list[str] | None:
+    """A list of strings; None when absent or null."""
+    value = cfg.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SizingError(f"config field {_label(name, where)!r} must be a list of strings, got {value!r}"[:300])
+    return value
+
+
+def _str(cfg: dict[str, Any], name: str, default: str = "", where: str = "") -> str:
+    """A string field; ``default`` when absent or null."""
+    value = cfg.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise SizingError(f"config field {_label(name, where)!r} must be a string, got {value!r}"[:300])
+    return value
+
+
+def _obj(cfg: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """A nested object (``vision_config``, ``text_config`` ...); None when absent or null."""
+    value = cfg.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise SizingError(f"config field {name!r} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _side(cfg: dict[str, Any], name: str, default: int, where: str = "") -> int:
+    """An image/patch side that may be written as ``14`` or ``[14, 14]`` (square only)."""
+    value = cfg.get(name)
+    label = _label(name, where)
+    if isinstance(value, list):
+        if len(value) != 2 or value[0] != value[1]:
+            raise SizingError(f"config field {label!r} must be one integer or a square [n, n] pair, got {value!r}"[:300])
+        value = value[0]
+    if value is None:
+        return default
+    return _check_int(label, value, 1, MAX_DIM)
 
 
 def _n(x: int) -> str:
     return f"{x:,}"
 
 
-def checkpoint_dtype(cfg: dict) -> str:
-    quant = cfg.get("quantization_config") or {}
-    if isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "fp8":
-        return "fp8"
-    raw = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
-    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float": "fp32",
-            "half": "fp16"}.get(raw, "bf16")
+_DTYPES = {
+    "float32": "fp32", "float": "fp32", "fp32": "fp32",
+    "float16": "fp16", "half": "fp16", "fp16": "fp16",
+    "bfloat16": "bf16", "bf16": "bf16",
+    "float8_e4m3fn": "fp8", "float8_e4m3": "fp8", "fp8": "fp8",
+}
+
+
+def checkpoint_dtype(cfg: dict[str, Any], default: str = "bf16") -> str:
+    """The checkpoint's storage dtype: ``quantization_config.quant_method == "fp8"`` -> fp8, else
+    ``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) mapped onto fp32/fp16/bf16/fp8;
+    ``default`` when neither is given. An unknown spelling is an error naming the field."""
+    quant = _obj(cfg, "quantization_config") or {}
+    name, raw = _find(cfg, ("torch_dtype", "dtype"))
+    if raw is None:
+        return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else default
+    if not isinstance(raw, str):
+        raise SizingError(f"config field {name!r} must be a dtype name such as \"bfloat16\", got {raw!r}"[:300])
+    spelled = raw.strip().lower().removeprefix("torch.")
+    if spelled not in _DTYPES:
+        raise SizingError(f"config field {name!r}: unknown dtype {raw!r}"[:200]
+                          + f" (known: {', '.join(sorted(_DTYPES))})")
+    return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else _DTYPES[spelled]
 
 
 # --------------------------------------------------------------------------------------
@@ -204,55 +353,106 @@ _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "falcon", "mamba
 _QKV_BIAS_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text"}
 _QK_NORM_TYPES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"}
 _FOUR_NORM_TYPES = {"gemma2", "gemma3", "gemma3_text"}
+_QWEN_WINDOW_TYPES = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_5_vl", "qwen2_vl_text",
+                      "qwen2_5_vl_text"}
 _KNOWN_LLAMA_LIKE = {
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
-    "gemma3", "gemma3_text", "phi3", "internlm2", "internlm3", "yi", "baichuan", "qwen2_vl_text",
-    "qwen2_5_vl_text", "granite", "olmo", "olmo2", "smollm3", "ministral", "glm", "starcoder2_llama",
+    "gemma3", "gemma3_text", "phi3", "internlm2", "internlm3", "yi", "baichuan", "qwen2_vl", "qwen2_5_vl",
+    "qwen2_vl_text", "qwen2_5_vl_text", "granite", "olmo", "olmo2", "smollm3", "ministral", "glm",
 }
 
 
-def _layer_windows(cfg: dict, model_type: str, n_layers: int) -> list[int | None]:
-    window = cfg.get("sliding_window")
-    layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list) and len(layer_types) == n_layers and window:
-        return [int(window) if str(t) in ("sliding_attention", "chunked_attention") else None
-                for t in layer_types]
-    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
-        if cfg.get("use_sliding_window") and window:
-            first = int(cfg.get("max_window_layers", n_layers))
-            return [int(window) if i >= first else None for i in range(n_layers)]
+def _layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> list[int | None]:
+    """Sliding window per layer (None = full attention): ``layer_types`` when given; Qwen: layers
+    >= ``max_window_layers`` when ``use_sliding_window``; Gemma-2: every other layer; Gemma-3: 5 of 6;
+    other families with a ``sliding_window``: every layer (Mistral v0.1, Phi-3, StarCoder2)."""
+    if cfg.get("sliding_window") is False:  # some exporters write false for "no window"
+        cfg = {**cfg, "sliding_window": None}
+    window: int | None = _int(cfg, "sliding_window", default=None, minimum=0) or None
+    layer_types = _str_list(cfg, "layer_types")
+    if layer_types is not None and len(layer_types) != n_layers:
+        raise SizingError(f"config field 'layer_types' has {len(layer_types)} entries for {n_layers} layers")
+    if layer_types is not None and window:
+        return [window if t in ("sliding_attention", "chunked_attention") else None for t in layer_types]
+    if model_type in _QWEN_WINDOW_TYPES:
+        first = _opt_int(cfg, "max_window_layers", default=n_layers, minimum=0)
+        if _bool(cfg, "use_sliding_window", False) and window:
+            return [window if i >= first else None for i in range(n_layers)]
         return [None] * n_layers
     if model_type == "gemma2" and window:
-        return [int(window) if (i + 1) % 2 else None for i in range(n_layers)]
+        return [window if (i + 1) % 2 else None for i in range(n_layers)]
     if model_type in ("gemma3", "gemma3_text") and window:
-        pattern = int(cfg.get("sliding_window_pattern", 6))
-        return [int(window) if (i + 1) % pattern else None for i in range(n_layers)]
-    if window and model_type not in ("llama",) and cfg.get("use_sliding_window", True) is not False:
-        return [int(window)] * n_layers
+        pattern = _opt_int(cfg, "sliding_window_pattern", default=6)
+        return [window if (i + 1) % pattern else None for i in range(n_layers)]
+    if window and model_type != "llama" and _bool(cfg, "use_sliding_window", True):
+        return [window] * n_layers
     return [None] * n_layers
 
 
-def _llama_like(cfg: dict, model_type: str) -> dict:
-    h = _int(cfg, "hidden_size", "n_embd", "d_model", what="every layer's width")
-    n_layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", what="the layer count")
-    nh = _int(cfg, "num_attention_heads", "n_head", "num_heads", what="attention")
-    nkv = _int(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv", default=nh, what="the KV cache")
+def _heads(cfg: dict[str, Any], h: int, names: tuple[str, ...] = ("num_attention_heads", "n_head", "num_heads"),
+           kv_names: tuple[str, ...] = ("num_key_value_heads", "num_kv_heads", "n_head_kv")) -> tuple[int, int, int]:
+    """(query heads nh, KV heads nkv, head_dim d): d = ``head_dim`` if given, else h / nh (must divide);
+    nkv defaults to nh and must divide it."""
+    nh = _req_int(cfg, *names, what="attention")
+    nkv = _opt_int(cfg, *kv_names, default=nh)
     if cfg.get("multi_query") is True:
         nkv = 1
-    explicit_d = cfg.get("head_dim")
-    if explicit_d is None and h % nh:
-        raise SizingError(f"hidden_size {h} is not divisible by num_attention_heads {nh}; set head_dim")
-    d = _int(cfg, "head_dim", default=h // nh, what="attention")
-    dv = _int(cfg, "v_head_dim", default=d)
-    vocab = _int(cfg, "vocab_size", what="the embedding table")
+    if cfg.get("head_dim") is None and h % nh:
+        raise SizingError(f"config field {_find(cfg, names)[0]!r}: hidden size {h} is not divisible by {nh}"
+                          " attention heads; set head_dim")
+    d = _opt_int(cfg, "head_dim", default=h // nh)
     if nkv > nh:
-        raise SizingError(f"num_key_value_heads {nkv} is larger than num_attention_heads {nh}")
+        raise SizingError(f"config field 'num_key_value_heads' ({nkv}) is larger than num_attention_heads ({nh})")
     if nh % nkv:
-        raise SizingError(f"num_attention_heads {nh} is not a multiple of num_key_value_heads {nkv}")
+        raise SizingError(f"config field 'num_key_value_heads': num_attention_heads {nh} is not a multiple of {nkv}")
+    return nh, nkv, d
 
-    qkv_bias = model_type in _QKV_BIAS_TYPES or bool(cfg.get("attention_bias")) or bool(cfg.get("bias"))
-    o_bias = (bool(cfg.get("attention_bias")) or bool(cfg.get("bias"))) and model_type not in _QKV_BIAS_TYPES
-    mlp_bias = bool(cfg.get("mlp_bias"))
+
+@dataclass(frozen=True)
+class _Moe:
+    """Mixture-of-experts fields of a llama-like config (0 experts = dense)."""
+
+    experts: int = 0
+    top_k: int = 0
+    inter: int = 0  # moe_intermediate_size
+    shared_inter: int = 0  # shared_expert_intermediate_size (Qwen2-MoE)
+    sparse_step: int = 1  # decoder_sparse_step: every n-th layer is MoE
+    mlp_only: frozenset[int] = frozenset()
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.experts > 1 and i not in self.mlp_only and (i + 1) % self.sparse_step == 0
+
+
+def _moe_fields(cfg: dict[str, Any]) -> _Moe:
+    n_experts = _opt_int(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0, minimum=0)
+    if n_experts <= 1:
+        return _Moe()
+    top_k = _opt_int(cfg, "num_experts_per_tok", "moe_topk", "top_k", default=0, minimum=0)
+    if top_k < 1 or top_k > n_experts:
+        raise SizingError(f"config field 'num_experts_per_tok' must be between 1 and {n_experts}, got {top_k}")
+    return _Moe(n_experts, top_k, _req_int(cfg, "moe_intermediate_size", "intermediate_size", what="the experts"),
+                _opt_int(cfg, "shared_expert_intermediate_size", default=0, minimum=0),
+                _opt_int(cfg, "decoder_sparse_step", default=1), frozenset(_int_list(cfg, "mlp_only_layers")))
+
+
+def _mha_kind(nh: int, nkv: int) -> str:
+    return "MQA" if nkv == 1 else "GQA" if nkv < nh else "MHA"
+
+
+def _llama_like(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Llama-style decoder: attention h*d*nh (q) + 2*h*d*nkv (k, v) + d*nh*h (o) [+ q/k/v bias
+    for Qwen2], gated MLP 3*h*I [+ biases], RMSNorms 2*h (4*h for Gemma-2/3) [+ q/k-norm 2*d];
+    MoE layers: E experts x 3*h*I_moe + router h*E [+ shared expert]; KV/token = L*nkv*(d_k+d_v)."""
+    h = _req_int(cfg, "hidden_size", "n_embd", "d_model", what="every layer's width")
+    n_layers = _req_int(cfg, "num_hidden_layers", "n_layer", "num_layers", what="the layer count")
+    nh, nkv, d = _heads(cfg, h)
+    dv = _opt_int(cfg, "v_head_dim", default=d)
+    vocab = _req_int(cfg, "vocab_size", what="the embedding table")
+
+    any_bias = _bool(cfg, "attention_bias", False) or _bool(cfg, "bias", False)
+    qkv_bias = model_type in _QKV_BIAS_TYPES or any_bias
+    o_bias = any_bias and model_type not in _QKV_BIAS_TYPES
+    mlp_bias = _bool(cfg, "mlp_bias", False)
     norms_per_layer = 4 if model_type in _FOUR_NORM_TYPES else 2
     qk_norm = 2 * d if model_type in _QK_NORM_TYPES else 0
 
@@ -261,79 +461,61 @@ def _llama_like(cfg: dict, model_type: str) -> dict:
     attn = attn_linear + attn_bias
     norms = norms_per_layer * h + qk_norm
 
-    # MoE?
-    n_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
-    top_k = int(cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or cfg.get("top_k") or 0)
-    moe = n_experts > 1
-    dense_I = _int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner",
-                   default=None if moe else _MISSING, what="the MLP")
-    if moe:
-        if top_k < 1 or top_k > n_experts:
-            raise SizingError(f"num_experts_per_tok must be between 1 and {n_experts}, got {top_k}")
-        moe_I = _int(cfg, "moe_intermediate_size", "intermediate_size", what="the experts")
-        shared_I = int(cfg.get("shared_expert_intermediate_size") or 0)
-        shared_gate = h if shared_I and model_type == "qwen2_moe" else 0
-        sparse_step = int(cfg.get("decoder_sparse_step") or 1)
-        mlp_only = set(cfg.get("mlp_only_layers") or [])
-        if dense_I is None:
-            dense_I = moe_I
+    moe = _moe_fields(cfg)
+    dense_I: int = _int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner",
+                        default=moe.inter if moe.experts else _MISSING, what="the MLP")
+    shared_gate = h if moe.shared_inter and model_type == "qwen2_moe" else 0
     mlp_per_I = 3 * h  # gated (SwiGLU / GeGLU)
-    mlp_bias_of = (lambda inter: 2 * inter + h) if mlp_bias else (lambda inter: 0)
+    mlp_bias_params = 2 * dense_I + h if mlp_bias else 0
 
     windows = _layer_windows(cfg, model_type, n_layers)
     kv_elems = nkv * (d + dv)
+    flops = 2 * nh * (d + dv)
     layers: list[LayerSpec] = []
-    n_moe_layers = 0
     for i in range(n_layers):
-        is_moe_layer = moe and i not in mlp_only and (i + 1) % sparse_step == 0
-        if is_moe_layer:
-            n_moe_layers += 1
-            expert = mlp_per_I * moe_I
-            router = h * n_experts
-            shared = mlp_per_I * shared_I + shared_gate
-            params = attn + norms + router + n_experts * expert + shared
-            linear = attn_linear + router + n_experts * expert + shared
-            active = attn + norms + router + top_k * expert + shared
-            layers.append(LayerSpec("attention", params, linear, active, n_experts * expert, expert,
-                                    n_experts, top_k, kv_elems, nkv, 2 * nkv, windows[i],
-                                    attn_flops_per_ctx_token=2 * nh * (d + dv)))
+        if moe.is_moe_layer(i):
+            expert = mlp_per_I * moe.inter
+            router = h * moe.experts
+            shared = mlp_per_I * moe.shared_inter + shared_gate
+            params = attn + norms + router + moe.experts * expert + shared
+            linear = attn_linear + router + moe.experts * expert + shared
+            active = attn + norms + router + moe.top_k * expert + shared
+            layers.append(LayerSpec("attention", params, linear, active, moe.experts * expert, expert,
+                                    moe.experts, moe.top_k, kv_elems, nkv, 2 * nkv, windows[i],
+                                    attn_flops_per_ctx_token=flops))
         else:
-            mlp = mlp_per_I * dense_I + mlp_bias_of(dense_I)
-            params = attn + norms + mlp
+            params = attn + norms + mlp_per_I * dense_I + mlp_bias_params
             layers.append(LayerSpec("attention", params, attn_linear + mlp_per_I * dense_I, params,
                                     kv_elems=kv_elems, kv_heads=nkv, kv_scale_slots=2 * nkv, window=windows[i],
-                                    attn_flops_per_ctx_token=2 * nh * (d + dv)))
+                                    attn_flops_per_ctx_token=flops))
+    n_moe_layers = sum(1 for layer in layers if layer.num_experts)
 
     tied = _bool(cfg, "tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
     formula = [
         f"attention/layer = h*d*nh + 2*h*d*nkv + d*nh*h = {h}*{d}*{nh} + 2*{h}*{d}*{nkv} + {d}*{nh}*{h}"
         f" = {_n(attn_linear)}" + (f"  (+ biases {_n(attn_bias)})" if attn_bias else ""),
     ]
-    if moe:
+    if moe.experts:
         formula.append(
-            f"MoE layers ({n_moe_layers}): {n_experts} experts x 3*h*I_moe = {n_experts} x 3*{h}*{moe_I}"
-            f" = {_n(n_experts * mlp_per_I * moe_I)} + router h*E = {_n(h * n_experts)}"
-            + (f" + shared 3*h*{shared_I} = {_n(mlp_per_I * shared_I + shared_gate)}" if shared_I else "")
-            + f"; active per token: top-{top_k} experts")
+            f"MoE layers ({n_moe_layers}): {moe.experts} experts x 3*h*I_moe = {moe.experts} x 3*{h}*{moe.inter}"
+            f" = {_n(moe.experts * mlp_per_I * moe.inter)} + router h*E = {_n(h * moe.experts)}"
+            + (f" + shared 3*h*{moe.shared_inter} = {_n(mlp_per_I * moe.shared_inter + shared_gate)}"
+               if moe.shared_inter else "")
+            + f"; active per token: top-{moe.top_k} experts")
         if n_moe_layers < n_layers:
             formula.append(f"dense layers ({n_layers - n_moe_layers}): mlp 3*h*I = 3*{h}*{dense_I}"
                            f" = {_n(mlp_per_I * dense_I)}")
     else:
         formula.append(f"mlp/layer = 3*h*I = 3*{h}*{dense_I} = {_n(mlp_per_I * dense_I)}"
-                       + (f" (+ biases {_n(mlp_bias_of(dense_I))})" if mlp_bias else ""))
-    formula.append(f"norms/layer = {norms_per_layer}*h" + (f" + q/k-norm 2*d" if qk_norm else "")
+                       + (f" (+ biases {_n(mlp_bias_params)})" if mlp_bias else ""))
+    formula.append(f"norms/layer = {norms_per_layer}*h" + (" + q/k-norm 2*d" if qk_norm else "")
                    + f" = {_n(norms)}")
-    kinds = []
-    if nkv == 1:
-        kinds.append("MQA")
-    elif nkv < nh:
-        kinds.append("GQA")
-    else:
-        kinds.append("MHA")
+    kinds = [_mha_kind(nh, nkv)]
     if any(w is not None for w in windows):
         n_sw = sum(1 for w in windows if w is not None)
-        kinds.append(f"sliding window {windows[[w is not None for w in windows].index(True)]:,} on {n_sw}/{n_layers} layers")
-    family = ("MoE " if moe else "dense ") + ", ".join(kinds)
+        first_window = next(w for w in windows if w is not None)
+        kinds.append(f"sliding window {first_window:,} on {n_sw}/{n_layers} layers")
+    family = ("MoE " if moe.experts else "dense ") + ", ".join(kinds)
     per_layer_kv = (f"L x 2 x nkv x d = {n_layers} x 2 x {nkv} x {d}" if d == dv
                     else f"L x nkv x (d_k + d_v) = {n_layers} x {nkv} x ({d} + {dv})")
     return dict(
@@ -348,7 +530,11 @@ def _llama_like(cfg: dict, model_type: str) -> dict:
 # DeepSeek MLA (+ MoE)
 
 
-def _mla(cfg: dict, model_type: str) -> dict:
+def _mla(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """DeepSeek-V2/V3 multi-head latent attention: q (h*q_r + q_r*nh*(d_nope+d_rope), or h*nh*(...)
+    without q-LoRA) + kv_a h*(r+d_rope) + kv_b r*nh*(d_nope+d_v) + o nh*d_v*h (+ norms); MoE layers
+    from first_k_dense_replace: E routed + shared experts of 3*h*I_moe + router h*E (+ bias for
+    noaux_tc); KV/token = L*(kv_lora_rank + qk_rope_head_dim), no factor 2."""
     h = _int(cfg, "hidden_size", what="every layer's width")
     n_layers = _int(cfg, "num_hidden_layers", what="the layer count")
     nh = _int(cfg, "num_attention_heads", what="attention")
@@ -427,7 +613,10 @@ def _mla(cfg: dict, model_type: str) -> dict:
 # Falcon
 
 
-def _falcon(cfg: dict, model_type: str) -> dict:
+def _falcon(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Falcon / RefinedWeb: fused qkv h*(nh+2*nkv)*d + dense h*h, GELU MLP 2*h*ffn (4h), optional
+    biases, 1 or 2 LayerNorms (2h each) per layer; nkv = 1 (multi_query), nh, or num_kv_heads
+    (new decoder architecture); KV/token = L*2*nkv*d."""
     h = _int(cfg, "hidden_size", "n_embed", what="every layer's width")
     n_layers = _int(cfg, "num_hidden_layers", "n_layer", what="the layer count")
     nh = _int(cfg, "num_attention_heads", "n_head", what="attention")
@@ -449,7 +638,7 @@ def _falcon(cfg: dict, model_type: str) -> dict:
     mlp_linear = 2 * h * ffn
     biases = ((nh + 2 * nkv) * d + h + ffn + h) if bias else 0
     if new_arch:
-        n_ln = 2 if int(cfg.get("num_ln_in_parallel_attn") or 2) == 2 else 1
+        n_ln = 2 if _opt_int(cfg, "num_ln_in_parallel_attn", default=2) == 2 else 1
     elif _bool(cfg, "parallel_attn", True):
         n_ln = 1
     else:
@@ -476,7 +665,9 @@ def _falcon(cfg: dict, model_type: str) -> dict:
 # Mamba (v1)
 
 
-def _mamba(cfg: dict, model_type: str) -> dict:
+def _mamba(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Mamba v1: in_proj h*2*Di + conv Di*K (+Di) + x_proj Di*(R+2N) + dt_proj R*Di+Di + A, D
+    Di*N+Di + out_proj Di*h + norm h; no per-token KV, a state of L*(Di*(K-1) + Di*N) per sequence."""
     if model_type == "mamba2":
         raise SizingError("mamba2 configs are not supported yet (mamba v1 is)")
     h = _int(cfg, "hidden_size", "d_model", what="every layer's width")
@@ -516,24 +707,287 @@ def _mamba(cfg: dict, model_type: str) -> dict:
 
 
 # --------------------------------------------------------------------------------------
+# GPT-style dense decoders: GPT-2, GPT-NeoX (Pythia), Phi (Phi-1/1.5/2), StarCoder2
+#
+# Same skeleton, different switches: a non-gated GELU MLP (2*h*I), LayerNorms with bias
+# (2*h each), biases on most projections, sometimes learned position embeddings or an LM-head
+# bias. Parallel residual (NeoX, Phi) and partial rotary (NeoX rotary_pct, Phi
+# partial_rotary_factor) change no parameter or KV count.
+
+
+@dataclass(frozen=True)
+class _Dense:
+    """Shapes of a dense decoder whose layers are all alike."""
+
+    label: str  # words for people: "GPT-2", "GPT-NeoX", ...
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int  # MLP width I
+    vocab: int
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    norms_per_layer: int  # LayerNorms (weight + bias, 2*h each) per layer
+    extra_norm_params: int = 0  # e.g. Phi's q/k LayerNorms over head_dim
+    positions: int = 0  # learned position-embedding rows (GPT-2); 0 = rotary
+    tied: bool = False
+    lm_head_bias: bool = False
+    window: int | None = None
+    max_position: int | None = None
+
+    def attention(self) -> tuple[int, int]:
+        """(weights, biases): q h*nh*d + k,v 2*h*nkv*d + o nh*d*h; biases nh*d + 2*nkv*d and h."""
+        h, nh, nkv, d = self.hidden, self.heads, self.kv_heads, self.head_dim
+        linear = h * nh * d + 2 * h * nkv * d + nh * d * h
+        bias = ((nh + 2 * nkv) * d if self.qkv_bias else 0) + (h if self.o_bias else 0)
+        return linear, bias
+
+    def mlp(self) -> tuple[int, int]:
+        """(weights, biases) of the non-gated MLP: up h*I + down I*h; biases I + h."""
+        return 2 * self.hidden * self.inter, (self.inter + self.hidden) if self.mlp_bias else 0
+
+    def norms(self) -> int:
+        """LayerNorms per layer: norms_per_layer x 2*h (+ extra)."""
+        return self.norms_per_layer * 2 * self.hidden + self.extra_norm_params
+
+
+def _dense_parts(s: _Dense, formula_head: str) -> dict[str, Any]:
+    """ModelSpec fields for a ``_Dense`` shape. KV/token = L x 2 x nkv x d (window on every layer
+    when ``s.window``); embeddings V*h (+ P*h learned positions); LM head V*h (+ V bias) unless
+    tied (a tied head keeps its bias); final LayerNorm 2*h."""
+    attn_linear, attn_bias = s.attention()
+    mlp_linear, mlp_bias = s.mlp()
+    params = attn_linear + attn_bias + mlp_linear + mlp_bias + s.norms()
+    kv_elems = 2 * s.kv_heads * s.head_dim
+    layer = LayerSpec("attention", params, attn_linear + mlp_linear, params, kv_elems=kv_elems,
+                      kv_heads=s.kv_heads, kv_scale_slots=2 * s.kv_heads, window=s.window,
+                      attn_flops_per_ctx_token=4 * s.heads * s.head_dim)
+    h, nh, nkv, d = s.hidden, s.heads, s.kv_heads, s.head_dim
+    lm_bias = s.vocab if s.lm_head_bias else 0
+    formula = (
+        formula_head,
+        f"attention/layer = h*d*nh + 2*h*d*nkv + d*nh*h = {h}*{d}*{nh} + 2*{h}*{d}*{nkv} + {d}*{nh}*{h}"
+        f" = {_n(attn_linear)}" + (f" (+ biases {_n(attn_bias)})" if attn_bias else ""),
+        f"mlp/layer = 2*h*I (non-gated GELU) = 2*{h}*{s.inter} = {_n(mlp_linear)}"
+        + (f" (+ biases {_n(mlp_bias)})" if mlp_bias else ""),
+        f"LayerNorms/layer = {s.norms_per_layer} x 2*h" + (f" + q/k LayerNorms {_n(s.extra_norm_params)}"
+                                                           if s.extra_norm_params else "") + f" = {_n(s.norms())}",
+        f"embeddings V*h = {s.vocab}*{h}" + (f" + learned positions P*h = {s.positions}*{h}" if s.positions else "")
+        + f" = {_n(s.vocab * h + s.positions * h)}; LM head "
+        + ("tied" + (f" (+ bias V = {_n(lm_bias)})" if lm_bias else "") if s.tied
+           else f"V*h = {_n(s.vocab * h)}" + (f" + bias V = {_n(lm_bias)}" if lm_bias else "")),
+    )
+    kinds = [_mha_kind(nh, nkv)] + ([f"sliding window {s.window:,} on every layer"] if s.window else [])
+    kv = f"KV elements/token = L x 2 x nkv x d = {s.layers} x 2 x {nkv} x {d} = {_n(s.layers * kv_elems)}"
+    return dict(
+        hidden=h, num_layers=s.layers, num_heads=nh, num_kv_heads=nkv, head_dim=d, vocab=s.vocab, tied=s.tied,
+        embed_params=s.vocab * h + s.positions * h, lm_head_params=(0 if s.tied else s.vocab * h) + lm_bias,
+        final_norm_params=2 * h, layers=(layer,) * s.layers, family=f"dense {', '.join(kinds)} ({s.label})",
+        param_formula=formula,
+        kv_formula=kv + (f"; sliding window {s.window:,}: a sequence holds at most {s.window:,} tokens' KV"
+                         if s.window else ""),
+        max_position=s.max_position,
+    )
+
+
+def _gpt2(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """GPT-2 (``GPT2LMHeadModel``): n_embd / n_layer / n_head; MLP width ``n_inner`` (null = 4 x
+    n_embd); fused c_attn h*3h + 3h, c_proj h*h + h; c_fc h*I + I, c_proj I*h + h; ln_1, ln_2
+    (2*h each); learned positions n_positions x h; tied LM head."""
+    h = _req_int(cfg, "n_embd", "hidden_size", what="every layer's width")
+    nh = _req_int(cfg, "n_head", "num_attention_heads", what="attention")
+    if h % nh:
+        raise SizingError(f"config field 'n_head': n_embd {h} is not divisible by {nh} heads")
+    positions = _req_int(cfg, "n_positions", "max_position_embeddings", what="the position embeddings")
+    if _bool(cfg, "add_cross_attention", False):
+        raise SizingError("config field 'add_cross_attention': GPT-2 with cross-attention (an encoder-decoder)"
+                          " is not supported")
+    s = _Dense("GPT-2", h, _req_int(cfg, "n_layer", "num_hidden_layers", what="the layer count"), nh, nh, h // nh,
+               _opt_int(cfg, "n_inner", default=4 * h), _req_int(cfg, "vocab_size", what="the embedding table"),
+               qkv_bias=True, o_bias=True, mlp_bias=True, norms_per_layer=2, positions=positions,
+               tied=_bool(cfg, "tie_word_embeddings", True), max_position=positions)
+    return _dense_parts(s, "GPT-2: learned position embeddings, LayerNorm, biases everywhere, GELU MLP"
+                           f" I = n_inner or 4*h = {s.inter}")
+
+
+def _gpt_neox(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """GPT-NeoX / Pythia (``GPTNeoXForCausalLM``): fused query_key_value h*3h (+3h bias) and dense
+    h*h (+h) when ``attention_bias`` (default true); dense_h_to_4h / dense_4h_to_h with biases;
+    two LayerNorms per layer even with parallel residual; untied ``embed_out`` by default."""
+    h = _req_int(cfg, "hidden_size", what="every layer's width")
+    nh, _, d = _heads(cfg, h, kv_names=("num_attention_heads",))
+    bias = _bool(cfg, "attention_bias", True)
+    _float(cfg, "rotary_pct", 1.0, high=1.0)
+    s = _Dense("GPT-NeoX", h, _req_int(cfg, "num_hidden_layers", what="the layer count"), nh, nh, d,
+               _req_int(cfg, "intermediate_size", what="the MLP"), _req_int(cfg, "vocab_size", what="the embedding table"),
+               qkv_bias=bias, o_bias=bias, mlp_bias=True, norms_per_layer=2,
+               tied=_bool(cfg, "tie_word_embeddings", False))
+    parallel = "parallel residual" if _bool(cfg, "use_parallel_residual", True) else "sequential residual"
+    return _dense_parts(s, f"GPT-NeoX: {parallel}, partial rotary (no parameters), LayerNorm, non-gated GELU MLP")
+
+
+def _phi(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Phi-1/1.5/2 (``PhiForCausalLM``): q/k/v/dense with biases, fc1/fc2 with biases, one
+    LayerNorm per layer (parallel attention + MLP), optional q/k LayerNorms over head_dim
+    (``qk_layernorm``: 2 x 2*d), LM head with a bias (V*h + V), untied by default."""
+    h = _req_int(cfg, "hidden_size", what="every layer's width")
+    nh, nkv, d = _heads(cfg, h)
+    _float(cfg, "partial_rotary_factor", 0.5, high=1.0)
+    s = _Dense("Phi", h, _req_int(cfg, "num_hidden_layers", what="the layer count"), nh, nkv, d,
+               _req_int(cfg, "intermediate_size", what="the MLP"), _req_int(cfg, "vocab_size", what="the embedding table"),
+               qkv_bias=True, o_bias=True, mlp_bias=True, norms_per_layer=1,
+               extra_norm_params=4 * d if _bool(cfg, "qk_layernorm", False) else 0,
+               tied=_bool(cfg, "tie_word_embeddings", False), lm_head_bias=True)
+    return _dense_parts(s, "Phi: parallel attention + MLP under one LayerNorm, partial rotary, dense GELU MLP,"
+                           " LM head with bias")
+
+
+def _starcoder2(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """StarCoder2 (``Starcoder2ForCausalLM``): GQA q/k/v/o and c_fc/c_proj, all with biases when
+    ``use_bias`` (default true); two LayerNorms per layer; tied embeddings by default;
+    ``sliding_window`` (4,096 in the published 3B/7B/15B) on every layer."""
+    h = _req_int(cfg, "hidden_size", what="every layer's width")
+    nh, nkv, d = _heads(cfg, h)
+    bias = _bool(cfg, "use_bias", True)
+    n_layers = _req_int(cfg, "num_hidden_layers", what="the layer count")
+    windows = _layer_windows(cfg, model_type, n_layers)
+    s = _Dense("StarCoder2", h, n_layers, nh, nkv, d, _req_int(cfg, "intermediate_size", what="the MLP"),
+               _req_int(cfg, "vocab_size", what="the embedding table"), qkv_bias=bias, o_bias=bias, mlp_bias=bias,
+               norms_per_layer=2, tied=_bool(cfg, "tie_word_embeddings", True), window=windows[0] if windows else None)
+    return _dense_parts(s, "StarCoder2: GQA, LayerNorm, non-gated GELU MLP (c_fc, c_proj)"
+                           + (" with biases" if bias else ""))
+
+
+# --------------------------------------------------------------------------------------
+# Qwen2-VL / Qwen2.5-VL vision towers
+
+QWEN_VL_TILE_SIDE = 448  # pixels: one "tile" of a Qwen2-VL image = a 448x448 region = 1,024 patches
+QWEN_VL_DEFAULT_TILES = 5  # ~1 megapixel: 1,280 tokens, Qwen's suggested max_pixels = 1280*28*28
+
+
+@dataclass(frozen=True)
+class _QwenVit:
+    """Qwen2-VL / Qwen2.5-VL vision transformer (native resolution, no tiling of its own)."""
+
+    version: str  # "qwen2-vl" | "qwen2.5-vl"
+    width: int  # e: embed_dim (Qwen2-VL) / hidden_size (Qwen2.5-VL)
+    depth: int
+    heads: int
+    inter: int  # MLP width: e*mlp_ratio (Qwen2-VL) / intermediate_size (Qwen2.5-VL)
+    out: int  # merger output = the LLM's hidden size
+    channels: int
+    patch: int
+    temporal: int
+    merge: int
+
+    @property
+    def gated(self) -> bool:
+        return self.version == "qwen2.5-vl"
+
+    def patch_embed(self) -> int:
+        """Conv3d without bias: channels x temporal_patch x patch x patch x e."""
+        return self.channels * self.temporal * self.patch * self.patch * self.width
+
+    def block(self) -> tuple[int, int]:
+        """(params, matmul weights) of one block: qkv 3e^2 + 3e, proj e^2 + e, MLP (gated SiLU
+        3*e*I + 2I + e for Qwen2.5-VL, GELU fc1/fc2 2*e*I + I + e for Qwen2-VL), two norms
+        (RMSNorm e each for Qwen2.5-VL, LayerNorm 2e each for Qwen2-VL)."""
+        e, i = self.width, self.inter
+        mlp_linear = (3 if self.gated else 2) * e * i
+        mlp_bias = (2 * i if self.gated else i) + e
+        norms = 2 * e if self.gated else 4 * e
+        linear = 4 * e * e + mlp_linear
+        return linear + 3 * e + e + mlp_bias + norms, linear
+
+    def merger(self) -> int:
+        """PatchMerger: norm over e (RMSNorm e / LayerNorm 2e), then Linear(e*m^2 -> e*m^2) + bias,
+        GELU, Linear(e*m^2 -> out) + bias."""
+        wide = self.width * self.merge * self.merge
+        return (self.width if self.gated else 2 * self.width) + wide * wide + wide + wide * self.out + self.out
+
+
+def _qwen_vit_fields(vc: dict[str, Any], version: str, llm_hidden: int) -> _QwenVit:
+    """Read a Qwen2-VL (``embed_dim``, ``mlp_ratio``, ``hidden_size`` = merger output) or Qwen2.5-VL
+    (``hidden_size`` = width, ``intermediate_size``, ``out_hidden_size``) vision_config."""
+    w = "vision_config"
+    if version == "qwen2-vl":
+        width = _opt_int(vc, "embed_dim", default=1280, where=w)
+        ratio = _float(vc, "mlp_ratio", 4.0, high=1024.0, where=w)
+        inter = int(width * ratio)
+        out = _opt_int(vc, "hidden_size", default=llm_hidden, where=w)
+        out_name = "hidden_size"
+    else:
+        width = _opt_int(vc, "hidden_size", default=1280, where=w)
+        inter = _req_int(vc, "intermediate_size", what="the vision MLP", where=w)
+        out = _opt_int(vc, "out_hidden_size", default=llm_hidden, where=w)
+        out_name = "out_hidden_size"
+    if out != llm_hidden:
+        raise SizingError(f"config field 'vision_config.{out_name}' ({out}) must equal the language model's"
+                          f" hidden size ({llm_hidden})")
+    heads = _opt_int(vc, "num_heads", default=16, where=w)
+    if width % heads:
+        raise SizingError(f"config field 'vision_config.num_heads': width {width} is not divisible by {heads} heads")
+    return _QwenVit(version, width, _opt_int(vc, "depth", default=32, where=w), heads, max(1, inter), out,
+                    _opt_int(vc, "in_channels", "in_chans", default=3, where=w),
+                    _opt_int(vc, "patch_size", "spatial_patch_size", default=14, where=w),
+                    _opt_int(vc, "temporal_patch_size", default=2, where=w),
+                    _opt_int(vc, "spatial_merge_size", default=2, where=w))
+
+
+def _qwen_vl_vision(vc: dict[str, Any], version: str, llm_hidden: int) -> VisionSpec:
+    """Qwen2-VL / Qwen2.5-VL vision tower: patch embed + depth x block (+ merger as the projector).
+    Images run at native resolution; the calculator counts them in 448x448 "tiles": (448/patch)^2
+    patch tokens each, merged m x m into (448/patch)^2 / m^2 LLM tokens (256 for patch 14, m 2)."""
+    v = _qwen_vit_fields(vc, version, llm_hidden)
+    if QWEN_VL_TILE_SIDE % (v.patch * v.merge):
+        raise SizingError(f"config fields 'vision_config.patch_size' ({v.patch}) x 'spatial_merge_size' ({v.merge})"
+                          f" must divide {QWEN_VL_TILE_SIDE}")
+    block, block_linear = v.block()
+    tower = v.patch_embed() + v.depth * block
+    projector = v.merger()
+    patches = (QWEN_VL_TILE_SIDE // v.patch) ** 2
+    tokens = patches // (v.merge * v.merge)
+    mlp = ("gated SiLU MLP 3*e*I" if v.gated else "GELU MLP 2*e*I") + f", I = {v.inter}"
+    attention = ("window attention (full attention on the blocks in fullatt_block_indexes), RMSNorm" if v.gated
+                 else "full attention over the image, LayerNorm")
+    formula = (
+        f"vision ({v.version}) = patch embed Conv3d {v.channels}*{v.temporal}*{v.patch}*{v.patch}*{v.width}"
+        f" = {_n(v.patch_embed())} + {v.depth} blocks x {_n(block)} (qkv + proj + {mlp}; {attention}) = {_n(tower)}",
+        f"projector (patch merger) = norm + {v.width * v.merge ** 2}*{v.width * v.merge ** 2}"
+        f" + {v.width * v.merge ** 2}*{v.out} (+ biases) = {_n(projector)}",
+        f"tokens per {QWEN_VL_TILE_SIDE}x{QWEN_VL_TILE_SIDE} region = ({QWEN_VL_TILE_SIDE}/{v.patch})^2 /"
+        f" {v.merge}^2 = {tokens}; default {QWEN_VL_DEFAULT_TILES} regions = {QWEN_VL_DEFAULT_TILES * tokens}"
+        " tokens (~1 MP; the processor's own max_pixels allows up to 16,384 tokens per image)",
+    )
+    return VisionSpec(v.version, tower, v.depth * block_linear + v.patch_embed(), projector, v.depth, v.width,
+                      v.heads, v.inter, patches, tokens, QWEN_VL_DEFAULT_TILES, formula)
+
+
+# --------------------------------------------------------------------------------------
 # vision towers
 
 
-def _internvit(vc: dict, llm_hidden: int, downsample: float, hf_native: bool, max_tiles: int) -> VisionSpec:
-    vh = _int(vc, "hidden_size", what="the vision tower")
-    vl = _int(vc, "num_hidden_layers", what="the vision tower")
-    vi = _int(vc, "intermediate_size", what="the vision tower")
-    heads = _int(vc, "num_attention_heads", default=16)
-    patch = vc.get("patch_size", 14)
-    image = vc.get("image_size", 448)
-    patch = int(patch[0] if isinstance(patch, list) else patch)
-    image = int(image[0] if isinstance(image, list) else image)
-    if patch < 1 or image < patch:
-        raise SizingError(f"vision_config: image_size {image} / patch_size {patch} do not make sense")
-    channels = _int(vc, "num_channels", default=3)
-    qkv_bias = _bool(vc, "attention_bias" if hf_native else "qkv_bias", True)
-    qk_norm = _bool(vc, "use_qk_norm" if hf_native else "qk_normalization", False)
-    norm_each = 2 * vh if str(vc.get("norm_type", "layer_norm")) == "layer_norm" else vh
+def _internvit(vc: dict[str, Any], llm_hidden: int, downsample: float, hf_native: bool, max_tiles: int) -> VisionSpec:
+    """InternViT (InternVL): embeddings (class token + Conv2d patch embed with bias + positions),
+    layers of qkv 3e^2 (+ bias) + proj e^2 + e + MLP 2*e*I + I + e + two norms + layer scales 2e
+    [+ q/k-norm]; projector mlp1 = LN(e*r^2) + Linear(e*r^2 -> h) + Linear(h -> h) with biases,
+    r = 1/downsample_ratio; tokens/tile = (image/patch)^2 x downsample^2."""
+    w = "vision_config"
+    vh = _req_int(vc, "hidden_size", what="the vision tower", where=w)
+    vl = _req_int(vc, "num_hidden_layers", what="the vision tower", where=w)
+    vi = _req_int(vc, "intermediate_size", what="the vision tower", where=w)
+    heads = _opt_int(vc, "num_attention_heads", default=16, where=w)
+    patch = _side(vc, "patch_size", 14, where=w)
+    image = _side(vc, "image_size", 448, where=w)
+    if image < patch:
+        raise SizingError(f"config field 'vision_config.image_size' ({image}) is smaller than its patch_size ({patch})")
+    channels = _opt_int(vc, "num_channels", default=3, where=w)
+    qkv_bias = _bool(vc, "attention_bias" if hf_native else "qkv_bias", True, where=w)
+    qk_norm = _bool(vc, "use_qk_norm" if hf_native else "qk_normalization", False, where=w)
+    norm_each = 2 * vh if _str(vc, "norm_type", "layer_norm", where=w) == "layer_norm" else vh
     n_patches = (image // patch) ** 2
     emb = vh + channels * patch * patch * vh + vh + (n_patches + 1) * vh
     linear = 3 * vh * vh + vh * vh + vh * vi + vi * vh
@@ -542,7 +996,7 @@ def _internvit(vc: dict, llm_hidden: int, downsample: float, hf_native: bool, ma
     ratio = round(1 / downsample)
     proj_in = vh * ratio * ratio
     projector = 2 * proj_in + proj_in * llm_hidden + llm_hidden + llm_hidden * llm_hidden + llm_hidden
-    tokens = int(n_patches * downsample * downsample)
+    tokens = max(1, int(n_patches * downsample * downsample))
     formula = (
         f"vision (InternViT) = embeddings {_n(emb)} + {vl} layers x {_n(layer)} = {_n(tower)}",
         f"projector (mlp1) = LN 2*{proj_in} + {proj_in}*{llm_hidden} + {llm_hidden}*{llm_hidden} (+ biases) = {_n(projector)}",
@@ -552,14 +1006,17 @@ def _internvit(vc: dict, llm_hidden: int, downsample: float, hf_native: bool, ma
                       n_patches + 1, tokens, max_tiles, formula)
 
 
-def _clip_vit(vc: dict, llm_hidden: int) -> VisionSpec:
-    vh = _int(vc, "hidden_size", what="the vision tower")
-    vl = _int(vc, "num_hidden_layers", "depth", what="the vision tower")
-    vi = _int(vc, "intermediate_size", default=4 * vh)
-    heads = _int(vc, "num_attention_heads", "num_heads", default=max(1, vh // 64))
-    patch = int(vc.get("patch_size", 14) if not isinstance(vc.get("patch_size"), list) else vc["patch_size"][0])
-    image = int(vc.get("image_size", 336) if not isinstance(vc.get("image_size"), list) else vc["image_size"][0])
-    n_patches = (image // max(1, patch)) ** 2
+def _clip_vit(vc: dict[str, Any], llm_hidden: int) -> VisionSpec:
+    """Generic CLIP-style ViT (approximate, for llava-style configs): patch + position embeddings,
+    layers of 4e^2 + 2*e*I with biases and two LayerNorms, pre/post LayerNorms; 2-layer MLP projector."""
+    w = "vision_config"
+    vh = _req_int(vc, "hidden_size", what="the vision tower", where=w)
+    vl = _req_int(vc, "num_hidden_layers", "depth", what="the vision tower", where=w)
+    vi = _opt_int(vc, "intermediate_size", default=4 * vh, where=w)
+    heads = _opt_int(vc, "num_attention_heads", "num_heads", default=max(1, vh // 64), where=w)
+    patch = _side(vc, "patch_size", 14, where=w)
+    image = _side(vc, "image_size", 336, where=w)
+    n_patches = max(1, (image // patch) ** 2)
     emb = vh + 3 * patch * patch * vh + (n_patches + 1) * vh
     linear = 4 * vh * vh + 2 * vh * vi
     layer = linear + 4 * vh + 4 * vh + vi + vh
@@ -574,11 +1031,36 @@ def _clip_vit(vc: dict, llm_hidden: int) -> VisionSpec:
 # --------------------------------------------------------------------------------------
 # entry point
 
+_GPT_FAMILIES = {"gpt2": _gpt2, "gpt_neox": _gpt_neox, "phi": _phi, "starcoder2": _starcoder2}
+_ARCH_NAMES = {"gpt2lmheadmodel": "gpt2", "gptneoxforcausallm": "gpt_neox", "phiforcausallm": "phi",
+               "starcoder2forcausallm": "starcoder2"}
+_DEFAULT_DTYPE = {"gpt2": "fp32"}  # GPT-2's config.json names no dtype; its checkpoint is fp32
+_QWEN_VL_TYPES = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl"}
+_QWEN_VL_VISION_TYPES = {"qwen2_vl_vision": "qwen2-vl", "qwen2_5_vl_vision": "qwen2.5-vl"}
+_Parser = Callable[[dict[str, Any], str], dict[str, Any]]
 
-def _family_parser(cfg: dict) -> tuple[str, Any, list[str]]:
+
+def _model_type(cfg: dict[str, Any], where: str = "") -> str:
+    return _str(cfg, "model_type", where=where).lower()
+
+
+def _architectures(cfg: dict[str, Any]) -> list[str]:
+    value = cfg.get("architectures")
+    if isinstance(value, str):
+        return [value]
+    return _str_list(cfg, "architectures") or []
+
+
+def _family_parser(cfg: dict[str, Any], where: str = "") -> tuple[str, _Parser, list[str]]:
+    """(model_type, parser, notes) for a decoder config, by ``model_type`` then ``architectures``."""
     notes: list[str] = []
-    model_type = str(cfg.get("model_type") or "").lower()
-    arch = " ".join(str(a) for a in (cfg.get("architectures") or [])).lower()
+    model_type = _model_type(cfg, where)
+    archs = [a.lower() for a in _architectures(cfg)]
+    if not model_type:
+        model_type = next((_ARCH_NAMES[a] for a in archs if a in _ARCH_NAMES), "")
+    arch = " ".join(archs)
+    if model_type in _GPT_FAMILIES:
+        return model_type, _GPT_FAMILIES[model_type], notes
     if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2") or "kv_lora_rank" in cfg:
         return model_type or "deepseek_v3", _mla, notes
     if model_type in ("falcon", "refinedweb", "refinedwebmodel") or "falcon" in arch or "refinedweb" in arch:
@@ -588,66 +1070,109 @@ def _family_parser(cfg: dict) -> tuple[str, Any, list[str]]:
     if not model_type and "internlm2" in arch:
         model_type = "internlm2"
     if model_type not in _KNOWN_LLAMA_LIKE:
-        notes.append(f"model_type {model_type or '(none)'!r} is not one the calculator knows by name;"
+        notes.append(f"model_type {model_type[:80] or '(none)'!r} is not one the calculator knows by name;"
                      " counted as a Llama-style decoder (gated MLP, RMSNorm) from its fields")
     return model_type or "llama", _llama_like, notes
 
 
-def _decoder(cfg: dict) -> tuple[dict, str, list[str]]:
-    model_type, parser, notes = _family_parser(cfg)
+def _decoder(cfg: dict[str, Any], where: str = "") -> tuple[dict[str, Any], str, list[str]]:
+    model_type, parser, notes = _family_parser(cfg, where)
+    if "rope_theta" in cfg:
+        _float(cfg, "rope_theta", 10000.0, where=where)
     return parser(cfg, model_type), model_type, notes
 
 
-def model_from_config(cfg: Any, key: str = "custom", source: dict | None = None) -> ModelSpec:
-    """Build a ModelSpec from a parsed config.json (a dict)."""
+def _text_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The language model's config and its dotted prefix: ``llm_config`` (InternVL chat),
+    ``text_config`` (transformers composites, when the top level has no ``hidden_size``), or the
+    config itself (flat form, e.g. Qwen2-VL as published). The top level's
+    ``tie_word_embeddings`` applies to a nested text config that does not set its own."""
+    _bool(cfg, "tie_word_embeddings", False)  # validated even where the nested config decides
+    llm = _obj(cfg, "llm_config")
+    if llm is not None:
+        return llm, "llm_config"
+    text = _obj(cfg, "text_config")
+    if text is not None and "hidden_size" not in cfg:
+        if "tie_word_embeddings" in cfg and "tie_word_embeddings" not in text:
+            text = {**text, "tie_word_embeddings": cfg["tie_word_embeddings"]}
+        return text, "text_config"
+    return cfg, ""
+
+
+def _tiles(cfg: dict[str, Any]) -> int:
+    """InternVL tiles per image: max_dynamic_patch (12) + a thumbnail when use_thumbnail and > 1 tile."""
+    max_patch = _opt_int(cfg, "max_dynamic_patch", default=12)
+    thumb = _bool(cfg, "use_thumbnail", True) and max_patch > 1
+    return max_patch + (1 if thumb else 0)
+
+
+def _vision(cfg: dict[str, Any], top_type: str, llm_hidden: int) -> tuple[VisionSpec | None, list[str], bool]:
+    """(vision tower or None, notes, trust_remote_code) for a composite config's ``vision_config``."""
+    vc = _obj(cfg, "vision_config")
+    if vc is None:
+        return None, [], False
+    vision_type = _model_type(vc, "vision_config")
+    qwen = _QWEN_VL_TYPES.get(top_type) or _QWEN_VL_VISION_TYPES.get(vision_type)
+    if qwen:
+        return _qwen_vl_vision(vc, qwen, llm_hidden), [], False
+    downsample = _float(cfg, "downsample_ratio", 0.5, high=1.0)
+    if "llm_config" in cfg or top_type == "internvl_chat":
+        return _internvit(vc, llm_hidden, downsample, hf_native=False, max_tiles=_tiles(cfg)), [], True
+    if top_type == "internvl" or vision_type == "internvl_vision":
+        return _internvit(vc, llm_hidden, downsample, hf_native=True, max_tiles=_tiles(cfg)), [], False
+    note = ("vision tower counted with a generic CLIP-style formula (approximate);"
+            " a local folder with safetensors gives exact bytes")
+    return _clip_vit(vc, llm_hidden), [note], False
+
+
+def _source(cfg: dict[str, Any], given: dict[str, Any] | None) -> dict[str, Any]:
+    """Provenance: the caller's ``source`` or the preset's ``_source`` object (string values)."""
+    raw = given if given is not None else cfg.get("_source")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise SizingError(f"config field '_source' must be an object, got {type(raw).__name__}")
+    for name in ("hf_id", "display_name"):
+        _str(raw, name, where="_source")
+    return dict(raw)
+
+
+def _max_position(parts: dict[str, Any], text_cfg: dict[str, Any], cfg: dict[str, Any], where: str) -> int | None:
+    """The context limit: the family's own (GPT-2 n_positions) or ``max_position_embeddings``."""
+    own = parts.pop("max_position", None)
+    if own is not None:
+        return int(own)
+    if text_cfg.get("max_position_embeddings") is not None:
+        value: int = _int(text_cfg, "max_position_embeddings", where=where)
+        return value
+    top: int | None = _int(cfg, "max_position_embeddings", default=None)
+    return top
+
+
+def model_from_config(cfg: Any, key: str = "custom", source: dict[str, Any] | None = None) -> ModelSpec:
+    """Build a ModelSpec from a parsed config.json (a dict). Any malformed field raises
+    SizingError (a ValueError) with one line naming it."""
     if not isinstance(cfg, dict):
         raise SizingError(f"a config must be a JSON object, got {type(cfg).__name__}")
-    source = dict(source or cfg.get("_source") or {})
-    notes: list[str] = []
-    vision = None
-    top_type = str(cfg.get("model_type") or "").lower()
-    text_cfg = cfg
-    if isinstance(cfg.get("llm_config"), dict):
-        text_cfg = cfg["llm_config"]
-    elif isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
-        text_cfg = cfg["text_config"]
-    elif cfg.get("text_config") is not None and not isinstance(cfg.get("text_config"), dict):
-        raise SizingError("config field 'text_config' must be an object")
-    parts, model_type, more = _decoder(text_cfg)
+    src = _source(cfg, source)
+    top_type = _model_type(cfg)
+    _architectures(cfg)
+    text_cfg, where = _text_config(cfg)
+    parts, model_type, notes = _decoder(text_cfg, where)
+    vision, more, trust_remote_code = _vision(cfg, top_type, parts["hidden"])
     notes += more
-    trust_remote_code = False
-
-    vc = cfg.get("vision_config")
-    if vc is not None:
-        if not isinstance(vc, dict):
-            raise SizingError("config field 'vision_config' must be an object")
-        downsample = float(cfg.get("downsample_ratio", 0.5) or 0.5)
-        if not 0 < downsample <= 1:
-            raise SizingError(f"downsample_ratio must be in (0, 1], got {downsample}")
-        max_patch = int(cfg.get("max_dynamic_patch", 12) or 12)
-        thumb = bool(cfg.get("use_thumbnail", True)) and max_patch > 1
-        tiles = max_patch + (1 if thumb else 0)
-        if "llm_config" in cfg or top_type == "internvl_chat":
-            vision = _internvit(vc, parts["hidden"], downsample, hf_native=False, max_tiles=tiles)
-            trust_remote_code = True
-        elif top_type == "internvl" or str(vc.get("model_type", "")) == "internvl_vision":
-            vision = _internvit(vc, parts["hidden"], downsample, hf_native=True, max_tiles=tiles)
-        else:
-            vision = _clip_vit(vc, parts["hidden"])
-            notes.append("vision tower counted with a generic CLIP-style formula (approximate);"
-                         " a local folder with safetensors gives exact bytes")
+    if vision is not None:
         parts["family"] = "vision-language: " + parts["family"]
         parts["param_formula"] = parts["param_formula"] + vision.formula
     if model_type in ("internlm2", "internlm3"):
         trust_remote_code = True
-
-    max_pos = text_cfg.get("max_position_embeddings", cfg.get("max_position_embeddings"))
-    if max_pos is not None:
-        max_pos = _int({"max_position_embeddings": max_pos}, "max_position_embeddings")
-    display = source.get("display_name") or cfg.get("_name_or_path") or key
+    max_pos = _max_position(parts, text_cfg, cfg, where)
+    has_dtype = any(cfg.get(k) is not None for k in ("torch_dtype", "dtype", "quantization_config"))
+    dtype = checkpoint_dtype(cfg if has_dtype else text_cfg, _DEFAULT_DTYPE.get(model_type, "bf16"))
+    name_or_path = _str(cfg, "_name_or_path") or None
+    display = src.get("display_name") or name_or_path or key
     return ModelSpec(
-        key=key, display_name=str(display), hf_id=source.get("hf_id") or cfg.get("_name_or_path"),
-        model_type=top_type or model_type, max_position=max_pos,
-        checkpoint_dtype=checkpoint_dtype(cfg if "torch_dtype" in cfg or "quantization_config" in cfg else text_cfg),
-        vision=vision, trust_remote_code=trust_remote_code, notes=tuple(notes), source=source, **parts,
+        key=key, display_name=str(display), hf_id=src.get("hf_id") or name_or_path,
+        model_type=top_type or model_type, max_position=max_pos, checkpoint_dtype=dtype,
+        vision=vision, trust_remote_code=trust_remote_code, notes=tuple(notes), source=src, **parts,
     )

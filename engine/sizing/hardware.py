@@ -5,6 +5,8 @@ also give plain numbers. Compute figures are dense (no 2:4 sparsity).
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
 import json
 import math
@@ -48,7 +50,8 @@ class Hardware:
     nominal_memory_bytes: int = 0
     measured: bool = False
     notes: tuple[str, ...] = ()
-    sources: dict = field(default_factory=dict)
+    sources: dict[str, Any] = field(default_factory=dict)
+    alias_note: str = ""  # set when an ambiguous alias (e.g. "a100") was resolved to one preset
 
     @property
     def is_310p(self) -> bool:
@@ -81,62 +84,195 @@ class Hardware:
         return self.fp16_flops, "FP16"
 
 
-def _value(d: dict, name: str, default: Any = None) -> Any:
-    raw = d.get(name, default)
+# --------------------------------------------------------------------------------------
+# validation: every field of a hardware file (or dict) is checked and named on failure
+
+REQUIRED_FIELDS = ("memory_gib", "bandwidth_gb_s", "fp16_tflops")
+# sanity ceilings (far above any real device; they only stop absurd inputs such as 1e300)
+CEILINGS: dict[str, float] = {
+    "memory_gib": 1e5, "memory_visible_mib": 1e8, "bandwidth_gb_s": 1e6, "fp16_tflops": 1e6, "bf16_tflops": 1e6,
+    "fp8_tflops": 1e6, "int8_tops": 1e6, "fp32_tflops": 1e6, "interconnect_gb_s": 1e5,
+}
+OPTIONAL_RATES = ("bf16_tflops", "fp8_tflops", "int8_tops", "fp32_tflops", "interconnect_gb_s")
+MAX_DEVICES_PER_CARD = 16
+_MISSING = object()
+
+
+def _bad(name: str, why: str, value: Any) -> SizingError:
+    """One-line error that names the field (the CLI prints it and exits 2)."""
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return SizingError(f"hardware field {name!r} {why}, got {shown}")
+
+
+def _raw(d: dict, name: str) -> Any:
+    """A field's value: plain, or the ``value`` of a ``{"value", "source", "confidence"}`` object;
+    ``_MISSING`` when absent (a wrapper without ``value`` counts as absent)."""
+    if name not in d:
+        return _MISSING
+    raw = d[name]
     if isinstance(raw, dict):
-        return raw.get("value", default)
+        return raw.get("value", _MISSING)
     return raw
 
 
-def _positive(name: str, value: Any, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise SizingError(f"hardware field {name!r} must be a positive number, got {value!r}")
+def _number(name: str, value: Any) -> float:
+    """A finite real number (not a bool, not a string, not NaN/inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(name, "must be a number", value)
+    if not math.isfinite(value):
+        raise _bad(name, "must be a finite number", value)
     return float(value)
 
 
+def _positive(name: str, value: Any, *, allow_none: bool = False, ceiling: float | None = None) -> float | None:
+    """A number in (0, ceiling]; None allowed for optional figures (the unit is absent)."""
+    if value is None or value is _MISSING:
+        if allow_none:
+            return None
+        raise SizingError(f"hardware is missing {name!r}" if value is _MISSING else
+                          f"hardware field {name!r} must be a positive number, got None")
+    v = _number(name, value)
+    if v <= 0:
+        raise _bad(name, "must be a positive number", value)
+    top = CEILINGS.get(name) if ceiling is None else ceiling
+    if top is not None and v > top:
+        raise _bad(name, f"must be at most {top:g}", value)
+    return v
+
+
+def _fraction(name: str, value: Any) -> float:
+    """A share in (0, 1] (efficiencies, usable_fraction)."""
+    v = _number(name, value)
+    if not 0 < v <= 1:
+        raise _bad(name, "must be in (0, 1]", value)
+    return v
+
+
+def _text(d: dict, name: str, default: str) -> str:
+    value = d.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise _bad(name, "must be a string", value)
+    return value
+
+
+def _choice(d: dict, name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = _text(d, name, default)
+    if value not in allowed:
+        raise SizingError(f"hardware field {name!r}: unknown value {value!r}; one of: {', '.join(allowed)}")
+    return value
+
+
+def _devices_per_card(d: dict) -> int:
+    value = _raw(d, "devices_per_card")
+    if value is _MISSING or value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or float(value) != int(value):
+        raise _bad("devices_per_card", "must be a whole number", value)
+    if not 1 <= int(value) <= MAX_DEVICES_PER_CARD:
+        raise _bad("devices_per_card", f"must be between 1 and {MAX_DEVICES_PER_CARD}", value)
+    return int(value)
+
+
+def _efficiency(d: dict) -> tuple[float, float]:
+    """``efficiency: {"memory": eta_mem, "compute": eta_compute}``, each in (0, 1]."""
+    eff = d.get("efficiency", {})
+    if eff is None:
+        eff = {}
+    if not isinstance(eff, dict):
+        raise _bad("efficiency", "must be an object {\"memory\": ..., \"compute\": ...}", eff)
+    return (_fraction("efficiency.memory", eff.get("memory", 0.7)),
+            _fraction("efficiency.compute", eff.get("compute", 0.5)))
+
+
+def _overhead_bytes(d: dict, memory_bytes: int, default_mb: float) -> int:
+    """Runtime overhead (CUDA context, cuBLAS workspace, ...) in MB: >= 0 and below the memory."""
+    value = _raw(d, "runtime_overhead_mb")
+    if value is _MISSING or value is None:
+        value = default_mb
+    mb = _number("runtime_overhead_mb", value)
+    if mb < 0:
+        raise _bad("runtime_overhead_mb", "must be >= 0 MB", value)
+    if mb * 1e6 >= memory_bytes:
+        raise _bad("runtime_overhead_mb", f"must be below the device memory ({memory_bytes / 1e6:,.0f} MB)", value)
+    return int(mb * 1e6)
+
+
+def _notes(d: dict) -> tuple[str, ...]:
+    notes = d.get("notes") or []
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise _bad("notes", "must be a list of strings", notes)
+    return tuple(notes)
+
+
+def _memory_bytes(d: dict) -> tuple[int, int]:
+    """(memory the runtime sees, nominal memory) in bytes.
+
+    ``memory_visible_mib`` is what CUDA reports as the device total (``cudaMemGetInfo`` /
+    ``torch.cuda.mem_get_info()[1]``, the figure vLLM multiplies by gpu_memory_utilization); it
+    sits a few hundred MiB under nvidia-smi's total and under the nominal ``memory_gib``.
+    """
+    mem_gib = _positive("memory_gib", _raw(d, "memory_gib"))
+    assert mem_gib is not None
+    nominal = int(mem_gib * GiB)
+    visible_raw = _raw(d, "memory_visible_mib")
+    if visible_raw is _MISSING or visible_raw is None:
+        return nominal, nominal
+    visible = _positive("memory_visible_mib", visible_raw)
+    assert visible is not None
+    if visible * MiB > nominal:
+        raise _bad("memory_visible_mib", f"must not exceed memory_gib ({mem_gib:g} GiB = {mem_gib * 1024:,.0f} MiB)",
+                   visible_raw)
+    return int(visible * MiB), nominal
+
+
+def _tera(d: dict, name: str, *, required: bool = False) -> float | None:
+    value = _raw(d, name)
+    v = _positive(name, value, allow_none=not required)
+    return None if v is None else v * (1e9 if name == "interconnect_gb_s" else 1e12)
+
+
 def hardware_from_dict(d: dict, key: str = "custom") -> Hardware:
-    """Build Hardware from a preset-style dict (values plain or {"value": ...})."""
+    """Build Hardware from a preset-style dict (values plain or {"value": ...}).
+
+    Every field is validated and named on failure (SizingError, a ValueError): required
+    ``memory_gib``, ``bandwidth_gb_s``, ``fp16_tflops`` positive and finite; optional rates positive
+    or null; ``memory_visible_mib`` <= ``memory_gib``; ``usable_fraction`` and efficiencies in (0, 1];
+    ``devices_per_card`` a whole number 1..16; ``runtime_overhead_mb`` >= 0 and below the memory.
+    """
     if not isinstance(d, dict):
         raise SizingError("a hardware description must be a JSON object")
     if d.get("measure"):
         return this_machine(d, key)
-    mem_gib = _positive("memory_gib", _value(d, "memory_gib"))
-    visible_mib = _value(d, "memory_visible_mib")
-    memory = int(_positive("memory_visible_mib", visible_mib) * MiB) if visible_mib is not None else int(mem_gib * GiB)
-    eff = d.get("efficiency") or {}
-    cls = str(d.get("device_class", "custom"))
-    if cls not in DEVICE_CLASSES:
-        raise SizingError(f"unknown device_class {cls!r}; one of: {', '.join(DEVICE_CLASSES)}")
-    framework = str(d.get("default_framework", "none"))
-    if framework not in FRAMEWORKS:
-        raise SizingError(f"unknown default_framework {framework!r}; one of: {', '.join(FRAMEWORKS)}")
-
-    def tera(name: str) -> float | None:
-        v = _positive(name, _value(d, name), allow_none=True)
-        return None if v is None else v * 1e12
-
-    fp16 = tera("fp16_tflops")
-    if fp16 is None:
-        raise SizingError("hardware is missing 'fp16_tflops'")
-    bf16 = tera("bf16_tflops") if "bf16_tflops" in d else fp16
-    ic = _value(d, "interconnect_gb_s")
+    memory, nominal = _memory_bytes(d)
+    fp16 = _tera(d, "fp16_tflops", required=True)
+    assert fp16 is not None
+    bf16 = _tera(d, "bf16_tflops") if "bf16_tflops" in d else fp16
+    bandwidth = _positive("bandwidth_gb_s", _raw(d, "bandwidth_gb_s"))
+    assert bandwidth is not None
+    usable = _raw(d, "usable_fraction")
+    eta_m, eta_c = _efficiency(d)
     sources = {k: v for k, v in d.items() if isinstance(v, dict) and "source" in v}
     return Hardware(
-        key=key, name=str(d.get("name", key)), device_class=cls, memory_bytes=memory,
-        bandwidth=_positive("bandwidth_gb_s", _value(d, "bandwidth_gb_s")) * 1e9,
-        fp16_flops=fp16, bf16_flops=bf16, fp8_flops=tera("fp8_tflops"), int8_ops=tera("int8_tops"),
-        fp32_flops=tera("fp32_tflops"),
-        interconnect=None if ic is None else _positive("interconnect_gb_s", ic) * 1e9,
-        devices_per_card=int(d.get("devices_per_card", 1) or 1),
-        usable_fraction=float(_value(d, "usable_fraction", 1.0) or 1.0),
-        eta_memory=_positive("efficiency.memory", eff.get("memory", 0.7)),
-        eta_compute=_positive("efficiency.compute", eff.get("compute", 0.5)),
-        runtime_overhead_bytes=int(float(_value(d, "runtime_overhead_mb", 650) or 0) * 1e6),
-        default_framework=framework, vendor=str(d.get("vendor", "")), chip=str(d.get("chip", "")),
-        nominal_memory_bytes=int(mem_gib * GiB), notes=tuple(d.get("notes") or ()), sources=sources,
+        key=key, name=_text(d, "name", key), device_class=_choice(d, "device_class", "custom", DEVICE_CLASSES),
+        memory_bytes=memory, bandwidth=bandwidth * 1e9, fp16_flops=fp16, bf16_flops=bf16,
+        fp8_flops=_tera(d, "fp8_tflops"), int8_ops=_tera(d, "int8_tops"), fp32_flops=_tera(d, "fp32_tflops"),
+        interconnect=_tera(d, "interconnect_gb_s"), devices_per_card=_devices_per_card(d),
+        usable_fraction=1.0 if usable is _MISSING or usable is None else _fraction("usable_fraction", usable),
+        eta_memory=eta_m, eta_compute=eta_c, runtime_overhead_bytes=_overhead_bytes(d, memory, 650),
+        default_framework=_choice(d, "default_framework", "none", FRAMEWORKS), vendor=_text(d, "vendor", ""),
+        chip=_text(d, "chip", ""), nominal_memory_bytes=nominal, notes=_notes(d), sources=sources,
     )
+
+
+CUSTOM_LABELS = {"memory_gib": "memory", "bandwidth_gb_s": "bandwidth", "fp16_tflops": "FP16 TFLOPS",
+                 "efficiency.memory": "efficiency (memory)", "efficiency.compute": "efficiency (compute)",
+                 "runtime_overhead_mb": "overhead", "devices_per_card": "devices per card",
+                 "interconnect_gb_s": "interconnect", "int8_tops": "INT8 TOPS", "fp8_tflops": "FP8 TFLOPS"}
 
 
 def custom_hardware(memory_gib: float, bandwidth_gb_s: float, fp16_tflops: float, *, name: str = "Custom",
@@ -144,21 +280,23 @@ def custom_hardware(memory_gib: float, bandwidth_gb_s: float, fp16_tflops: float
                     device_class: str = "custom", devices_per_card: int = 1, eta_memory: float = 0.7,
                     eta_compute: float = 0.5, overhead_mb: float = 650, framework: str = "none",
                     interconnect_gb_s: float | None = 32) -> Hardware:
-    """Hardware the user typed in (page: custom entry)."""
-    for label, v in (("memory", memory_gib), ("bandwidth", bandwidth_gb_s), ("FP16 TFLOPS", fp16_tflops)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise SizingError(f"custom hardware: {label} must be a positive number, got {v!r}")
-    for label, v in (("efficiency (memory)", eta_memory), ("efficiency (compute)", eta_compute)):
-        if not 0 < v <= 1:
-            raise SizingError(f"custom hardware: {label} must be in (0, 1], got {v!r}")
-    if overhead_mb < 0:
-        raise SizingError(f"custom hardware: overhead must be >= 0 MB, got {overhead_mb!r}")
-    d = {"name": name, "device_class": device_class, "memory_gib": memory_gib, "bandwidth_gb_s": bandwidth_gb_s,
-         "fp16_tflops": fp16_tflops, "bf16_tflops": fp16_tflops if bf16 else None,
-         "fp8_tflops": fp8_tflops or None, "int8_tops": int8_tops or None, "devices_per_card": devices_per_card,
-         "efficiency": {"memory": eta_memory, "compute": eta_compute}, "runtime_overhead_mb": overhead_mb,
-         "default_framework": framework, "interconnect_gb_s": interconnect_gb_s}
-    return hardware_from_dict(d, "custom")
+    """Hardware the user typed in (page: custom entry); every value checked as in a hardware file,
+    the error naming the field by its label on the page ("custom hardware: memory must be ...")."""
+    optional = {"fp8_tflops": fp8_tflops, "int8_tops": int8_tops}
+    d: dict[str, Any] = {
+        "name": name, "device_class": device_class, "memory_gib": memory_gib, "bandwidth_gb_s": bandwidth_gb_s,
+        "fp16_tflops": fp16_tflops, "bf16_tflops": fp16_tflops if bf16 else None,
+        **{k: (None if v in (0, None) and not isinstance(v, bool) else v) for k, v in optional.items()},
+        "devices_per_card": devices_per_card, "efficiency": {"memory": eta_memory, "compute": eta_compute},
+        "runtime_overhead_mb": overhead_mb, "default_framework": framework, "interconnect_gb_s": interconnect_gb_s}
+    try:
+        return hardware_from_dict(d, "custom")
+    except SizingError as exc:
+        text = str(exc)
+        for field_name, label in CUSTOM_LABELS.items():
+            text = text.replace(f"hardware field {field_name!r}", label).replace(f"hardware is missing {field_name!r}",
+                                                                                  f"{label} is missing")
+        raise SizingError(f"custom hardware: {text}") from None
 
 
 # --------------------------------------------------------------------------------------
@@ -188,59 +326,66 @@ def _meminfo() -> tuple[int, int]:
     return total, avail or total
 
 
+def _best_seconds(work: Any, repeats: int) -> float:
+    """Fastest of ``repeats`` timed calls."""
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _measure_numpy(n: int, repeats: int) -> tuple[float, float, str]:
+    """(copy bandwidth B/s = 2 n / t (read + write), FP32 matmul FLOP/s = 2 m^3 / t, method)."""
+    import numpy as np
+
+    src = np.ones(n // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    bandwidth = 2 * n / _best_seconds(lambda: np.copyto(dst, src), repeats)
+    m = 1024  # small matrices under-report: BLAS thread wake-up dominates
+    a = np.ones((m, m), dtype=np.float32)
+    b = np.ones((m, m), dtype=np.float32)
+    a @ b
+    flops = 2 * m ** 3 / _best_seconds(lambda: a @ b, 2)
+    return bandwidth, flops, "numpy"
+
+
+def _measure_bytes(n: int, repeats: int) -> tuple[float, float, str]:  # pragma: no cover - numpy is a dependency
+    src = bytearray(n)
+    dst = bytearray(n)
+
+    def copy() -> None:
+        dst[:] = src
+
+    return 2 * n / _best_seconds(copy, repeats), 5e9, "bytearray copy (numpy missing: compute assumed 5 GFLOP/s)"
+
+
 @functools.lru_cache(maxsize=1)
-def measure_this_machine(buffer_mib: int = 64, repeats: int = 3) -> dict:
+def measure_this_machine(buffer_mib: int = 64, repeats: int = 3) -> dict[str, Any]:
     """Memory from the OS, copy bandwidth and FP32 matmul rate measured (once per process)."""
     total, avail = _meminfo()
     n = buffer_mib * MiB
     try:
-        import numpy as np
-
-        src = np.ones(n // 8, dtype=np.float64)
-        dst = np.empty_like(src)
-        best = math.inf
-        for _ in range(repeats):
-            t = time.perf_counter()
-            np.copyto(dst, src)
-            best = min(best, time.perf_counter() - t)
-        bandwidth = 2 * n / best  # read + write
-        m = 1024  # small matrices under-report: BLAS thread wake-up dominates
-        a = np.ones((m, m), dtype=np.float32)
-        b = np.ones((m, m), dtype=np.float32)
-        a @ b
-        best_mm = math.inf
-        for _ in range(2):
-            t = time.perf_counter()
-            a @ b
-            best_mm = min(best_mm, time.perf_counter() - t)
-        flops = 2 * m ** 3 / best_mm
-        method = "numpy"
+        bandwidth, flops, method = _measure_numpy(n, repeats)
     except ImportError:  # pragma: no cover - numpy is a dependency
-        src = bytearray(n)
-        dst = bytearray(n)
-        best = math.inf
-        for _ in range(repeats):
-            t = time.perf_counter()
-            dst[:] = src
-            best = min(best, time.perf_counter() - t)
-        bandwidth = 2 * n / best
-        flops = 5e9
-        method = "bytearray copy (numpy missing: compute assumed 5 GFLOP/s)"
+        bandwidth, flops, method = _measure_bytes(n, repeats)
     return {"memory_total": total, "memory_available": avail, "bandwidth": bandwidth, "flops": flops,
             "cpus": os.cpu_count() or 1, "method": method}
 
 
-def this_machine(d: dict | None = None, key: str = "this-machine") -> Hardware:
+def this_machine(d: dict[str, Any] | None = None, key: str = "this-machine") -> Hardware:
+    """The CPU this process runs on, measured (memory from the OS, copy bandwidth, matmul rate)."""
     d = d or {}
     m = measure_this_machine()
-    eff = d.get("efficiency") or {}
+    eta_m, eta_c = _efficiency({"efficiency": {"memory": 0.9, "compute": 0.8}} if "efficiency" not in d else d)
     return Hardware(
-        key=key, name=str(d.get("name", "This machine (measured)")), device_class="cpu",
+        key=key, name=_text(d, "name", "This machine (measured)"), device_class="cpu",
         memory_bytes=int(m["memory_total"]), bandwidth=m["bandwidth"], fp16_flops=m["flops"],
         bf16_flops=m["flops"], fp8_flops=None, int8_ops=None, fp32_flops=m["flops"], interconnect=None,
         usable_fraction=max(0.05, min(1.0, m["memory_available"] / m["memory_total"])),
-        eta_memory=float(eff.get("memory", 0.9)), eta_compute=float(eff.get("compute", 0.8)),
-        runtime_overhead_bytes=int(float(_value(d, "runtime_overhead_mb", 500)) * 1e6), default_framework="none",
+        eta_memory=eta_m, eta_compute=eta_c,
+        runtime_overhead_bytes=_overhead_bytes(d, int(m["memory_total"]), 500), default_framework="none",
         vendor="local", chip=f"{m['cpus']} CPU cores", nominal_memory_bytes=int(m["memory_total"]), measured=True,
         notes=(f"Measured now: {m['memory_total'] / GiB:.1f} GiB total, {m['memory_available'] / GiB:.1f} GiB available,"
                f" copy bandwidth {m['bandwidth'] / 1e9:.1f} GB/s, FP32 matmul {m['flops'] / 1e9:.0f} GFLOP/s ({m['method']}).",),
@@ -249,10 +394,11 @@ def this_machine(d: dict | None = None, key: str = "this-machine") -> Hardware:
 
 
 # --------------------------------------------------------------------------------------
-# lookup
+# lookup: preset keys, display names and each preset's "aliases" (case and punctuation ignored)
 
 
 def _norm(name: str) -> str:
+    """Lower case, letters and digits only: "RTX 4090" == "rtx-4090" == "rtx4090"."""
     return "".join(c for c in str(name).lower() if c.isalnum())
 
 
@@ -264,7 +410,10 @@ def _preset_files() -> dict[str, Path]:
 
 @functools.lru_cache(maxsize=64)
 def _preset_dict(key: str) -> dict:
-    return json.loads(_preset_files()[key].read_text())
+    data = json.loads(_preset_files()[key].read_text())
+    if not isinstance(data, dict):
+        raise SizingError(f"hardware preset {key}: not a JSON object")
+    return data
 
 
 def hardware_presets() -> list[str]:
@@ -276,27 +425,98 @@ def hardware_info(key: str) -> dict:
     return _preset_dict(key)
 
 
-def get_hardware(name: str) -> Hardware:
-    """A preset key (case and punctuation ignored), a preset's display name, or a JSON file path."""
-    if isinstance(name, Hardware):
-        return name
+def preset_aliases(key: str) -> list[str]:
+    """The names a preset also answers to: its ``aliases`` list (strings), documented in the JSON."""
+    aliases = _preset_dict(key).get("aliases") or []
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise SizingError(f"hardware preset {key}: 'aliases' must be a list of strings")
+    return aliases
+
+
+@functools.lru_cache(maxsize=1)
+def _name_index() -> dict[str, str]:
+    """Normalised key, display name and alias -> preset key. Keys win over names, names over aliases;
+    an alias claimed by two presets is a data error (caught by tests/test_memory_hardware.py)."""
+    index: dict[str, str] = {}
+    for pass_ in ("alias", "name", "key"):
+        for key in _preset_files():
+            names = {"key": [key], "name": [str(_preset_dict(key).get("name", ""))], "alias": preset_aliases(key)}[pass_]
+            for n in names:
+                if _norm(n):
+                    index[_norm(n)] = key
+    return index
+
+
+def _family_note(text: str, key: str) -> str:
+    """When a short family name (``a100``, ``h100``) picked one of several presets, say so."""
+    wanted = _norm(text)
+    siblings = [k for k in _preset_files() if k != key and _norm(k).startswith(wanted)]
+    if not siblings:
+        return ""
+    name = _preset_dict(key).get("name", key)
+    return (f"hardware {text!r} matches several presets ({', '.join([key, *siblings])}); taken as {key}"
+            f" ({name}), the most common variant; name the one you have to be sure")
+
+
+def suggest_hardware(text: str, limit: int = 3) -> list[str]:
+    """Closest preset keys to a mistyped name (difflib over keys, names and aliases)."""
+    index = _name_index()
+    wanted = _norm(text)
+    close = difflib.get_close_matches(wanted, list(index), n=limit * 3, cutoff=0.5)
+    close += [n for n in index if wanted and (n.startswith(wanted) or wanted in n)]
+    keys: list[str] = []
+    for n in close:
+        if index[n] not in keys:
+            keys.append(index[n])
+    return keys[:limit]
+
+
+def _unknown(text: str) -> SizingError:
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    close = suggest_hardware(text)
+    if close:
+        return SizingError(f"unknown hardware {shown!r}; did you mean {', '.join(close)}? (see --list-hardware)")
+    return SizingError(f"unknown hardware {shown!r}; presets: {', '.join(hardware_presets())} (see --list-hardware)")
+
+
+def _from_file(text: str) -> Hardware:
+    path = Path(text)
+    if not path.is_file():
+        raise SizingError(f"hardware file not found: {text}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise SizingError(f"hardware file {text} is not valid JSON: {exc}") from None
+    try:
+        return hardware_from_dict(data, path.stem)
+    except SizingError as exc:
+        raise SizingError(f"hardware file {path.name}: {exc}") from None
+
+
+def resolve_hardware_name(name: str) -> tuple[str, str]:
+    """(preset key, note) for a preset key, display name or alias; SizingError with suggestions."""
     text = str(name or "").strip()
     if not text:
         raise SizingError("no hardware given; see --list-hardware")
-    files = _preset_files()
-    if text in files:
-        return hardware_from_dict(_preset_dict(text), text)
-    wanted = _norm(text)
-    for key in files:
-        if _norm(key) == wanted or _norm(_preset_dict(key).get("name", "")) == wanted:
-            return hardware_from_dict(_preset_dict(key), key)
-    path = Path(text)
-    if path.suffix == ".json" or os.sep in text:
-        if not path.is_file():
-            raise SizingError(f"hardware file not found: {text}")
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SizingError(f"hardware file {text} is not valid JSON: {exc}") from None
-        return hardware_from_dict(data, path.stem)
-    raise SizingError(f"unknown hardware {text!r}; see --list-hardware")
+    if text in _preset_files():
+        return text, ""
+    key = _name_index().get(_norm(text))
+    if key is None:
+        raise _unknown(text)
+    return key, _family_note(text, key)
+
+
+def get_hardware(name: str | os.PathLike[str] | Hardware) -> Hardware:
+    """A preset key, display name or alias (case and punctuation ignored), or a JSON file path."""
+    if isinstance(name, Hardware):
+        return name
+    if isinstance(name, os.PathLike):
+        return _from_file(os.fspath(name))
+    if not isinstance(name, str):
+        raise SizingError(f"hardware must be a name or a JSON file path, got {type(name).__name__}")
+    text = name.strip()
+    if text.endswith(".json") or os.sep in text:
+        return _from_file(text)
+    key, note = resolve_hardware_name(text)
+    hw = hardware_from_dict(_preset_dict(key), key)
+    return dataclasses.replace(hw, alias_note=note) if note else hw

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from typing import Any
 from pathlib import Path
 
 from .arch import Checkpoint, ModelSpec, model_from_config
@@ -16,6 +17,8 @@ from .formats import FLOAT_SAFETENSORS, SAFETENSORS_DTYPE_BYTES, SizingError
 from .hardware import PRESETS_DIR
 
 MAX_HEADER = 100 * 1024 * 1024
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # real config.json files are under 1 MB
+MAX_NAME_CHARS = 4096  # PATH_MAX on Linux
 
 
 @functools.lru_cache(maxsize=1)
@@ -25,7 +28,7 @@ def _preset_files() -> dict[str, Path]:
 
 
 @functools.lru_cache(maxsize=64)
-def _preset_dict(key: str) -> dict:
+def _preset_dict(key: str) -> dict[str, Any]:
     return json.loads(_preset_files()[key].read_text())
 
 
@@ -33,7 +36,7 @@ def model_presets() -> list[str]:
     return list(_preset_files())
 
 
-def model_preset_config(key: str) -> dict:
+def model_preset_config(key: str) -> dict[str, Any]:
     return _preset_dict(key)
 
 
@@ -41,23 +44,38 @@ def _norm(name: str) -> str:
     return "".join(c for c in str(name).lower() if c.isalnum())
 
 
-def parse_config_text(text: str, key: str = "pasted") -> ModelSpec:
-    """Pasted or uploaded config.json text."""
+def _load_json(text: str) -> object:
+    """``json.loads`` with every failure as one SizingError line: syntax errors (with line and
+    column), integers longer than Python's 4,300-digit limit, nesting deep enough to exhaust the
+    recursion limit."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SizingError(f"malformed config JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise SizingError("malformed config JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer literal of more than 4,300 digits
+        raise SizingError(f"malformed config JSON: {str(exc).split(';')[0]}") from None
+
+
+def parse_config_text(text: str | bytes, key: str = "pasted") -> ModelSpec:
+    """Pasted or uploaded config.json text (at most MAX_CONFIG_BYTES)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError:
             raise SizingError("the uploaded config is not UTF-8 text") from None
-    if not str(text).strip():
+    if not isinstance(text, str):
+        raise SizingError(f"config text must be a string, got {type(text).__name__}")
+    if not text.strip():
         raise SizingError("the config text is empty")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SizingError(f"malformed config JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    return model_from_config(data, key)
+    if len(text) > MAX_CONFIG_BYTES:
+        raise SizingError(f"the config text is {len(text):,} characters; a config.json is at most"
+                          f" {MAX_CONFIG_BYTES:,}")
+    return model_from_config(_load_json(text), key)
 
 
-def read_safetensors_header(path: str | Path) -> dict:
+def read_safetensors_header(path: str | Path) -> dict[str, Any]:
     """The JSON header of one .safetensors file (tensor name -> dtype, shape, data_offsets)."""
     path = Path(path)
     try:
@@ -85,9 +103,12 @@ def checkpoint_from_folder(folder: str | Path) -> Checkpoint | None:
     files: list[Path]
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
-        except (OSError, json.JSONDecodeError):
+            data = _load_json(index.read_text())
+        except (OSError, UnicodeDecodeError, SizingError):
             raise SizingError(f"{index.name} is not valid JSON") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise SizingError(f"{index.name}: 'weight_map' must be an object of tensor name -> file name")
         files = [folder / name for name in sorted(set(weight_map.values()))]
     else:
         files = sorted(folder.glob("*.safetensors"))
@@ -146,6 +167,8 @@ def model_from_path(path: str | Path, key: str | None = None) -> ModelSpec:
     if not path.is_file():
         raise SizingError(f"config file not found: {path}")
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise SizingError(f"{path} is {path.stat().st_size:,} bytes; a config.json is at most {MAX_CONFIG_BYTES:,}")
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise SizingError(f"cannot read {path}: {exc}") from None
@@ -168,9 +191,16 @@ def get_model(name: str) -> ModelSpec:
         source = _preset_dict(key).get("_source", {})
         if wanted in (_norm(key), _norm(source.get("display_name", "")), _norm(source.get("hf_id", ""))):
             return model_from_config(_preset_dict(key), key)
+    shown = text if len(text) <= 200 else text[:200] + "..."
+    if len(text) > MAX_NAME_CHARS:
+        raise SizingError(f"model name or path is {len(text):,} characters (at most {MAX_NAME_CHARS:,}): {shown!r}")
     path = Path(text)
-    if path.exists():
+    try:
+        exists = path.exists()
+    except (OSError, ValueError) as exc:  # name too long for the file system, NUL byte, ...
+        raise SizingError(f"cannot use {shown!r} as a config path: {getattr(exc, 'strerror', None) or exc}") from None
+    if exists:
         return model_from_path(path)
     if text.endswith(".json") or "/" in text:
-        raise SizingError(f"config file or folder not found: {text}")
-    raise SizingError(f"unknown model {text!r}; see --list-models, or pass a config.json path or a model folder")
+        raise SizingError(f"config file or folder not found: {shown}")
+    raise SizingError(f"unknown model {shown!r}; see --list-models, or pass a config.json path or a model folder")

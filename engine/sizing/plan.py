@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from fractions import Fraction as F
 from functools import cached_property
 
+from . import activations
+from .activations import ACT_COEFF, Activations
 from .arch import ModelSpec
 from .budget import (FRAMEWORK_LABELS, Budget, ascend_mask_bytes, nccl_bytes, resolve_budget,
                      sglang_fraction)
@@ -36,7 +38,6 @@ __all__ = ["ACT_COEFF", "COMM_LATENCY_S", "MAX_DEVICES", "MAX_CONTEXT", "MAX_BAT
            "Plan", "Settings", "Speed", "StageMemory", "StageStatic", "Workload", "ascend_mask_bytes", "gib",
            "nccl_bytes", "rate", "roofline_decode_tokens_per_s", "sglang_fraction"]
 
-ACT_COEFF = 11  # aiconfigurator's LLAMA activation coefficient at TP1 (sizing.md §3.4)
 COMM_LATENCY_S = 8e-6  # per all-reduce / stage hop (assumed)
 DEFAULT_LINK = 32e9  # bytes/s between devices when the hardware gives no interconnect (PCIe 4 x16)
 
@@ -123,20 +124,6 @@ class StageMemory:
 
 
 @dataclass(frozen=True)
-class Activations:
-    """Activation peak per device: tokens profiled, LLM activations, logits, vision tower (bytes)."""
-
-    tokens: int
-    llm: int
-    logits: int
-    vision: int
-
-    @property
-    def total(self) -> int:
-        return self.llm + self.logits + self.vision
-
-
-@dataclass(frozen=True)
 class Speed:
     """Roofline (or efficiency-scaled) speed for one workload on one layout."""
 
@@ -194,23 +181,6 @@ def _prefix_sums(model: ModelSpec, layer_bytes: tuple[F, ...], kv: KVDtype) -> _
                    tuple(i for i, lay in enumerate(model.layers) if lay.num_experts))
 
 
-def llama_activation_estimate(plan: Plan, batch: int) -> Activations:
-    """aiconfigurator's rule (sizing.md §3.4): act bytes x tokens x max(h, nh x d) x 11, tokens =
-    max_num_batched_tokens under a framework (vLLM profiles there), else min(B x prompt, budget);
-    + logits B x V x 4 B; + vision tower images x tiles x patch tokens x vision hidden x act bytes x 11."""
-    m = plan.model
-    if plan.framework == "none":
-        tokens = min(batch * plan.prompt_total, plan.batched_tokens) if plan.prompt_total else 1
-    else:
-        tokens = plan.batched_tokens
-    width = max(m.hidden, m.num_heads * m.head_dim)
-    act = plan.act_bytes
-    vision = 0
-    if m.vision and plan.images:
-        vision = plan.images * plan.tiles * m.vision.patch_tokens * m.vision.hidden * act * ACT_COEFF
-    return Activations(tokens=tokens, llm=act * tokens * width * ACT_COEFF, logits=batch * m.vocab * 4, vision=vision)
-
-
 # --------------------------------------------------------------------------------------
 # the plan
 
@@ -220,7 +190,7 @@ class Plan:
 
     def __init__(self, model: ModelSpec, hw: Hardware, workload: Workload, settings: Settings):
         self.model, self.hw, self.settings, self.workload_in = model, hw, settings, workload
-        self.remarks = Remarks(notes=list(model.notes))
+        self.remarks = Remarks(notes=list(model.notes) + ([hw.alias_note] if hw.alias_note else []))
         s = settings
         self.budget: Budget = resolve_budget(hw, s.framework, s.gpu_memory_utilization, s.block_size,
                                              s.max_num_batched_tokens, s.eta_memory, s.eta_compute, self.remarks)
@@ -381,9 +351,12 @@ class Plan:
     def usable(self) -> int:
         return self.budget.usable
 
-    def activation_parts(self, batch: int) -> Activations:
-        """The activation estimate: the one call site (swap the estimator here)."""
-        return llama_activation_estimate(self, batch)
+    def activation_parts(self, batch: int, tp: int | None = None) -> Activations:
+        """Activation memory per device (engine/sizing/activations.py: vLLM's profiling peak), at this
+        plan's TP unless ``tp`` is given: the one call site of the estimator."""
+        return activations.activation_parts(self.model, self.framework, batch=batch, prompt_tokens=self.prompt_total,
+                                            batched_tokens=self.batched_tokens, act_bytes=self.act_bytes,
+                                            images=self.images, tiles=self.tiles, tp=self.tp if tp is None else tp)
 
     def kv_bytes_stage(self, st: StageStatic, batch: int, context: int) -> F:
         """KV = B x sum over windows of round_up(min(S, window), block) x bytes/token, + B x state."""
@@ -412,7 +385,7 @@ class Plan:
         tp = self.tp if tp is None else tp
         pp = self.pp if pp is None else pp
         b = self.budget
-        act = self.activation_parts(batch).total
+        act = self.activation_parts(batch, tp).total
         mask = b.mask_bytes(context)
         overhead = self.hw.runtime_overhead_bytes + nccl_bytes(tp * pp)
         out = []
