@@ -468,6 +468,24 @@ def test_every_formula_has_its_numbers():
     assert "8,075,365,376" in e.formulas["parameters"]
 
 
+def test_activation_formula_is_the_calibrated_one():
+    """--formula prints activations.py's formula (vLLM's profiling peak), not aiconfigurator's
+    "x 11 ... + B x V x 4" filled with the new numbers; its terms add up to the answer's bytes."""
+    e = estimate("llama-3-8b", "rtx-3090", Workload(context=20000), Settings(max_num_batched_tokens=20000))
+    text = e.formulas["activations"]
+    assert "max(forward, sampler)" in text and "x 11" not in text and "B x V x 4" not in text
+    # forward = T x b x (2h + max(3I/tp + h, attn/tp)) = 20,000 x 2 x (8,192 + 47,104) = 2,211,840,000 B
+    assert "20,000 x 2 x (2 x 4,096 + max(43,008/1 + 4,096, 14,336/1)) = 2,211,840,000 B" in text
+    assert "1 x 128,256 x 38.8" in text  # the sampler term with vLLM's fitted bytes per logit
+    assert "RoPE cos/sin cache max_position x head_dim x b = 8,192 x 128 x 2 = 2,097,152 B" in text
+    assert f"= {e.activation_bytes:,} B" in text and e.activation_bytes == 2_211_840_000 + 2_097_152
+    plain = estimate("llama-3-8b", "rtx-3090", settings=NONE).formulas["activations"]
+    assert "S x V x 4 =" in plain and "RoPE" not in plain  # plain runtimes: fp32 logits, no RoPE cache counted
+    vis = estimate("internvl2-8b", "atlas-300v-pro")
+    assert "vision images x tiles x patch tokens x hidden x b x 11 = 1 x 13 x 1025 x 1024 x 2 x 11" in \
+        vis.formulas["activations"] and f"= {vis.activation_bytes:,} B" in vis.formulas["activations"]
+
+
 def test_workload_resolution():
     e = estimate("internvl2-8b", "a100-80gb", Workload(context=8192, images=2, tiles=6, output=100), detail=False)
     assert e.image_tokens == 2 * 6 * 256 and e.prompt_tokens == 8192 - 100

@@ -202,4 +202,4 @@ def formula_text(model: ModelSpec, act: Activations, *, act_bytes: int, batch: i
     if act.rope_cache:
         text += (f" + RoPE cos/sin cache max_position x head_dim x b = {model.max_position:,} x {model.head_dim}"
                  f" x {act_bytes} = {act.rope_cache:,} B")
-    return text + f" = {act.total:,} B"
+    return text + (f" = {act.total:,} B" if act.vision or act.rope_cache else "")

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .budget import DEFAULT_UTIL, nccl_bytes
-from .plan import ACT_COEFF, Plan, Speed
+from . import activations
+from .plan import Plan, Speed
 from .units import fmt_bytes, gib, rate, round_up
 
 if TYPE_CHECKING:
@@ -59,14 +60,12 @@ def _kv_total(plan: Plan, est: Estimate) -> str:
 
 
 def _activations(plan: Plan, est: Estimate) -> str:
-    m, act_bytes = plan.model, plan.precision.act_bytes
+    """activations.py's formula (vLLM's profiling peak) with this answer's numbers."""
     ap = plan.activation_parts(est.batch)
-    text = (f"activations = {act_bytes} B x {ap.tokens:,} tokens x max(h, nh*d) {max(m.hidden, m.num_heads * m.head_dim):,}"
-            f" x {ACT_COEFF} = {fmt_bytes(ap.llm)} + logits B x V x 4 = {est.batch} x {m.vocab:,} x 4 = {fmt_bytes(ap.logits)}")
-    if ap.vision and m.vision:
-        text += (f" + vision {plan.work.images} x {plan.work.tiles} tiles x {m.vision.patch_tokens} tokens x"
-                 f" {m.vision.hidden} x {act_bytes} B x {ACT_COEFF} = {fmt_bytes(ap.vision)}")
-    text += f" = {fmt_bytes(est.activation_bytes)}"
+    text = activations.formula_text(plan.model, ap, act_bytes=plan.precision.act_bytes, batch=est.batch,
+                                    framework=plan.framework, tp=plan.tp, images=plan.work.images,
+                                    tiles=plan.work.tiles)
+    text += f" ({fmt_bytes(ap.total)})"
     return text + ("  (vLLM profiles at max_num_batched_tokens)" if plan.framework in ("vllm", "vllm-ascend")
                    else "  (SGLang: chunked prefill size)" if plan.framework == "sglang"
                    else "  (prefill in chunks of at most this many tokens)")
