@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .formats import SizingError
+from .formats import CHECKPOINT_DTYPES, SizingError, dtype_key, dtype_spellings
 
 _MISSING = object()
 
@@ -321,17 +321,10 @@ def _n(x: int) -> str:
     return f"{x:,}"
 
 
-_DTYPES = {
-    "float32": "fp32", "float": "fp32", "fp32": "fp32",
-    "float16": "fp16", "half": "fp16", "fp16": "fp16",
-    "bfloat16": "bf16", "bf16": "bf16",
-    "float8_e4m3fn": "fp8", "float8_e4m3": "fp8", "fp8": "fp8",
-}
-
-
 def checkpoint_dtype(cfg: dict[str, Any], default: str = "bf16") -> str:
     """The checkpoint's storage dtype: ``quantization_config.quant_method == "fp8"`` -> fp8, else
-    ``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) mapped onto fp32/fp16/bf16/fp8;
+    ``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) as ``formats.dtype_key`` reads it
+    (one dtype vocabulary), one of ``formats.CHECKPOINT_DTYPES`` (fp32/bf16/fp16/fp8);
     ``default`` when neither is given. An unknown spelling is an error naming the field."""
     quant = _obj(cfg, "quantization_config") or {}
     name, raw = _find(cfg, ("torch_dtype", "dtype"))
@@ -339,11 +332,11 @@ def checkpoint_dtype(cfg: dict[str, Any], default: str = "bf16") -> str:
         return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else default
     if not isinstance(raw, str):
         raise SizingError(f"config field {name!r} must be a dtype name such as \"bfloat16\", got {raw!r}"[:300])
-    spelled = raw.strip().lower().removeprefix("torch.")
-    if spelled not in _DTYPES:
+    key = dtype_key(raw)
+    if key not in CHECKPOINT_DTYPES:
         raise SizingError(f"config field {name!r}: unknown dtype {raw!r}"[:200]
-                          + f" (known: {', '.join(sorted(_DTYPES))})")
-    return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else _DTYPES[spelled]
+                          + f" (known: {', '.join(dtype_spellings(CHECKPOINT_DTYPES))})")
+    return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else key
 
 
 # --------------------------------------------------------------------------------------

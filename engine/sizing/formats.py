@@ -75,13 +75,22 @@ FLOAT_DTYPE_NAMES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp1
 DTYPE_ALIASES: dict[str, str] = {
     **{long: key for key, long in FLOAT_DTYPE_NAMES.items()},
     "float": "fp32", "f32": "fp32", "f16": "fp16", "half": "fp16",
+    "float8_e4m3fn": "fp8", "float8_e4m3": "fp8",  # FP8 checkpoints' torch_dtype
 }
+#: Storage dtypes a checkpoint's config may name (``torch_dtype`` / ``dtype``), as our keys.
+CHECKPOINT_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
 
 
 def dtype_key(name: str) -> str:
-    """Our key for a float dtype name ("bfloat16" -> "bf16"); unknown names are returned as given."""
-    key = str(name).strip().lower()
+    """Our key for a dtype name ("bfloat16", "torch.bfloat16", "BF16" -> "bf16"); unknown names are
+    returned as given (lower case, without "torch.")."""
+    key = str(name).strip().lower().removeprefix("torch.")
     return DTYPE_ALIASES.get(key, key)
+
+
+def dtype_spellings(keys: tuple[str, ...]) -> list[str]:
+    """Every accepted spelling of these keys (the keys and their aliases), sorted, for messages."""
+    return sorted({*keys, *(alias for alias, key in DTYPE_ALIASES.items() if key in keys)})
 
 
 def torch_dtype_name(key: str) -> str:
