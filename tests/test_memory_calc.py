@@ -81,6 +81,33 @@ def test_sliding_window_room_counts_saturated_layers():
     assert est.kv_room_tokens > est.kv_pool_bytes // est.kv_bytes_per_token
 
 
+@pytest.mark.parametrize("model", ["mistral-7b", "starcoder2-3b"])
+def test_window_on_every_layer_reports_token_slots_not_the_search_cap(model, capsys):
+    """calc-arch's report: with a sliding window on every layer the KV room printed 16,777,216 tokens
+    (the context search's cap: a sequence's KV stops growing at the window, so every context "fits").
+    Now it is the pool's token slots, pool / KV per token, and the answer says what that means."""
+    from engine.memory import MAX_CONTEXT, main
+    e = estimate(model, "rtx-4090")
+    assert e.kv_window == 4096 and e.kv_room_unit == "token slots"
+    slots = e.kv_pool_bytes // (e.kv_bytes_per_token_per_device * 16) * 16
+    assert e.kv_room_tokens == slots < MAX_CONTEXT
+    assert e.kv_window_sequences == e.kv_pool_bytes // (4096 * e.kv_bytes_per_token_per_device)
+    assert e.kv_window_sequences >= e.max_batch  # the batch search also pays activations per sequence
+    assert all(a.kv_room_tokens < MAX_CONTEXT for a in e.alternatives)
+    assert "not the longest context" in " ".join(e.notes) and "token slots" in e.formulas["kv_room"]
+    assert main(["--model", model, "--hardware", "rtx-4090"]) == 0
+    out = capsys.readouterr().out
+    room = next(line for line in out.splitlines() if line.startswith("  KV room"))
+    assert f"= {slots:,} token slots (with a window on every layer a sequence keeps at most its last 4,096" in room
+    assert "16,777,216" not in out
+    assert main(["--model", model, "--hardware", "rtx-4090", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kv_room_tokens"] == slots and "kv_window" not in d  # the JSON contract keeps its keys
+    # a window on only some layers (Gemma-2) or none: the longest context, as before
+    assert estimate("gemma-2-9b", "rtx-4090", detail=False).kv_window is None
+    assert estimate("llama-3-8b", "rtx-4090", detail=False).kv_room_unit == "tokens"
+
+
 def test_mamba_state_is_constant_in_context():
     a = estimate("mamba-1.4b", "l4", Workload(context=1024), detail=False)
     b = estimate("mamba-1.4b", "l4", Workload(context=65536), detail=False)

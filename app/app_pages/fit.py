@@ -221,7 +221,8 @@ def render(est, hardware) -> None:
 
     st.plotly_chart(vm.memory_bar(est), key="memory_bar", width="stretch", config={"displaylogo": False})
 
-    room = (f"KV room: **{est.kv_pool_bytes / calc.GiB:.2f} GiB ≈ {est.kv_room_tokens:,} tokens** · "
+    room = (f"KV room: **{est.kv_pool_bytes / calc.GiB:.2f} GiB ≈ {est.kv_room_tokens:,} {est.kv_room_unit}**"
+            + (f" ({est.kv_room_meaning})" if est.kv_window else "") + " · "
             if est.kv_bytes_per_token else "Constant recurrent state (no per-token KV) · ")
     st.markdown(room + f"longest context at {est.batch} sequence(s): **{est.max_context:,}** · most sequences at"
                 f" {est.context:,} tokens: **{est.max_batch:,}** · fewest {est.device_unit}s that fit:"

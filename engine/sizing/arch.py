@@ -154,6 +154,15 @@ class ModelSpec:
     def has_kv(self) -> bool:
         return self.kv_elems_per_token > 0
 
+    @property
+    def kv_window_bound(self) -> int | None:
+        """When every layer with a KV cache has a sliding window (Mistral-7B v0.1, StarCoder2): the
+        largest window, the most tokens a sequence ever keeps; None when some layer keeps them all."""
+        windows = [layer.window for layer in self.layers if layer.kv_elems]
+        if not windows or any(w is None for w in windows):
+            return None
+        return max(w for w in windows if w is not None)
+
 
 # --------------------------------------------------------------------------------------
 # field access with clear errors

@@ -137,7 +137,8 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
         lines[-1] = (f"  state    no per-token KV: constant state {gib(e.kv_bytes)} for {e.batch} sequence(s)"
                      f" ({e.kv_dtype.upper()})")
     if e.kv_bytes_per_token:
-        lines.append(f"  KV room  {gib(e.kv_pool_bytes)} for the KV pool = {e.kv_room_tokens:,} tokens -> longest context"
+        lines.append(f"  KV room  {gib(e.kv_pool_bytes)} for the KV pool = {e.kv_room_tokens:,} {e.kv_room_unit}"
+                     + (f" ({e.kv_room_meaning})" if e.kv_window else "") + " -> longest context"
                      f" at {e.batch} sequence(s): {e.max_context:,}; most sequences at {e.context:,} tokens: {e.max_batch:,}")
     else:
         lines.append(f"  room     memory does not grow with context (longest context limited only by the model);"
@@ -162,7 +163,7 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
         lines.append("  formats  " + "; ".join(
             f"{a.label}: {gib(a.weight_bytes)}, {'fits' if a.fits else 'does not fit'},"
             f" decode <= {a.decode_tokens_per_s_roofline:,.1f} tok/s (~{a.decode_tokens_per_s:,.1f})"
-            + (f", KV room {a.kv_room_tokens:,} tokens" if e.kv_bytes_per_token else "")
+            + (f", KV room {a.kv_room_tokens:,} {e.kv_room_unit}" if e.kv_bytes_per_token else "")
             + (f" [{a.support}]" if a.support != "supported" else "")
             for a in others))
     for s in e.suggestions:

@@ -124,6 +124,23 @@ class Estimate:
     # not in the JSON contract
     serve_heading: str = field(default="", metadata=_NOT_CONTRACT)  # which tool the serve line is for, and why
     devices_note: str = field(default="", metadata=_NOT_CONTRACT)  # how the fewest-devices layout was chosen
+    #: a window on every KV layer: the most tokens a sequence keeps; kv_room_tokens then counts the pool's
+    #: token slots (shared by sequences), not a context limit. None: some layer keeps every token.
+    kv_window: int | None = field(default=None, metadata=_NOT_CONTRACT)
+    kv_window_sequences: int | None = field(default=None, metadata=_NOT_CONTRACT)  # sequences at a full window
+
+    @property
+    def kv_room_unit(self) -> str:
+        """What kv_room_tokens counts: "tokens" (the longest context), or "token slots" when every layer slides."""
+        return "token slots" if self.kv_window else "tokens"
+
+    @property
+    def kv_room_meaning(self) -> str:
+        """Words for the KV room when every layer slides ("" otherwise)."""
+        if not self.kv_window:
+            return ""
+        return (f"with a window on every layer a sequence keeps at most its last {self.kv_window:,} tokens, so the"
+                f" slots hold {self.kv_window_sequences or 0:,} sequence(s) at a full window and do not limit the context")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON contract: every contract field, nested records as plain dicts."""
@@ -267,6 +284,11 @@ def estimate(model: ModelSpec | str, hardware: Hardware | str, workload: Workloa
         stages=stages, serve_heading=target.heading,
         devices_note=layout.explanation if layout and layout.devices > 1 else "",
     )
+    if spec.has_kv and spec.kv_window_bound:
+        est.kv_window = spec.kv_window_bound
+        est.kv_window_sequences = plan.window_sequences(est.kv_pool_bytes)
+        est.notes.append(f"KV room counts token slots in the KV pool ({est.kv_room_tokens:,}), not the longest context:"
+                         f" {est.kv_room_meaning}")
     if layout and not fits:
         est.notes.append(_layout_memory_note(plan, layout, unit))
     if not fits and layout:

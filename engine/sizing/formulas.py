@@ -111,9 +111,15 @@ def _fits(est: Estimate) -> str:
 def _kv_room(plan: Plan, est: Estimate) -> str:
     m = plan.model
     capped = m.max_position and est.max_context == m.max_position
+    if est.kv_window:
+        room = (f" = {est.kv_room_tokens:,} token slots; a window on every layer: a sequence keeps at most"
+                f" round_up(window {est.kv_window:,}, block) tokens, so pool / (that x KV/token) ="
+                f" {est.kv_window_sequences or 0:,} sequence(s) at a full window; the KV room does not limit the context")
+    else:
+        room = ((" (sliding layers stop growing at their window: the longest single context whose KV fits)"
+                 if any(lay.window for lay in m.layers) else "") + f" = {est.kv_room_tokens:,} tokens")
     return (f"KV room = pool / KV-per-token-per-device = {gib(est.kv_pool_bytes)} / {est.kv_bytes_per_token_per_device:,} B"
-            + (" (sliding layers stop growing at their window)" if any(lay.window for lay in m.layers) else "")
-            + f" = {est.kv_room_tokens:,} tokens; largest context at {est.batch} sequence(s) = {est.max_context:,}"
+            + room + f"; largest context at {est.batch} sequence(s) = {est.max_context:,}"
             + (f" (capped at max_position_embeddings {m.max_position:,})" if capped and m.max_position else "")
             + f"; most sequences at {est.context:,} tokens = {est.max_batch:,}")
 

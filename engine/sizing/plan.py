@@ -368,17 +368,35 @@ class Plan:
         return total + batch * st.state
 
     def room_tokens(self, st: StageStatic, pool: int) -> int:
-        """Longest single-sequence context whose KV fits in ``pool`` bytes (sliding layers saturate)."""
+        """KV room of ``pool`` bytes, in tokens.
+
+        No sliding layer, or every layer sliding: the pool's token slots, pool / KV per token (whole
+        blocks). With full attention that is also the longest single context; with a window on every
+        layer a sequence never keeps more than its window, so the slots are shared by sequences and do
+        not limit the context (``Estimate.kv_window``). Mixed (Gemma-2): the longest single-sequence
+        context whose KV fits, the sliding layers stopping at their window.
+        """
         if pool <= 0 or not st.kv_by_window:
             return 0
         block = self.budget.block
-        if list(st.kv_by_window) == [None]:
+        if list(st.kv_by_window) == [None] or None not in st.kv_by_window:
             return int(pool // (st.kv_per_token_full * block)) * block
 
         def ok(s: int) -> bool:
             return self.kv_bytes_stage(st, 1, s) - st.state <= pool
 
         return search_max(ok, 1, MAX_CONTEXT) if ok(1) else 0
+
+    def window_sequences(self, pool: int, tp: int | None = None, pp: int | None = None) -> int | None:
+        """With a window on every KV layer: how many sequences at a full window the ``pool`` (bytes per
+        device) holds, the worst stage deciding; None when some layer keeps every token."""
+        if self.model.kv_window_bound is None:
+            return None
+        tp = self.tp if tp is None else tp
+        pp = self.pp if pp is None else pp
+        per_seq = max(self.kv_bytes_stage(st, 1, self.model.kv_window_bound) - st.state
+                      for st in self.static(tp, pp))
+        return int(max(pool, 0) // per_seq) if per_seq > 0 else None
 
     def memory(self, batch: int, context: int, tp: int | None = None, pp: int | None = None) -> list[StageMemory]:
         """Per-stage, per-device memory (bytes) for this workload; the worst stage decides."""
