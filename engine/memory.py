@@ -2,9 +2,12 @@
 
 Pure Python — importing this module never imports torch or transformers. The implementation
 lives in ``engine/sizing/`` (one concept per file: ``arch`` config -> parameters and KV,
-``formats`` bytes per format, ``hardware`` presets and this machine, ``models`` where a model
-comes from, ``plan`` budget rules / memory / roofline, ``estimate`` the answer and its searches,
-``advice`` formats to try / what would fit / command lines / formulas, ``cli`` the command line).
+``formats`` bytes per format and the dtype vocabulary, ``hardware`` presets and this machine,
+``models`` where a model comes from; the plan by concern: ``budget`` the framework's budget rule,
+``precision`` formats and weight bytes, ``parallel`` TP/PP and the fewest-devices layout,
+``workload`` token counts and their maxima; ``plan`` memory and roofline from those, ``estimate``
+the answer and its searches, ``advice`` formats to try / what would fit / command lines,
+``formulas`` every formula with its numbers, ``cli`` the command line; ``units`` the one GiB).
 
     >>> from engine.memory import estimate, Workload
     >>> e = estimate("internvl2-8b", "atlas-300v-pro")

@@ -127,6 +127,13 @@ def test_settings_come_from_the_url():
     assert "--quantization fp8" in serve and "--max-model-len 8192" in serve and "--max-num-seqs 4" in serve
 
 
+def test_window_on_every_layer_shows_token_slots_not_the_search_cap():
+    at = open_page(model="mistral-7b", hw="rtx-4090")
+    no_traceback(at)
+    room = next(m.value for m in at.markdown if m.value.startswith("KV room:"))
+    assert "token slots**" in room and "at most its last 4,096 tokens" in room and "16,777,216" not in room
+
+
 def test_changing_a_control_changes_the_answer():
     at = open_page()
     at.selectbox(key="hw").set_value("t4").run()

@@ -160,6 +160,19 @@ def test_known_dtype_spellings_are_accepted() -> None:
         assert model_from_config(_with("llama-3-8b", "torch_dtype", raw)).checkpoint_dtype == want
 
 
+def test_checkpoint_dtype_speaks_the_one_dtype_vocabulary() -> None:
+    """checkpoint_dtype reads names through formats.dtype_key: every spelling the calculator knows
+    for a storage dtype is accepted in a config and gives the same key the rest of it uses."""
+    from engine.sizing.formats import CHECKPOINT_DTYPES, DTYPE_ALIASES, dtype_key
+    for alias, key in DTYPE_ALIASES.items():
+        if key in CHECKPOINT_DTYPES:
+            for spelled in (alias, alias.upper(), f"torch.{alias}"):
+                got = model_from_config(_with("llama-3-8b", "torch_dtype", spelled)).checkpoint_dtype
+                assert got == dtype_key(spelled) == key, spelled
+    for bad in ("int8", "q4_k_m", "float8_e5m2", "torch.", ""):
+        _refused(_with("llama-3-8b", "torch_dtype", bad), "torch_dtype")
+
+
 def test_transformers_5_dtype_key_is_read() -> None:
     cfg = _with("llama-3-8b", "torch_dtype", ...)
     assert model_from_config({**cfg, "dtype": "float16"}).checkpoint_dtype == "fp16"

@@ -81,6 +81,33 @@ def test_sliding_window_room_counts_saturated_layers():
     assert est.kv_room_tokens > est.kv_pool_bytes // est.kv_bytes_per_token
 
 
+@pytest.mark.parametrize("model", ["mistral-7b", "starcoder2-3b"])
+def test_window_on_every_layer_reports_token_slots_not_the_search_cap(model, capsys):
+    """calc-arch's report: with a sliding window on every layer the KV room printed 16,777,216 tokens
+    (the context search's cap: a sequence's KV stops growing at the window, so every context "fits").
+    Now it is the pool's token slots, pool / KV per token, and the answer says what that means."""
+    from engine.memory import MAX_CONTEXT, main
+    e = estimate(model, "rtx-4090")
+    assert e.kv_window == 4096 and e.kv_room_unit == "token slots"
+    slots = e.kv_pool_bytes // (e.kv_bytes_per_token_per_device * 16) * 16
+    assert e.kv_room_tokens == slots < MAX_CONTEXT
+    assert e.kv_window_sequences == e.kv_pool_bytes // (4096 * e.kv_bytes_per_token_per_device)
+    assert e.kv_window_sequences >= e.max_batch  # the batch search also pays activations per sequence
+    assert all(a.kv_room_tokens < MAX_CONTEXT for a in e.alternatives)
+    assert "not the longest context" in " ".join(e.notes) and "token slots" in e.formulas["kv_room"]
+    assert main(["--model", model, "--hardware", "rtx-4090"]) == 0
+    out = capsys.readouterr().out
+    room = next(line for line in out.splitlines() if line.startswith("  KV room"))
+    assert f"= {slots:,} token slots (with a window on every layer a sequence keeps at most its last 4,096" in room
+    assert "16,777,216" not in out
+    assert main(["--model", model, "--hardware", "rtx-4090", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kv_room_tokens"] == slots and "kv_window" not in d  # the JSON contract keeps its keys
+    # a window on only some layers (Gemma-2) or none: the longest context, as before
+    assert estimate("gemma-2-9b", "rtx-4090", detail=False).kv_window is None
+    assert estimate("llama-3-8b", "rtx-4090", detail=False).kv_room_unit == "tokens"
+
+
 def test_mamba_state_is_constant_in_context():
     a = estimate("mamba-1.4b", "l4", Workload(context=1024), detail=False)
     b = estimate("mamba-1.4b", "l4", Workload(context=65536), detail=False)
@@ -154,7 +181,7 @@ def test_tied_head_is_copied_to_the_last_stage():
     e1 = estimate("smollm2-135m", "t4", detail=False)
     e2 = estimate("smollm2-135m", "t4", settings=Settings(pp=2), detail=False)
     emb = 49152 * 576 * 2
-    assert sum(s["weights"] for s in e2.stages) == pytest.approx(e1.weight_bytes + emb, abs=4)
+    assert sum(s.weights for s in e2.stages) == pytest.approx(e1.weight_bytes + emb, abs=4)
 
 
 def test_duo_card_defaults_to_two_chips():
@@ -242,16 +269,54 @@ def test_max_batch_is_the_exact_boundary():
     assert p.fits(e.max_batch, 8192) and not p.fits(e.max_batch + 1, 8192)
 
 
-def test_devices_needed_is_minimal():
+def test_devices_needed_is_minimal_among_engine_layouts():
+    """Fewest devices as engines lay them out: TP in {1, 2, 4, 8} within a node, then TP 8 x PP
+    across nodes (issue 7; the old search allowed any TP x PP, e.g. TP 1 x PP 11)."""
     e = estimate("llama-3-70b", "rtx-4090", detail=False)
     p = plan("llama-3-70b", "rtx-4090")
     n, tp, pp = e.devices_needed, e.devices_needed_tp, e.devices_needed_pp
     assert not e.fits and e.verdict_key == "fits_with_more" and n == tp * pp
     assert p.fits(1, 4096, tp, pp)
-    for m in range(1, n):
-        for t in (1, 2, 4, 8):
-            if m % t == 0 and p._tp_valid(t):
-                assert not p.fits(1, 4096, t, m // t)
+    for t in (1, 2, 4, 8):  # no smaller TP within the node fits
+        if t < tp and p.tp_valid(t):
+            assert not p.fits(1, 4096, t, 1)
+    assert (n, tp, pp) == (8, 8, 1)
+
+
+def test_deepseek_v3_fp8_on_h100_is_two_nodes_of_eight():
+    """The known deployment: 2 x 8 H100 (TP 8 x PP 2); fewer only as a pipeline-only layout,
+    which the answer names along with the memory it assumes."""
+    e = estimate("deepseek-v3", "h100-sxm", settings=Settings(weights="fp8"))
+    assert (e.devices_needed, e.devices_needed_tp, e.devices_needed_pp) == (16, 8, 2)
+    assert "PP 2 across nodes" in e.devices_note and "memory alone would fit 11 (TP 1 x PP 11)" in e.devices_note
+    assumed = next(n for n in e.notes if n.startswith("fewest devices"))
+    assert "71.30 GiB usable of 79.22 GiB per device" in assumed and "weights 40.40 GiB" in assumed
+    assert e.at_devices_needed is not None and e.at_devices_needed.tp == 8 and e.at_devices_needed.pp == 2
+    assert "--tensor-parallel-size 8 --pipeline-parallel-size 2" in e.at_devices_needed.serve_command
+    assert not plan("deepseek-v3", "h100-sxm", s=Settings(weights="fp8")).fits(1, 4096, 8, 1)
+
+
+def test_a_model_that_fits_on_tp_2():
+    e = estimate("llama-3-70b", "h100-sxm", detail=False)
+    assert (e.devices_needed, e.devices_needed_tp, e.devices_needed_pp) == (2, 2, 1)
+    assert e.devices_note.startswith("TP 2 within one node")
+
+
+def test_a_model_that_needs_pipeline_stages_across_nodes():
+    e = estimate("llama-3.1-405b", "h100-sxm", detail=False)  # BF16: ~756 GiB
+    assert e.devices_needed_tp == 8 and e.devices_needed_pp >= 2
+    assert e.devices_needed == 8 * e.devices_needed_pp
+    assert plan("llama-3.1-405b", "h100-sxm").fits(1, 4096, 8, e.devices_needed_pp)
+    assert not plan("llama-3.1-405b", "h100-sxm").fits(1, 4096, 8, e.devices_needed_pp - 1)
+
+
+def test_pipeline_only_layout_is_named():
+    """SmolLM2 has 9 heads: no TP in {2, 4, 8} divides them, so only PP can spread it."""
+    tiny = custom_hardware(0.7, 100, 10, overhead_mb=10, framework="none")
+    e = estimate("smollm2-135m", tiny, settings=Settings(weights="fp32"), detail=False)
+    assert not e.fits and e.devices_needed_tp == 1 and e.devices_needed_pp == e.devices_needed >= 2
+    assert "pipeline-only" in e.devices_note
+    assert any(n.startswith(f"fewest devices ({e.devices_needed}: pipeline-only, tp 1") for n in e.notes)
 
 
 def test_does_not_fit_anywhere():
@@ -265,8 +330,8 @@ def test_suggestions_are_computed_not_guessed():
     assert not e.fits
     fmt_lines = [s for s in e.suggestions if s.startswith("use ") and "devices" not in s]
     assert fmt_lines
-    chosen = next(a for a in e.alternatives if a["fits"] and not a["current"])
-    assert estimate("llama-3-8b", "t4", settings=Settings(weights=chosen["format"]), detail=False).fits
+    chosen = next(a for a in e.alternatives if a.fits and not a.current)
+    assert estimate("llama-3-8b", "t4", settings=Settings(weights=chosen.format), detail=False).fits
     assert any(f"use {e.devices_needed} devices" in s for s in e.suggestions)
 
 
@@ -276,8 +341,8 @@ def test_suggestions_are_computed_not_guessed():
        batch=st.integers(1, 64), context=st.integers(2, 40000), extra_b=st.integers(0, 8), extra_s=st.integers(0, 5000))
 def test_memory_grows_with_batch_and_context(model, hw, batch, context, extra_b, extra_s):
     p = plan(model, hw)
-    a = max(s["total"] for s in p.memory(batch, context))
-    b = max(s["total"] for s in p.memory(batch + extra_b, context + extra_s))
+    a = max(s.total for s in p.memory(batch, context))
+    b = max(s.total for s in p.memory(batch + extra_b, context + extra_s))
     assert b >= a
 
 
@@ -430,6 +495,24 @@ def test_every_formula_has_its_numbers():
     assert "8,075,365,376" in e.formulas["parameters"]
 
 
+def test_activation_formula_is_the_calibrated_one():
+    """--formula prints activations.py's formula (vLLM's profiling peak), not aiconfigurator's
+    "x 11 ... + B x V x 4" filled with the new numbers; its terms add up to the answer's bytes."""
+    e = estimate("llama-3-8b", "rtx-3090", Workload(context=20000), Settings(max_num_batched_tokens=20000))
+    text = e.formulas["activations"]
+    assert "max(forward, sampler)" in text and "x 11" not in text and "B x V x 4" not in text
+    # forward = T x b x (2h + max(3I/tp + h, attn/tp)) = 20,000 x 2 x (8,192 + 47,104) = 2,211,840,000 B
+    assert "20,000 x 2 x (2 x 4,096 + max(43,008/1 + 4,096, 14,336/1)) = 2,211,840,000 B" in text
+    assert "1 x 128,256 x 38.8" in text  # the sampler term with vLLM's fitted bytes per logit
+    assert "RoPE cos/sin cache max_position x head_dim x b = 8,192 x 128 x 2 = 2,097,152 B" in text
+    assert f"= {e.activation_bytes:,} B" in text and e.activation_bytes == 2_211_840_000 + 2_097_152
+    plain = estimate("llama-3-8b", "rtx-3090", settings=NONE).formulas["activations"]
+    assert "S x V x 4 =" in plain and "RoPE" not in plain  # plain runtimes: fp32 logits, no RoPE cache counted
+    vis = estimate("internvl2-8b", "atlas-300v-pro")
+    assert "vision images x tiles x patch tokens x hidden x b x 11 = 1 x 13 x 1025 x 1024 x 2 x 11" in \
+        vis.formulas["activations"] and f"= {vis.activation_bytes:,} B" in vis.formulas["activations"]
+
+
 def test_workload_resolution():
     e = estimate("internvl2-8b", "a100-80gb", Workload(context=8192, images=2, tiles=6, output=100), detail=False)
     assert e.image_tokens == 2 * 6 * 256 and e.prompt_tokens == 8192 - 100
@@ -452,7 +535,7 @@ def test_kv_and_mib_units():
 def test_speed_and_command_are_also_given_where_it_fits():
     e = estimate("llama-3-70b", "rtx-4090", Workload(batch=4, context=8192))
     there = e.at_devices_needed
-    assert there["devices"] == e.devices_needed == 8 and there["tp"] == 8
-    assert "--tensor-parallel-size 8" in there["serve_command"]
-    assert there["decode_tokens_per_s_roofline"] > 5 * e.decode_tokens_per_s_roofline
+    assert there.devices == e.devices_needed == 8 and there.tp == 8
+    assert "--tensor-parallel-size 8" in there.serve_command
+    assert there.decode_tokens_per_s_roofline > 5 * e.decode_tokens_per_s_roofline
     assert estimate("llama-3-8b", "h100-sxm", detail=False).at_devices_needed is None

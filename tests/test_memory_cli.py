@@ -191,3 +191,129 @@ def test_formula_flag_prints_formulas_with_numbers():
     assert "KV elements/token = L x 2 x nkv x d = 32 x 2 x 32 x 128 = 262,144" in proc.stdout
     assert "= 524,288 B/token" in proc.stdout
     assert "usable = gpu_memory_utilization x total = 0.90 x" in proc.stdout
+
+
+# --- the JSON contract's key set, pinned (the typed refactor must not change it) -----------------------------
+CONTRACT_TOP_KEYS = frozenset({
+    "activation_bytes", "alternatives", "at_devices_needed", "bandwidth_bytes_per_s", "batch", "bound", "context",
+    "decode_bytes_per_step", "decode_flops_per_step", "decode_tokens_per_s", "decode_tokens_per_s_roofline",
+    "decode_tokens_per_s_total", "device_memory_bytes", "device_unit", "devices", "devices_needed",
+    "devices_needed_pp", "devices_needed_tp", "efficiency_compute", "efficiency_memory", "fits", "framework",
+    "hardware", "hardware_name", "image_tokens", "images", "kv_bytes", "kv_bytes_per_device", "kv_bytes_per_token",
+    "kv_bytes_per_token_per_device", "kv_dtype", "kv_pool_bytes", "kv_room_tokens", "mask_bytes", "max_batch",
+    "max_context", "model", "model_name", "notes", "output_tokens", "overhead_bytes", "params_active", "params_total",
+    "params_vision", "peak_flops", "peak_label", "pp", "prefill_bound", "prefill_bytes", "prefill_flops",
+    "prefill_seconds", "prefill_seconds_roofline", "prompt_tokens", "reason", "reserve_bytes",
+    "ridge_flops_per_byte", "serve_command", "suggestions", "tiles", "total_bytes_per_device", "tp",
+    "usable_bytes_per_device", "verdict", "verdict_key", "vision_dtype", "vision_weight_bytes_per_device", "warnings",
+    "weight_bytes", "weight_bytes_per_device", "weights_format"})
+CONTRACT_ALTERNATIVE_KEYS = frozenset({
+    "current", "decode_tokens_per_s", "decode_tokens_per_s_roofline", "fits", "format", "kv_room_tokens", "label",
+    "prefill_seconds", "support", "total_bytes_per_device", "weight_bytes"})
+CONTRACT_AT_DEVICES_KEYS = frozenset({
+    "decode_tokens_per_s", "decode_tokens_per_s_roofline", "devices", "pp", "prefill_seconds",
+    "prefill_seconds_roofline", "serve_command", "tp"})
+CONTRACT_FORMULA_KEYS = frozenset({
+    "activations", "budget", "decode", "fits", "kv_per_token", "kv_room", "kv_total", "overhead", "parameters",
+    "prefill", "ridge", "weights"})
+
+
+def _main_json(capsys, *args: str) -> dict:
+    from engine.memory import main
+
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_contract_key_set_is_pinned(capsys):
+    """Exactly these keys (no more, no fewer) at the top level and in the nested records."""
+    d = _main_json(capsys, "--model", "llama-3-70b", "--hardware", "rtx-4090", "--batch", "4", "--context", "8192",
+                   "--formula")
+    assert set(d) == CONTRACT_TOP_KEYS | {"formulas"}
+    assert set(d["formulas"]) == CONTRACT_FORMULA_KEYS
+    assert all(set(a) == CONTRACT_ALTERNATIVE_KEYS for a in d["alternatives"]) and d["alternatives"]
+    assert set(d["at_devices_needed"]) == CONTRACT_AT_DEVICES_KEYS
+    vlm = _main_json(capsys, "--model", "internvl2-8b", "--hardware", "atlas-300v-pro")
+    assert set(vlm) == CONTRACT_TOP_KEYS and vlm["at_devices_needed"] is None
+    assert set(JSON_KEYS) <= CONTRACT_TOP_KEYS
+
+
+# --- issue 7: bad inputs that used to be answered (each failed before its fix) ----------------------------------
+def _main_error(capsys, *args: str) -> str:
+    """In-process ``main(argv)``: exit status 2, nothing on stdout, exactly one line on stderr."""
+    from engine.memory import main
+
+    assert main(list(args)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    return lines[0]
+
+
+BASE = ("--model", "llama-2-7b", "--hardware", "t4")
+
+
+def test_prompt_longer_than_context_is_refused(capsys):
+    """Was: "-4,904 output" and FITS."""
+    line = _main_error(capsys, *BASE, "--prompt", "9000", "--context", "4096")
+    assert "prompt" in line and "9,000" in line and "4,096" in line
+    line = _main_error(capsys, *BASE, "--prompt", "4096", "--context", "4096")
+    assert "prompt" in line
+
+
+@pytest.mark.parametrize("flag, value, fragment", [
+    ("--context", str(10**21), "context"),
+    ("--context", str(2**24 + 1), "16,777,216"),
+    ("--prompt", str(10**12), "prompt"),
+    ("--batch", str(10**12), "batch"),
+    ("--max-num-batched-tokens", str(10**14), "max_num_batched_tokens"),
+])
+def test_huge_workloads_are_refused_with_the_documented_maximum(capsys, flag, value, fragment):
+    """Was: "122,070,312,500,000,016 GiB needed" and similar astronomical answers."""
+    line = _main_error(capsys, *BASE, flag, value)
+    assert fragment in line and "<=" in line
+
+
+def test_context_beyond_the_model_limit_is_noted_not_refused(capsys):
+    d = _main_json(capsys, *BASE, "--context", "8192")
+    assert any("max_position_embeddings" in w and "4,096" in w for w in d["warnings"])
+
+
+@pytest.mark.parametrize("framework, block, accepted", [
+    ("vllm", "7", False), ("vllm", "256", False), ("vllm", "0", False), ("vllm", "8", True),
+    ("vllm", "128", True), ("none", "7", False), ("sglang", "7", True), ("sglang", "100000", False),
+])
+def test_block_size_must_be_one_the_framework_accepts(capsys, framework, block, accepted):
+    """Was: ``--block-size 7`` copied into the vLLM command."""
+    args = (*BASE, "--framework", framework, "--block-size", block)
+    if accepted:
+        d = _main_json(capsys, *args)
+        flag = "--page-size" if framework == "sglang" else "--block-size"
+        assert f"{flag} {block}" in (d["at_devices_needed"] or d)["serve_command"]
+    else:
+        line = _main_error(capsys, *args)
+        assert "block" in line
+        if framework != "sglang" and block != "0":
+            assert "1, 8, 16, 32, 64, 128" in line
+
+
+def test_block_size_on_ascend_names_the_accepted_sizes(capsys):
+    line = _main_error(capsys, "--model", "qwen2.5-7b", "--hardware", "atlas-300i-duo", "--block-size", "8")
+    assert "vllm-ascend" in line and "128" in line
+
+
+def test_serve_heading_names_the_framework_the_command_is_for(capsys):
+    """Was: a ``llama-server`` line printed under "with vLLM" with no word on why."""
+    from engine.memory import main
+
+    assert main(["--model", "mixtral-8x7b", "--hardware", "a100-80gb", "--weights", "q2_k", "--framework", "vllm"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("serve"))
+    assert "llama.cpp" in lines[i] and "not vLLM" in lines[i] and "GGUF" in lines[i]
+    assert lines[i + 1].strip().startswith("llama-server")
+    # the same framework as asked: the heading just names it
+    assert main(["--model", "llama-3-8b", "--hardware", "h100-sxm"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("serve"))
+    assert lines[i].split() == ["serve", "with", "vLLM:"] and lines[i + 1].strip().startswith("vllm serve")

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from engine.memory import GiB, Settings, Workload, compare_hardware, concurrency_curve, estimate
+from engine.memory import MAX_BATCH, MAX_CONTEXT, GiB, Settings, Workload, compare_hardware, concurrency_curve, estimate
 from visualizers import memory as vm
 from visualizers.theme import MEMORY_COLORS, VERDICT_COLORS
 
@@ -73,12 +73,13 @@ def test_tables(est):
 
 def test_compare_rows_report_errors_instead_of_raising():
     rows = compare_hardware("llama-2-7b", ["t4", "no-such-device"])
-    assert rows[1]["error"].startswith("unknown hardware")
+    assert rows[1].error.startswith("unknown hardware")
     assert vm.compare_table(rows).iloc[1]["fits?"] == "n/a"
 
 
 def test_huge_numbers_do_not_overflow_tables():
-    e = estimate("llama-3.1-405b", "jetson-agx-orin", Workload(batch=1_000_000, context=100_000_000), detail=True)
+    # the documented maxima (issue 7: 100,000,000 tokens is now refused)
+    e = estimate("llama-3.1-405b", "jetson-agx-orin", Workload(batch=MAX_BATCH, context=MAX_CONTEXT), detail=True)
     vm.memory_table(e).to_string()
     vm.alternatives_table(e).to_string()
     assert math.isfinite(vm.memory_bar(e).data[0].x[0])
@@ -86,8 +87,8 @@ def test_huge_numbers_do_not_overflow_tables():
 
 def test_concurrency_curve_figure():
     pts = concurrency_curve("llama-3-8b", "h100-sxm")
-    assert [p["context"] for p in pts] == sorted(p["context"] for p in pts)
-    assert all(a["max_batch"] >= b["max_batch"] for a, b in zip(pts, pts[1:]))
+    assert [p.context for p in pts] == sorted(p.context for p in pts)
+    assert all(a.max_batch >= b.max_batch for a, b in zip(pts, pts[1:]))
     fig = vm.concurrency_figure(pts, 4096, 8)
     assert len(fig.data) == 2 and fig.data[1].x[0] == 4096
 

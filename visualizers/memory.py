@@ -1,7 +1,8 @@
 """Hardware-fit calculator views: estimate records -> plotly Figures / pandas DataFrames.
 
 Pure functions (no streamlit, no engine mutation). Inputs are ``engine.memory.Estimate``
-objects (or the plain dicts ``compare_hardware`` / ``concurrency_curve`` return).
+objects (or the ``HardwareRow`` / ``CurvePoint`` records ``compare_hardware`` /
+``concurrency_curve`` return).
 """
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
+from engine.sizing.estimate import CurvePoint, HardwareRow
+from engine.sizing.units import GiB
 from visualizers.text import escape_plotly
 from visualizers.theme import MEMORY_COLORS, VERDICT_COLORS
-
-GiB = 1 << 30
 
 #: (field on the estimate, label, colour key) in stacking order
 COMPONENTS = (
@@ -84,24 +85,24 @@ def memory_table(est) -> pd.DataFrame:
                          for label, value in rows])
 
 
-def compare_table(rows: list[dict]) -> pd.DataFrame:
+def compare_table(rows: list[HardwareRow]) -> pd.DataFrame:
     """One row per hardware preset (from engine.memory.compare_hardware)."""
     out = []
     for r in rows:
         out.append({
-            "hardware": r["name"],
-            "fits?": ("yes" if r["fits"] else ("with more" if r["devices_needed"] else "no")) if not r["error"] else "n/a",
-            "devices needed": r["devices_needed"],
-            "tp x pp": "" if r["tp"] is None else f"{r['tp']} x {r['pp']}",
-            "memory GiB": None if r["memory_gib"] is None else round(r["memory_gib"], 1),
-            "needed GiB/device": None if r["total_gib"] is None else round(r["total_gib"], 2),
-            "usable GiB": None if r["usable_gib"] is None else round(r["usable_gib"], 2),
-            "decode tok/s (expected)": None if r["decode_tokens_per_s"] is None else round(r["decode_tokens_per_s"], 2),
-            "decode tok/s (roofline)": None if r["decode_tokens_per_s_roofline"] is None
-            else round(r["decode_tokens_per_s_roofline"], 2),
-            "TTFT s": None if r["prefill_seconds"] is None else round(r["prefill_seconds"], 2),
-            "framework": r["framework"],
-            "note": r["error"],
+            "hardware": r.name,
+            "fits?": ("yes" if r.fits else ("with more" if r.devices_needed else "no")) if not r.error else "n/a",
+            "devices needed": r.devices_needed,
+            "tp x pp": "" if r.tp is None else f"{r.tp} x {r.pp}",
+            "memory GiB": None if r.memory_gib is None else round(r.memory_gib, 1),
+            "needed GiB/device": None if r.total_gib is None else round(r.total_gib, 2),
+            "usable GiB": None if r.usable_gib is None else round(r.usable_gib, 2),
+            "decode tok/s (expected)": None if r.decode_tokens_per_s is None else round(r.decode_tokens_per_s, 2),
+            "decode tok/s (roofline)": None if r.decode_tokens_per_s_roofline is None
+            else round(r.decode_tokens_per_s_roofline, 2),
+            "TTFT s": None if r.prefill_seconds is None else round(r.prefill_seconds, 2),
+            "framework": r.framework,
+            "note": r.error,
         })
     return pd.DataFrame(out)
 
@@ -110,14 +111,14 @@ def alternatives_table(est) -> pd.DataFrame:
     rows = []
     for a in est.alternatives:
         rows.append({
-            "format": a["label"] + (" (current)" if a["current"] else ""),
-            "weights GiB": round(a["weight_bytes"] / GiB, 2),
-            "needed GiB/device": round(a["total_bytes_per_device"] / GiB, 2),
-            "fits?": "yes" if a["fits"] else "no",
-            "decode tok/s (roofline)": round(a["decode_tokens_per_s_roofline"], 1),
-            "decode tok/s (expected)": round(a["decode_tokens_per_s"], 1),
-            "KV room tokens": a["kv_room_tokens"],
-            "support": a["support"],
+            "format": a.label + (" (current)" if a.current else ""),
+            "weights GiB": round(a.weight_bytes / GiB, 2),
+            "needed GiB/device": round(a.total_bytes_per_device / GiB, 2),
+            "fits?": "yes" if a.fits else "no",
+            "decode tok/s (roofline)": round(a.decode_tokens_per_s_roofline, 1),
+            "decode tok/s (expected)": round(a.decode_tokens_per_s, 1),
+            "KV room tokens": a.kv_room_tokens,
+            "support": a.support,
         })
     return pd.DataFrame(rows)
 
@@ -167,10 +168,10 @@ def roofline_figure(est) -> go.Figure:
     return fig
 
 
-def concurrency_figure(points: list[dict], context: int | None = None, batch: int | None = None) -> go.Figure:
+def concurrency_figure(points: list[CurvePoint], context: int | None = None, batch: int | None = None) -> go.Figure:
     """Most concurrent sequences that fit vs context length."""
     fig = go.Figure(go.Scatter(
-        x=[p["context"] for p in points], y=[p["max_batch"] for p in points], mode="lines+markers",
+        x=[p.context for p in points], y=[p.max_batch for p in points], mode="lines+markers",
         line=dict(color=MEMORY_COLORS["kv_cache"]), name="max sequences",
         hovertemplate="%{x:,} tokens: %{y:,} sequences<extra></extra>"))
     if context and batch:

@@ -48,14 +48,15 @@ def _framework_label(key: str) -> str:
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _compare(model_key: str, config_text: str, workload: calc.Workload, settings: calc.Settings) -> list[dict]:
+def _compare(model_key: str, config_text: str, workload: calc.Workload,
+             settings: calc.Settings) -> list[calc.HardwareRow]:
     model = calc.get_model(model_key) if model_key != CUSTOM else calc.parse_config_text(config_text)
     return calc.compare_hardware(model, PRESET_HARDWARE, workload, settings)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _curve(model_key: str, config_text: str, hw_key: str, custom_hw: tuple, workload: calc.Workload,
-           settings: calc.Settings) -> list[dict]:
+           settings: calc.Settings) -> list[calc.CurvePoint]:
     model = calc.get_model(model_key) if model_key != CUSTOM else calc.parse_config_text(config_text)
     hw = calc.get_hardware(hw_key) if hw_key != CUSTOM else calc.custom_hardware(*custom_hw[:3], **dict(custom_hw[3]))
     return calc.concurrency_curve(model, hw, workload, settings)
@@ -119,12 +120,12 @@ with st.sidebar:
 
     st.header("Workload")
     c1, c2 = st.columns(2)
-    batch = c1.number_input("Concurrent sequences", min_value=1, max_value=1_000_000, value=1, step=1,
+    batch = c1.number_input("Concurrent sequences", min_value=1, max_value=calc.MAX_BATCH, value=1, step=1,
                             key="batch", bind="query-params")
-    context = c2.number_input("Context (tokens/sequence)", min_value=2, max_value=100_000_000, value=4096,
+    context = c2.number_input("Context (tokens/sequence)", min_value=2, max_value=calc.MAX_CONTEXT, value=4096,
                               step=1024, key="ctx", bind="query-params",
                               help="prompt text + image tokens + output")
-    output = c1.number_input("Output tokens", min_value=1, max_value=100_000_000, value=512, step=128,
+    output = c1.number_input("Output tokens", min_value=1, max_value=calc.MAX_CONTEXT, value=512, step=128,
                              key="out", bind="query-params")
     images = c2.number_input("Images per sequence", min_value=0, max_value=64, value=None, step=1,
                              key="img", bind="query-params", placeholder="auto",
@@ -213,18 +214,17 @@ def render(est, hardware) -> None:
     m[2].metric(f"Needed per {md(est.device_unit)}", f"{est.total_bytes_per_device / calc.GiB:.2f} GiB",
                 f"of {est.usable_bytes_per_device / calc.GiB:.2f} GiB usable", delta_color="off")
     there = est.at_devices_needed  # when it only fits on more devices, speed is quoted there
-    speed = there or dict(decode_tokens_per_s=est.decode_tokens_per_s, prefill_seconds=est.prefill_seconds,
-                          decode_tokens_per_s_roofline=est.decode_tokens_per_s_roofline,
-                          prefill_seconds_roofline=est.prefill_seconds_roofline)
-    where = f" (on {there['devices']})" if there else ""
-    m[3].metric(f"Decode{where}", f"{speed['decode_tokens_per_s']:,.1f} tok/s",
-                f"≤ {speed['decode_tokens_per_s_roofline']:,.1f} roofline, {est.bound}-bound", delta_color="off")
-    m[4].metric(f"Time to first token{where}", f"{speed['prefill_seconds']:,.2f} s",
-                f"≥ {speed['prefill_seconds_roofline']:,.2f} s roofline", delta_color="off")
+    speed = there or est  # both carry decode_tokens_per_s(_roofline) and prefill_seconds(_roofline)
+    where = f" (on {there.devices})" if there else ""
+    m[3].metric(f"Decode{where}", f"{speed.decode_tokens_per_s:,.1f} tok/s",
+                f"≤ {speed.decode_tokens_per_s_roofline:,.1f} roofline, {est.bound}-bound", delta_color="off")
+    m[4].metric(f"Time to first token{where}", f"{speed.prefill_seconds:,.2f} s",
+                f"≥ {speed.prefill_seconds_roofline:,.2f} s roofline", delta_color="off")
 
     st.plotly_chart(vm.memory_bar(est), key="memory_bar", width="stretch", config={"displaylogo": False})
 
-    room = (f"KV room: **{est.kv_pool_bytes / calc.GiB:.2f} GiB ≈ {est.kv_room_tokens:,} tokens** · "
+    room = (f"KV room: **{est.kv_pool_bytes / calc.GiB:.2f} GiB ≈ {est.kv_room_tokens:,} {md(est.kv_room_unit)}**"
+            + (f" ({md(est.kv_room_meaning)})" if est.kv_window else "") + " · "
             if est.kv_bytes_per_token else "Constant recurrent state (no per-token KV) · ")
     st.markdown(room + f"longest context at {est.batch} sequence(s): **{est.max_context:,}** · most sequences at"
                 f" {est.context:,} tokens: **{est.max_batch:,}** · fewest {md(est.device_unit)}s that fit:"
@@ -239,9 +239,9 @@ def render(est, hardware) -> None:
         st.caption(f"ℹ️ {md(n)}")
 
     st.subheader("Serve it")
-    if there:
-        st.caption(f"On {there['devices']} {md(est.device_unit)}s (tp {there['tp']}, pp {there['pp']}), where it fits:")
-    st.code(there["serve_command"] if there else est.serve_command, language="bash")
+    where = f" on {there.devices} {md(est.device_unit)}s (tp {there.tp}, pp {there.pp}), where it fits" if there else ""
+    st.caption(f"With {md(est.serve_heading)}{where}:")
+    st.code(there.serve_command if there else est.serve_command, language="bash")
 
     tab_cmp, tab_fmt, tab_roof, tab_ctx = st.tabs(["Every device", "Other formats", "Roofline", "Context vs sequences"])
     with tab_cmp:

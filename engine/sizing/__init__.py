@@ -1,9 +1,10 @@
 """Hardware-fit calculator internals (pure Python; no torch). Public API: engine.memory."""
 from .arch import Checkpoint, LayerSpec, ModelSpec, VisionSpec, model_from_config
 from .advice import serve_command
-from .estimate import Estimate, compare_hardware, concurrency_curve, estimate, kv_bytes_per_token, weight_bytes
+from .estimate import CurvePoint, Estimate, HardwareRow, compare_hardware, concurrency_curve, estimate, kv_bytes_per_token, weight_bytes
 from .plan import (FRAMEWORK_LABELS, Plan, Settings, Workload, ascend_mask_bytes, gib, rate,
                    roofline_decode_tokens_per_s)
+from .workload import MAX_BATCH, MAX_CONTEXT
 from .formats import KV_DTYPES, WEIGHT_FORMATS, SizingError, kv_dtype, weight_format
 from .hardware import (FRAMEWORKS, GiB, MiB, Hardware, custom_hardware, get_hardware, hardware_from_dict,
                        hardware_info, hardware_presets, measure_this_machine)
@@ -17,5 +18,5 @@ __all__ = [
     "kv_dtype", "weight_format", "FRAMEWORKS", "GiB", "MiB", "Hardware", "custom_hardware", "get_hardware",
     "hardware_from_dict", "hardware_info", "hardware_presets", "measure_this_machine", "checkpoint_from_folder",
     "get_model", "model_from_folder", "model_from_path", "model_preset_config", "model_presets",
-    "parse_config_text", "read_safetensors_header",
+    "parse_config_text", "read_safetensors_header", "MAX_BATCH", "MAX_CONTEXT", "CurvePoint", "HardwareRow",
 ]

@@ -36,6 +36,9 @@ sampler runs:
    (https://github.com/vllm-project/vllm/pull/10511, c = 39.2) and Qwen2.5-7B at 4,096 tokens,
    1.42 GiB (https://github.com/vllm-project/vllm/issues/13882, c = 38.4).
 
+The result is one typed ``Activations`` record (tokens, llm, logits, vision, rope_cache) whose
+``total`` the budget reserves; ``formula_text`` prints the formula with its numbers.
+
 Plain runtimes (``framework="none"``: transformers, llama.cpp) keep ``batch`` rows of fp32 logits
 (``4 B`` per logit) and no sort copies. The vision encoder keeps its earlier estimate
 (aiconfigurator's coefficient 11 per hidden element). vLLM also counts the RoPE cos/sin cache
@@ -147,29 +150,56 @@ def profiled_tokens(framework: str, batch: int, prompt_tokens: int | None, batch
     return batched_tokens
 
 
-def activation_parts(model: ModelSpec, framework: str, *, batch: int, prompt_tokens: int | None,
-                     batched_tokens: int, act_bytes: int, images: int | None = 0, tiles: int | None = 0,
-                     tp: int = 1) -> dict[str, int]:
-    """Additive parts whose sum (all but ``tokens``) is the activation memory the budget reserves.
+@dataclass(frozen=True)
+class Activations:
+    """The activation memory the budget reserves per device, in additive parts (bytes).
 
     ``llm`` = forward peak; ``logits`` = how far the sampler's peak exceeds it (0 when the forward
-    dominates), so llm + logits = max(forward, sampler); ``vision``; ``rope_cache``.
+    dominates), so ``llm + logits = max(forward, sampler)``; ``vision`` = the vision tower;
+    ``rope_cache`` = vLLM/SGLang's cos/sin cache. ``tokens`` is the profiled token count (not bytes).
     """
+
+    tokens: int
+    llm: int
+    logits: int
+    vision: int
+    rope_cache: int = 0
+
+    @property
+    def total(self) -> int:
+        """Bytes reserved: llm + logits + vision + rope_cache."""
+        return self.llm + self.logits + self.vision + self.rope_cache
+
+
+def activation_parts(model: ModelSpec, framework: str, *, batch: int, prompt_tokens: int | None,
+                     batched_tokens: int, act_bytes: int, images: int | None = 0, tiles: int | None = 0,
+                     tp: int = 1) -> Activations:
+    """The activation memory per device for these settings (see ``Activations``)."""
     tokens = profiled_tokens(framework, batch, prompt_tokens, batched_tokens)
     peak = profile_peak(model, tokens=tokens, seqs=batch, act_bytes=act_bytes, tp=tp, framework=framework,
                         images=images or 0, tiles=tiles or 0)
-    return {"tokens": tokens, "llm": peak.forward, "logits": max(0, peak.sampler - peak.forward),
-            "vision": peak.vision, "rope_cache": rope_cache_bytes(model, act_bytes, framework)}
+    return Activations(tokens=tokens, llm=peak.forward, logits=max(0, peak.sampler - peak.forward),
+                       vision=peak.vision, rope_cache=rope_cache_bytes(model, act_bytes, framework))
 
 
-def formula_text(model: ModelSpec, parts: dict[str, int], *, act_bytes: int, batch: int, framework: str,
-                 tp: int = 1) -> str:
-    """The activation formula with its numbers, for --formula."""
+def formula_text(model: ModelSpec, act: Activations, *, act_bytes: int, batch: int, framework: str,
+                 tp: int = 1, images: int = 0, tiles: int = 0) -> str:
+    """The activation formula with its numbers (``--formula``, the page's expander): the larger of the
+    forward and sampler peaks, + the vision tower, + the RoPE cache, = ``act.total`` bytes."""
     h = model.hidden
     widest = max((mlp_width(model, layer) for layer in model.layers), default=0)
     per_logit = SAMPLER_BYTES_PER_LOGIT if framework in VLLM_FAMILY else PLAIN_BYTES_PER_LOGIT
-    return (f"max(forward, sampler): forward T x b x (2h + max(mlp/tp + h, attn/tp)) = {parts['tokens']:,} x {act_bytes}"
-            f" x (2 x {h:,} + max({widest:,}/{tp} + {h:,}, {attention_width(model):,}/{tp})) = {parts['llm']:,} B;"
-            f" sampler T x h x b + S x V x {per_logit:g} = {parts['tokens']:,} x {h:,} x {act_bytes}"
-            f" + {batch:,} x {model.vocab:,} x {per_logit:g} -> +{parts['logits']:,} B over the forward;"
-            f" vision {parts['vision']:,} B; RoPE cache {parts['rope_cache']:,} B")
+    sampler = act.llm + act.logits if act.logits else sampler_peak(model, act.tokens, batch, act_bytes, framework)
+    text = (f"activations = max(forward, sampler): forward T x b x (2h + max(mlp/tp + h, attn/tp))"
+            f" = {act.tokens:,} x {act_bytes} x (2 x {h:,} + max({widest:,}/{tp} + {h:,},"
+            f" {attention_width(model):,}/{tp})) = {act.llm:,} B;"
+            f" sampler T x h x b + S x V x {per_logit:g} = {act.tokens:,} x {h:,} x {act_bytes}"
+            f" + {batch:,} x {model.vocab:,} x {per_logit:g} = {sampler:,} B"
+            f" -> {'sampler' if act.logits else 'forward'} {act.llm + act.logits:,} B")
+    if act.vision and model.vision:
+        text += (f" + vision images x tiles x patch tokens x hidden x b x {ACT_COEFF} = {images} x {tiles} x"
+                 f" {model.vision.patch_tokens} x {model.vision.hidden} x {act_bytes} x {ACT_COEFF} = {act.vision:,} B")
+    if act.rope_cache:
+        text += (f" + RoPE cos/sin cache max_position x head_dim x b = {model.max_position:,} x {model.head_dim}"
+                 f" x {act_bytes} = {act.rope_cache:,} B")
+    return text + (f" = {act.total:,} B" if act.vision or act.rope_cache else "")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .formats import SizingError
+from .formats import CHECKPOINT_DTYPES, SizingError, dtype_key, dtype_spellings
 
 _MISSING = object()
 
@@ -153,6 +153,15 @@ class ModelSpec:
     @property
     def has_kv(self) -> bool:
         return self.kv_elems_per_token > 0
+
+    @property
+    def kv_window_bound(self) -> int | None:
+        """When every layer with a KV cache has a sliding window (Mistral-7B v0.1, StarCoder2): the
+        largest window, the most tokens a sequence ever keeps; None when some layer keeps them all."""
+        windows = [layer.window for layer in self.layers if layer.kv_elems]
+        if not windows or any(w is None for w in windows):
+            return None
+        return max(w for w in windows if w is not None)
 
 
 # --------------------------------------------------------------------------------------
@@ -321,17 +330,10 @@ def _n(x: int) -> str:
     return f"{x:,}"
 
 
-_DTYPES = {
-    "float32": "fp32", "float": "fp32", "fp32": "fp32",
-    "float16": "fp16", "half": "fp16", "fp16": "fp16",
-    "bfloat16": "bf16", "bf16": "bf16",
-    "float8_e4m3fn": "fp8", "float8_e4m3": "fp8", "fp8": "fp8",
-}
-
-
 def checkpoint_dtype(cfg: dict[str, Any], default: str = "bf16") -> str:
     """The checkpoint's storage dtype: ``quantization_config.quant_method == "fp8"`` -> fp8, else
-    ``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) mapped onto fp32/fp16/bf16/fp8;
+    ``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) as ``formats.dtype_key`` reads it
+    (one dtype vocabulary), one of ``formats.CHECKPOINT_DTYPES`` (fp32/bf16/fp16/fp8);
     ``default`` when neither is given. An unknown spelling is an error naming the field."""
     quant = _obj(cfg, "quantization_config") or {}
     name, raw = _find(cfg, ("torch_dtype", "dtype"))
@@ -339,11 +341,11 @@ def checkpoint_dtype(cfg: dict[str, Any], default: str = "bf16") -> str:
         return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else default
     if not isinstance(raw, str):
         raise SizingError(f"config field {name!r} must be a dtype name such as \"bfloat16\", got {raw!r}"[:300])
-    spelled = raw.strip().lower().removeprefix("torch.")
-    if spelled not in _DTYPES:
+    key = dtype_key(raw)
+    if key not in CHECKPOINT_DTYPES:
         raise SizingError(f"config field {name!r}: unknown dtype {raw!r}"[:200]
-                          + f" (known: {', '.join(sorted(_DTYPES))})")
-    return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else _DTYPES[spelled]
+                          + f" (known: {', '.join(dtype_spellings(CHECKPOINT_DTYPES))})")
+    return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else key
 
 
 # --------------------------------------------------------------------------------------

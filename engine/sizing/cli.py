@@ -13,11 +13,17 @@ import argparse
 import json
 import sys
 
+from typing import Any, NoReturn
+
+from .budget import (ASCEND_BLOCK_SIZES, FRAMEWORK_LABELS, MAX_BATCHED_TOKENS, SGLANG_MAX_PAGE,
+                     VLLM_BLOCK_SIZES)
 from .estimate import Estimate, estimate
-from .plan import FRAMEWORK_LABELS, Settings, Workload, gib, rate
 from .formats import KV_DTYPES, WEIGHT_FORMATS, SizingError
-from .hardware import GiB, get_hardware, hardware_info, hardware_presets
+from .hardware import get_hardware, hardware_info, hardware_presets
 from .models import get_model, model_preset_config, model_presets
+from .plan import Settings, Workload
+from .units import GiB, gib, rate
+from .workload import MAX_BATCH, MAX_CONTEXT
 
 JSON_KEYS = ("params_total", "params_active", "weight_bytes", "kv_bytes_per_token", "kv_bytes", "activation_bytes",
              "overhead_bytes", "total_bytes_per_device", "device_memory_bytes", "fits", "devices_needed",
@@ -25,7 +31,7 @@ JSON_KEYS = ("params_total", "params_active", "weight_bytes", "kv_bytes_per_toke
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
         raise SizingError(message)
 
 
@@ -37,10 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", default="auto", help=f"weight format: auto, {', '.join(WEIGHT_FORMATS)}")
     p.add_argument("--kv-dtype", default="auto", help=f"KV-cache dtype: auto, {', '.join(KV_DTYPES)}")
     p.add_argument("--vision-dtype", default="auto", help="vision tower precision (vision-language models)")
-    p.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
-    p.add_argument("--context", type=int, help="tokens per sequence: prompt + image tokens + output (default 4096)")
+    p.add_argument("--batch", type=int, default=1, help=f"concurrent sequences (default 1, at most {MAX_BATCH:,})")
+    p.add_argument("--context", type=int, help="tokens per sequence: prompt + image tokens + output (default 4096,"
+                                               f" at most {MAX_CONTEXT:,})")
     p.add_argument("--prompt", type=int, help="text tokens in the prompt")
-    p.add_argument("--output", type=int, help="generated tokens (default 512)")
+    p.add_argument("--output", type=int, help="generated tokens (default 512); prompt and output < context")
     p.add_argument("--images", type=int, help="images per sequence (VLMs; default 1)")
     p.add_argument("--tiles", type=int, help="tiles per image (InternVL: 256 tokens each; default 12 + thumbnail)")
     p.add_argument("--tp", type=int, help="tensor-parallel size (default: chips per card)")
@@ -48,8 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--framework", default="auto", help="none | vllm | sglang | vllm-ascend (default: by hardware)")
     p.add_argument("--gpu-memory-utilization", "--util", type=float, dest="util",
                    help="vLLM gpu_memory_utilization / SGLang mem_fraction_static")
-    p.add_argument("--block-size", type=int, help="KV block size (default 16 on GPUs, 128 on Ascend)")
-    p.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (activation profile)")
+    p.add_argument("--block-size", type=int, help="KV block size (default 16 on GPUs, 128 on Ascend): vLLM takes"
+                                                  f" {', '.join(map(str, VLLM_BLOCK_SIZES))}; vllm-ascend"
+                                                  f" {', '.join(map(str, ASCEND_BLOCK_SIZES))}; SGLang's page size"
+                                                  f" 1..{SGLANG_MAX_PAGE}")
+    p.add_argument("--max-num-batched-tokens", type=int,
+                   help=f"token budget per step (activation profile; at most {MAX_BATCHED_TOKENS:,})")
     p.add_argument("--efficiency-memory", type=float, help="fraction of peak bandwidth reached (default by device class)")
     p.add_argument("--efficiency-compute", type=float, help="fraction of peak compute reached (default by device class)")
     p.add_argument("--formula", action="store_true", help="also print every formula with its numbers")
@@ -60,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _list_models(as_json: bool) -> str:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key in model_presets():
         cfg = model_preset_config(key)
         src = cfg.get("_source", {})
@@ -74,7 +85,7 @@ def _list_models(as_json: bool) -> str:
 
 
 def _list_hardware(as_json: bool) -> str:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key in hardware_presets():
         info = hardware_info(key)
         if info.get("measure"):
@@ -100,6 +111,7 @@ def _list_hardware(as_json: bool) -> str:
 
 
 def render_text(e: Estimate, formulas: bool = False) -> str:
+    """The answer for people: verdict, why, memory, room, devices, speed, formats, advice, command."""
     unit = e.device_unit
     lines = [f"{e.model_name} on {e.devices} x {e.hardware_name} ({gib(e.device_memory_bytes)}, "
              f"{e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s each) with {FRAMEWORK_LABELS[e.framework]}: {e.verdict.upper()}",
@@ -125,13 +137,15 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
         lines[-1] = (f"  state    no per-token KV: constant state {gib(e.kv_bytes)} for {e.batch} sequence(s)"
                      f" ({e.kv_dtype.upper()})")
     if e.kv_bytes_per_token:
-        lines.append(f"  KV room  {gib(e.kv_pool_bytes)} for the KV pool = {e.kv_room_tokens:,} tokens -> longest context"
+        lines.append(f"  KV room  {gib(e.kv_pool_bytes)} for the KV pool = {e.kv_room_tokens:,} {e.kv_room_unit}"
+                     + (f" ({e.kv_room_meaning})" if e.kv_window else "") + " -> longest context"
                      f" at {e.batch} sequence(s): {e.max_context:,}; most sequences at {e.context:,} tokens: {e.max_batch:,}")
     else:
         lines.append(f"  room     memory does not grow with context (longest context limited only by the model);"
                      f" most sequences at {e.context:,} tokens: {e.max_batch:,}")
     if e.devices_needed:
-        lines.append(f"  devices  fewest that fit: {e.devices_needed} (tp {e.devices_needed_tp}, pp {e.devices_needed_pp})")
+        lines.append(f"  devices  fewest that fit: {e.devices_needed} (tp {e.devices_needed_tp}, pp {e.devices_needed_pp})"
+                     + (f": {e.devices_note}" if e.devices_note else ""))
     as_is = "" if e.fits else "as configured: "
     lines.append(f"  decode   {as_is}<= {e.decode_tokens_per_s_roofline:,.1f} tok/s roofline ({e.bound}-bound:"
                  f" {e.decode_bytes_per_step / 1e9:,.2f} GB read per step at {e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s);"
@@ -141,16 +155,16 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
                  f" {e.peak_label}); expect ~{e.prefill_seconds:,.2f} s at efficiency {e.efficiency_compute:.2f}")
     there = e.at_devices_needed
     if there:
-        lines.append(f"  fitted   on {there['devices']} {unit}s (tp {there['tp']}, pp {there['pp']}): decode <="
-                     f" {there['decode_tokens_per_s_roofline']:,.1f} tok/s roofline (~{there['decode_tokens_per_s']:,.1f});"
-                     f" prefill >= {there['prefill_seconds_roofline']:,.2f} s (~{there['prefill_seconds']:,.2f} s)")
-    others = [a for a in e.alternatives if not a["current"]]
+        lines.append(f"  fitted   on {there.devices} {unit}s (tp {there.tp}, pp {there.pp}): decode <="
+                     f" {there.decode_tokens_per_s_roofline:,.1f} tok/s roofline (~{there.decode_tokens_per_s:,.1f});"
+                     f" prefill >= {there.prefill_seconds_roofline:,.2f} s (~{there.prefill_seconds:,.2f} s)")
+    others = [a for a in e.alternatives if not a.current]
     if others:
         lines.append("  formats  " + "; ".join(
-            f"{a['label']}: {gib(a['weight_bytes'])}, {'fits' if a['fits'] else 'does not fit'},"
-            f" decode <= {a['decode_tokens_per_s_roofline']:,.1f} tok/s (~{a['decode_tokens_per_s']:,.1f})"
-            + (f", KV room {a['kv_room_tokens']:,} tokens" if e.kv_bytes_per_token else "")
-            + (f" [{a['support']}]" if a["support"] != "supported" else "")
+            f"{a.label}: {gib(a.weight_bytes)}, {'fits' if a.fits else 'does not fit'},"
+            f" decode <= {a.decode_tokens_per_s_roofline:,.1f} tok/s (~{a.decode_tokens_per_s:,.1f})"
+            + (f", KV room {a.kv_room_tokens:,} {e.kv_room_unit}" if e.kv_bytes_per_token else "")
+            + (f" [{a.support}]" if a.support != "supported" else "")
             for a in others))
     for s in e.suggestions:
         lines.append(f"  to fit   {s}")
@@ -158,7 +172,9 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
         lines.append(f"  warning  {w}")
     for n in e.notes:
         lines.append(f"  note     {n}")
-    lines.append(f"  serve    {there['serve_command'] if there else e.serve_command}")
+    where = f" on {there.devices} {unit}s (tp {there.tp}, pp {there.pp}), where it fits" if there else ""
+    lines.append(f"  serve    with {e.serve_heading}{where}:")
+    lines.append(f"           {there.serve_command if there else e.serve_command}")
     if formulas:
         lines.append("  formulas")
         for name, text in e.formulas.items():
@@ -168,6 +184,7 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; 0 on an answer, 2 with one line on stderr for a bad input."""
     try:
         args = build_parser().parse_args(argv)
         if args.list_models:
@@ -180,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SizingError("--model is required (or --list-models / --list-hardware)")
         if not args.hardware:
             raise SizingError("--hardware is required (see --list-hardware)")
+        _check_name_lengths(args.model, args.hardware)
         workload = Workload(batch=args.batch, context=args.context, prompt=args.prompt, output=args.output,
                             images=args.images, tiles=args.tiles)
         settings = Settings(weights=args.weights, kv_dtype=args.kv_dtype, vision_dtype=args.vision_dtype, tp=args.tp,
@@ -197,12 +215,43 @@ def main(argv: list[str] | None = None) -> int:
             print(render_text(est, formulas=args.formula))
         return 0
     except SizingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(str(exc))
     except BrokenPipeError:  # e.g. piped into head
         return 0
+    except OSError as exc:  # an input path the OS cannot open (too long, permissions, a device, ...)
+        what = f" {str(exc.filename)[:200]}" if exc.filename else ""
+        return _refuse(f"cannot read{what}: {exc.strerror or exc}")
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except Exception as exc:  # noqa: BLE001 - the contract: one line, no traceback
-        print(f"error: unexpected {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(_one_line(f"error: unexpected {type(exc).__name__}: {exc}"), file=sys.stderr)
         return 3
+
+
+MESSAGE_LIMIT = 400
+NAME_LIMIT = 4096  # PATH_MAX on Linux: no preset name or path is longer
+
+
+def _check_name_lengths(model: str, hardware: str) -> None:
+    """--model / --hardware longer than any path can be are refused before touching the disk."""
+    for flag, value in (("--model", model), ("--hardware", hardware)):
+        if len(value) > NAME_LIMIT:
+            raise SizingError(f"{flag} is {len(value):,} characters long; a preset name or a path has at most"
+                              f" {NAME_LIMIT:,}")
+
+
+
+def _one_line(text: str) -> str:
+    """The message as one line of at most MESSAGE_LIMIT characters (a 5,000-character model name
+    is shown by its start and end)."""
+    flat = " ".join(text.split())
+    if len(flat) <= MESSAGE_LIMIT:
+        return flat
+    half = MESSAGE_LIMIT // 2 - 2
+    return f"{flat[:half]} … {flat[-half:]}"
+
+
+def _refuse(message: str) -> int:
+    """A bad input: one line on stderr, exit status 2."""
+    print(_one_line(f"error: {message}"), file=sys.stderr)
+    return 2

@@ -1,22 +1,43 @@
 """The sizing answer (``Estimate``): memory per device under the framework's budget rule, the
 verdict and why, the searches (longest context, most sequences, fewest devices), roofline speeds,
 plus the advice from ``advice``. ``compare_hardware`` and ``concurrency_curve`` feed the page.
+
+``Estimate``'s fields are the CLI's JSON contract (``to_dict`` / ``--json``): flat, stable names.
+Fields marked ``contract=False`` are for the text answer and the page only.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from fractions import Fraction as F
+from typing import Any
 
-from .advice import _alternatives, _formulas, _suggestions, serve_command
+from .advice import FormatOption, _alternatives, _suggestions, serve_command, serve_target
 from .arch import ModelSpec
 from .formats import SizingError, kv_dtype, weight_format
-from .hardware import GiB, Hardware, get_hardware
+from .formulas import formulas
+from .hardware import Hardware, get_hardware
 from .models import get_model
-from .plan import MAX_BATCH_SEARCH, MAX_CONTEXT_SEARCH, MAX_DEVICES, Plan, Settings, Workload, _ceil, _search_max, gib
+from .parallel import MAX_DEVICES, DeviceLayout, fewest_devices
+from .plan import Plan, Settings, Speed, StageMemory, Workload
+from .precision import group_bytes
+from .units import GiB, ceil_exact, gib, search_max
+from .workload import MAX_BATCH, MAX_CONTEXT
+
+_NOT_CONTRACT = {"contract": False}
 
 
-# --------------------------------------------------------------------------------------
-# the answer
+@dataclass(frozen=True)
+class FittedLayout:
+    """Speed and command where it does fit, when it needs more devices than configured."""
+
+    devices: int
+    tp: int
+    pp: int
+    decode_tokens_per_s: float
+    decode_tokens_per_s_roofline: float
+    prefill_seconds: float
+    prefill_seconds_roofline: float
+    serve_command: str
 
 
 @dataclass
@@ -92,21 +113,45 @@ class Estimate:
     prefill_bytes: float
     # advice
     serve_command: str
-    #: when it only fits on more devices: speed there ({tp, pp, decode_tokens_per_s, ...}); else None
-    at_devices_needed: dict | None
+    #: when it only fits on more devices: speed and command there; else None
+    at_devices_needed: FittedLayout | None
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     suggestions: list[str] = field(default_factory=list)
-    alternatives: list[dict] = field(default_factory=list)
+    alternatives: list[FormatOption] = field(default_factory=list)
     formulas: dict[str, str] = field(default_factory=dict)
-    stages: list[dict] = field(default_factory=list)
+    stages: list[StageMemory] = field(default_factory=list)
+    # not in the JSON contract
+    serve_heading: str = field(default="", metadata=_NOT_CONTRACT)  # which tool the serve line is for, and why
+    devices_note: str = field(default="", metadata=_NOT_CONTRACT)  # how the fewest-devices layout was chosen
+    #: a window on every KV layer: the most tokens a sequence keeps; kv_room_tokens then counts the pool's
+    #: token slots (shared by sequences), not a context limit. None: some layer keeps every token.
+    kv_window: int | None = field(default=None, metadata=_NOT_CONTRACT)
+    kv_window_sequences: int | None = field(default=None, metadata=_NOT_CONTRACT)  # sequences at a full window
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    @property
+    def kv_room_unit(self) -> str:
+        """What kv_room_tokens counts: "tokens" (the longest context), or "token slots" when every layer slides."""
+        return "token slots" if self.kv_window else "tokens"
+
+    @property
+    def kv_room_meaning(self) -> str:
+        """Words for the KV room when every layer slides ("" otherwise)."""
+        if not self.kv_window:
+            return ""
+        return (f"with a window on every layer a sequence keeps at most its last {self.kv_window:,} tokens, so the"
+                f" slots hold {self.kv_window_sequences or 0:,} sequence(s) at a full window and do not limit the context")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON contract: every contract field, nested records as plain dicts."""
+        d = asdict(self)
+        for f in fields(self):
+            if f.metadata.get("contract") is False:
+                d.pop(f.name)
+        return d
 
 
-def _verdict_words(fits: bool, devices_needed: int | None, current: int, hw: Hardware) -> tuple[str, str]:
-    unit = "chip" if hw.devices_per_card > 1 else "device"
+def _verdict_words(fits: bool, devices_needed: int | None, current: int, unit: str) -> tuple[str, str]:
     if fits:
         return "fits", f"fits on {current} {unit}{'s' if current > 1 else ''}"
     if devices_needed:
@@ -115,197 +160,246 @@ def _verdict_words(fits: bool, devices_needed: int | None, current: int, hw: Har
 
 
 def _max_context(plan: Plan, batch: int) -> int:
+    """Longest context that fits at ``batch`` (bisection up to the model's limit or 2**24)."""
     if not plan.fits(batch, 1):
         return 0
-    cap = plan.model.max_position or MAX_CONTEXT_SEARCH
-    return _search_max(lambda s: plan.fits(batch, s), 1, cap)
+    cap = plan.model.max_position or MAX_CONTEXT
+    return search_max(lambda s: plan.fits(batch, s), 1, cap)
 
 
 def _max_batch(plan: Plan, context: int) -> int:
+    """Most sequences that fit at ``context`` (doubling, then bisection; at most 2**20)."""
     if not plan.fits(1, context):
         return 0
     hi = 1
-    while hi < MAX_BATCH_SEARCH and plan.fits(hi * 2, context):
+    while hi < MAX_BATCH and plan.fits(hi * 2, context):
         hi *= 2
-    if hi >= MAX_BATCH_SEARCH:
-        return MAX_BATCH_SEARCH
-    return _search_max(lambda b: plan.fits(b, context), hi, hi * 2)
+    if hi >= MAX_BATCH:
+        return MAX_BATCH
+    return search_max(lambda b: plan.fits(b, context), hi, hi * 2)
 
 
-def _devices_needed(plan: Plan) -> tuple[int, int, int] | None:
-    n_layers = plan.model.num_layers
-    tps = [t for t in (8, 4, 2, 1) if plan._tp_valid(t)]
-    weights = float(sum(plan.static(1, 1)[0]["weights"] for _ in (0,)))
-    lower = max(1, int(weights // max(plan.usable(), 1)))  # the weights alone need at least this many
-    for n in range(lower, MAX_DEVICES + 1):
-        for tp in tps:
-            if n % tp:
-                continue
-            pp = n // tp
-            if pp > n_layers:
-                continue
-            if plan.fits(plan.batch, plan.context, tp, pp):
-                return n, tp, pp
-    return None
+def _devices_needed(plan: Plan) -> DeviceLayout | None:
+    """Fewest devices as an engine lays them out (``parallel.fewest_devices``)."""
+    weights = float(plan.static(1, 1)[0].weights)
+    return fewest_devices(plan.model, plan.hw, lambda tp, pp: plan.fits(plan.batch, plan.context, tp, pp),
+                          weights, plan.usable())
 
 
-def estimate(model, hardware, workload: Workload | None = None, settings: Settings | None = None,
-             *, detail: bool = True) -> Estimate:
+def _layout_memory_note(plan: Plan, layout: DeviceLayout, unit: str) -> str:
+    """The memory the fewest-devices answer assumes there (worst stage)."""
+    worst = max(plan.memory(plan.batch, plan.context, layout.tp, layout.pp), key=lambda s: s.over)
+    kind = "pipeline-only, " if layout.rule == "pipeline-only" else ""
+    return (f"fewest {unit}s ({layout.devices}: {kind}tp {layout.tp} x pp {layout.pp}) assume {gib(worst.usable)} usable"
+            f" of {gib(worst.capacity)} per {unit}; {gib(worst.total)} needed per {unit} there (weights"
+            f" {gib(worst.weights)}, KV {gib(worst.kv)}, activations {gib(worst.activations)}, overhead"
+            f" {gib(worst.overhead)})")
+
+
+def _reason(worst: StageMemory, fits: bool, found: bool, unit: str) -> str:
+    """Why, in one sentence: needed vs usable, and the largest part when it does not fit."""
+    if fits:
+        return (f"{gib(worst.total)} needed per {unit} of {gib(worst.usable)} usable"
+                f" ({gib(worst.usable - worst.total)} to spare)")
+    parts = {"weights": worst.weights, "KV cache": worst.kv, "activations": worst.activations,
+             "mask": worst.mask, "overhead": worst.overhead, "reserve": worst.reserve}
+    biggest = max(parts, key=lambda k: parts[k])
+    reason = (f"{gib(worst.total)} needed per {unit} but only {gib(worst.usable)} usable"
+              f" (over by {gib(worst.over)}; largest part: {biggest} {gib(parts[biggest])})")
+    if worst.weights > worst.usable:
+        reason += "; the weights alone do not fit"
+    if not found:
+        reason += f"; not even on {MAX_DEVICES} {unit}s"
+    return reason
+
+
+def _fitted(model: ModelSpec, hw: Hardware, workload: Workload, settings: Settings,
+            layout: DeviceLayout) -> FittedLayout:
+    there = Plan(model, hw, workload, replace(settings, tp=layout.tp, pp=layout.pp))
+    b, s = there.batch, there.context
+    sp, roof = there.speed(b, s), there.speed(b, s, efficiency=False)
+    return FittedLayout(devices=layout.devices, tp=layout.tp, pp=layout.pp, decode_tokens_per_s=sp.decode_tokens_per_s,
+                        decode_tokens_per_s_roofline=roof.decode_tokens_per_s, prefill_seconds=sp.prefill_s,
+                        prefill_seconds_roofline=roof.prefill_s, serve_command=serve_command(there))
+
+
+def _resolve_inputs(model: ModelSpec | str, hardware: Hardware | str) -> tuple[ModelSpec, Hardware]:
+    return (model if isinstance(model, ModelSpec) else get_model(model),
+            hardware if isinstance(hardware, Hardware) else get_hardware(hardware))
+
+
+def estimate(model: ModelSpec | str, hardware: Hardware | str, workload: Workload | None = None,
+             settings: Settings | None = None, *, detail: bool = True) -> Estimate:
     """The full answer. ``model``/``hardware`` are names, paths or spec objects.
 
     ``detail=False`` skips the alternatives and suggestions (used by the comparison table).
     """
-    model = get_model(model) if not isinstance(model, ModelSpec) else model
-    hw = get_hardware(hardware) if not isinstance(hardware, Hardware) else hardware
+    spec, hw = _resolve_inputs(model, hardware)
     workload = workload or Workload()
     settings = settings or Settings()
-    plan = Plan(model, hw, workload, settings)
+    plan = Plan(spec, hw, workload, settings)
     B, S = plan.batch, plan.context
     stages = plan.memory(B, S)
-    worst = max(stages, key=lambda s: s["total"] - s["usable"])
-    fits = all(s["fits"] for s in stages)
-    sp = plan.speed(B, S)
-    roof = plan.speed(B, S, efficiency=False)
-    dn = _devices_needed(plan)
-    max_ctx = _max_context(plan, B)
-    max_b = _max_batch(plan, S)
-    verdict_key, verdict = _verdict_words(fits, dn[0] if dn else None, plan.tp * plan.pp, hw)
-
-    weight_total = _ceil(sum(plan.layer_bytes, F(0)) + plan.embed_bytes + plan.lm_head_bytes
-                         + plan.final_norm_bytes + plan.vision_bytes)
-    kv_total_tp1 = _ceil(sum(plan.kv_bytes_stage(st, B, S) for st in plan.static(1, 1)))
-    kv_per_token = _ceil(sum((st["kv_per_token_full"] for st in plan.static(1, 1)), F(0)))
-    kv_per_token_dev = _ceil(max(st["kv_per_token_full"] for st in plan.static(plan.tp, plan.pp)))
-    params_total = model.params_total
-    if model.checkpoint is not None and model.checkpoint.all_float:
-        params_total = model.checkpoint.numel
-
-    # why
-    over = worst["total"] - worst["usable"]
-    parts = {"weights": worst["weights"], "KV cache": worst["kv"], "activations": worst["activations"],
-             "mask": worst["mask"], "overhead": worst["overhead"], "reserve": worst["reserve"]}
-    biggest = max(parts, key=parts.get)
+    worst = max(stages, key=lambda s: s.over)
+    fits = all(s.fits for s in stages)
+    sp, roof = plan.speed(B, S), plan.speed(B, S, efficiency=False)
+    layout = _devices_needed(plan)
     unit = "chip" if hw.devices_per_card > 1 else "device"
-    if fits:
-        reason = (f"{gib(worst['total'])} needed per {unit} of {gib(worst['usable'])} usable"
-                  f" ({gib(worst['usable'] - worst['total'])} to spare)")
-    else:
-        reason = (f"{gib(worst['total'])} needed per {unit} but only {gib(worst['usable'])} usable"
-                  f" (over by {gib(over)}; largest part: {biggest} {gib(parts[biggest])})")
-        if worst["weights"] > worst["usable"]:
-            reason += "; the weights alone do not fit"
-    if not fits and not dn:
-        reason += f"; not even on {MAX_DEVICES} {unit}s"
-
+    verdict_key, verdict = _verdict_words(fits, layout.devices if layout else None, plan.tp * plan.pp, unit)
+    one = plan.static(1, 1)
+    params_total = spec.params_total
+    if spec.checkpoint is not None and spec.checkpoint.all_float:
+        params_total = spec.checkpoint.numel
+    target = serve_target(plan)
     est = Estimate(
-        model=model.key, model_name=model.display_name, hardware=hw.key, hardware_name=hw.name,
+        model=spec.key, model_name=spec.display_name, hardware=hw.key, hardware_name=hw.name,
         framework=plan.framework, weights_format=plan.fmt.key, kv_dtype=plan.kv.key,
-        vision_dtype=plan.vision_fmt.key if model.vision else None,
-        batch=B, context=S, prompt_tokens=plan.prompt_total, output_tokens=plan.output, images=plan.images,
-        tiles=plan.tiles, image_tokens=plan.image_tokens, tp=plan.tp, pp=plan.pp, devices=plan.tp * plan.pp,
-        device_unit=unit,
-        params_total=params_total, params_active=model.params_active,
-        params_vision=model.vision.total_params if model.vision else 0,
-        weight_bytes=weight_total, weight_bytes_per_device=max(s["weights"] for s in stages),
-        vision_weight_bytes_per_device=worst["weights_vision"],
-        kv_bytes_per_token=kv_per_token, kv_bytes_per_token_per_device=kv_per_token_dev,
-        kv_bytes=kv_total_tp1, kv_bytes_per_device=worst["kv"], activation_bytes=worst["activations"],
-        mask_bytes=worst["mask"], overhead_bytes=worst["overhead"], reserve_bytes=worst["reserve"],
-        total_bytes_per_device=worst["total"], usable_bytes_per_device=worst["usable"],
-        device_memory_bytes=hw.memory_bytes, kv_pool_bytes=min(s["kv_pool"] for s in stages),
-        kv_room_tokens=min(s["kv_room_tokens"] for s in stages),
-        fits=fits, verdict=verdict, verdict_key=verdict_key, reason=reason,
-        devices_needed=dn[0] if dn else None, devices_needed_tp=dn[1] if dn else None,
-        devices_needed_pp=dn[2] if dn else None, max_context=max_ctx, max_batch=max_b,
-        prefill_seconds=sp["prefill_s"], prefill_seconds_roofline=roof["prefill_s"], prefill_bound=sp["prefill_bound"],
-        decode_tokens_per_s=sp["decode_tokens_per_s"], decode_tokens_per_s_roofline=roof["decode_tokens_per_s"],
-        decode_tokens_per_s_total=sp["decode_tokens_per_s_total"], bound=sp["decode_bound"],
-        efficiency_memory=sp["eta_memory"], efficiency_compute=plan.eta_c, peak_flops=sp["peak"],
-        peak_label=sp["peak_label"], bandwidth_bytes_per_s=hw.bandwidth,
-        ridge_flops_per_byte=sp["peak"] / hw.bandwidth, decode_bytes_per_step=roof["decode_bytes"],
-        decode_flops_per_step=roof["decode_flops"], prefill_flops=roof["prefill_flops"],
-        prefill_bytes=roof["prefill_bytes"], serve_command=serve_command(plan), at_devices_needed=None,
-        warnings=list(dict.fromkeys(plan.warnings)), notes=list(dict.fromkeys(plan.notes)), stages=stages,
+        vision_dtype=plan.precision.vision_fmt.key if spec.vision else None,
+        batch=B, context=S, prompt_tokens=plan.work.prompt_total, output_tokens=plan.work.output,
+        images=plan.work.images, tiles=plan.work.tiles, image_tokens=plan.work.image_tokens, tp=plan.tp, pp=plan.pp,
+        devices=plan.tp * plan.pp, device_unit=unit,
+        params_total=params_total, params_active=spec.params_active,
+        params_vision=spec.vision.total_params if spec.vision else 0,
+        weight_bytes=ceil_exact(plan.weights.total), weight_bytes_per_device=max(s.weights for s in stages),
+        vision_weight_bytes_per_device=worst.weights_vision,
+        kv_bytes_per_token=ceil_exact(sum((st.kv_per_token_full for st in one), F(0))),
+        kv_bytes_per_token_per_device=ceil_exact(max(st.kv_per_token_full for st in plan.static(plan.tp, plan.pp))),
+        kv_bytes=ceil_exact(sum((plan.kv_bytes_stage(st, B, S) for st in one), F(0))), kv_bytes_per_device=worst.kv,
+        activation_bytes=worst.activations, mask_bytes=worst.mask, overhead_bytes=worst.overhead,
+        reserve_bytes=worst.reserve, total_bytes_per_device=worst.total, usable_bytes_per_device=worst.usable,
+        device_memory_bytes=hw.memory_bytes, kv_pool_bytes=min(s.kv_pool for s in stages),
+        kv_room_tokens=min(s.kv_room_tokens for s in stages),
+        fits=fits, verdict=verdict, verdict_key=verdict_key, reason=_reason(worst, fits, layout is not None, unit),
+        devices_needed=layout.devices if layout else None, devices_needed_tp=layout.tp if layout else None,
+        devices_needed_pp=layout.pp if layout else None, max_context=_max_context(plan, B),
+        max_batch=_max_batch(plan, S),
+        prefill_seconds=sp.prefill_s, prefill_seconds_roofline=roof.prefill_s, prefill_bound=sp.prefill_bound,
+        decode_tokens_per_s=sp.decode_tokens_per_s, decode_tokens_per_s_roofline=roof.decode_tokens_per_s,
+        decode_tokens_per_s_total=sp.decode_tokens_per_s_total, bound=sp.decode_bound,
+        efficiency_memory=sp.eta_memory, efficiency_compute=plan.budget.eta_compute, peak_flops=sp.peak,
+        peak_label=sp.peak_label, bandwidth_bytes_per_s=hw.bandwidth, ridge_flops_per_byte=sp.peak / hw.bandwidth,
+        decode_bytes_per_step=roof.decode_bytes, decode_flops_per_step=roof.decode_flops,
+        prefill_flops=roof.prefill_flops, prefill_bytes=roof.prefill_bytes, serve_command=serve_command(plan),
+        at_devices_needed=None, warnings=list(dict.fromkeys(plan.warnings)), notes=list(dict.fromkeys(plan.notes)),
+        stages=stages, serve_heading=target.heading,
+        devices_note=layout.explanation if layout and layout.devices > 1 else "",
     )
-    if not fits and dn:
-        there = Plan(model, hw, workload, replace(settings, tp=dn[1], pp=dn[2]))
-        sp2, roof2 = there.speed(B, S), there.speed(B, S, efficiency=False)
-        est.at_devices_needed = dict(
-            devices=dn[0], tp=dn[1], pp=dn[2], decode_tokens_per_s=sp2["decode_tokens_per_s"],
-            decode_tokens_per_s_roofline=roof2["decode_tokens_per_s"], prefill_seconds=sp2["prefill_s"],
-            prefill_seconds_roofline=roof2["prefill_s"], serve_command=serve_command(there))
+    if spec.has_kv and spec.kv_window_bound:
+        est.kv_window = spec.kv_window_bound
+        est.kv_window_sequences = plan.window_sequences(est.kv_pool_bytes)
+        est.notes.append(f"KV room counts token slots in the KV pool ({est.kv_room_tokens:,}), not the longest context:"
+                         f" {est.kv_room_meaning}")
+    if layout and not fits:
+        est.notes.append(_layout_memory_note(plan, layout, unit))
+    if not fits and layout:
+        est.at_devices_needed = _fitted(spec, hw, workload, settings, layout)
     if detail:
         est.alternatives = _alternatives(plan)
         est.suggestions = _suggestions(plan, est)
-    est.formulas = _formulas(plan, est, sp, roof)
+    est.formulas = formulas(plan, est, sp, roof)
     return est
 
 
-def kv_bytes_per_token(model, kv: str = "fp16") -> int:
+def kv_bytes_per_token(model: ModelSpec | str, kv: str = "fp16") -> int:
     """KV-cache bytes per token over all layers (one sequence, no TP): the engine contract."""
-    model = get_model(model) if not isinstance(model, ModelSpec) else model
+    spec = model if isinstance(model, ModelSpec) else get_model(model)
     k = kv_dtype(kv)
-    total = F(0)
-    for lay in model.layers:
-        if lay.kv_elems:
-            total += lay.kv_elems * k.bytes_per_elem + lay.kv_scale_slots * k.per_head_scale_bytes
-    return _ceil(total)
+    total = sum((lay.kv_elems * k.bytes_per_elem + lay.kv_scale_slots * k.per_head_scale_bytes
+                 for lay in spec.layers if lay.kv_elems), F(0))
+    return ceil_exact(total)
 
 
-def weight_bytes(model, weights: str = "fp16") -> int:
-    """Weight bytes of a model in a format (no hardware rules applied)."""
-    model = get_model(model) if not isinstance(model, ModelSpec) else model
+def weight_bytes(model: ModelSpec | str, weights: str = "fp16") -> int:
+    """Weight bytes of a model in a format (no hardware rules applied; vision tower in 16 bit,
+    32 bit with FP32)."""
+    spec = model if isinstance(model, ModelSpec) else get_model(model)
     fmt = weight_format(weights)
-    small = F(4) if fmt.key == "fp32" else F(2)
-    small_layers = F(4) if fmt.family == "gguf" else small
-    emb = fmt.bytes_per_param if fmt.quantizes_embeddings else small
-    total = sum((lay.linear_params * fmt.bytes_per_param + (lay.params - lay.linear_params) * small_layers
-                 for lay in model.layers), F(0))
-    total += (model.embed_params + model.lm_head_params) * emb + model.final_norm_params * small_layers
-    if model.vision:
-        total += model.vision.total_params * small
-    return _ceil(total)
+    return ceil_exact(group_bytes(spec, fmt, weight_format("fp32" if fmt.key == "fp32" else "fp16")).total)
 
 
-def compare_hardware(model, keys: list[str], workload: Workload | None = None, settings: Settings | None = None) -> list[dict]:
+def _compare_settings(hw: Hardware, settings: Settings | None) -> Settings:
+    """The caller's settings on another device: its own TP default, and its own framework unless
+    one was picked (vllm-ascend only on Ascend)."""
+    s = replace(settings or Settings(), framework="auto", tp=None)
+    if settings is not None and settings.framework not in ("auto", None):
+        fw = settings.framework
+        if fw == "vllm-ascend" and not hw.is_ascend:
+            fw = "auto"
+        s = replace(s, framework=fw)
+    return s
+
+
+@dataclass(frozen=True)
+class HardwareRow:
+    """One hardware preset in the comparison: the verdict as configured, and speed and memory
+    where it fits (on the fewest devices when it needs more). ``error``: why it could not be sized."""
+
+    hardware: str
+    name: str
+    memory_gib: float | None = None
+    framework: str = ""
+    fits: bool = False
+    verdict: str = "n/a"
+    devices_needed: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    total_gib: float | None = None
+    usable_gib: float | None = None
+    decode_tokens_per_s: float | None = None
+    decode_tokens_per_s_roofline: float | None = None
+    prefill_seconds: float | None = None
+    max_context: int | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """Most concurrent sequences that fit at one context length."""
+
+    context: int
+    max_batch: int
+
+
+def _hardware_row(model: ModelSpec | str, key: str, workload: Workload | None,
+                  settings: Settings | None) -> HardwareRow:
+    hw = get_hardware(key)
+    s = _compare_settings(hw, settings)
+    est = estimate(model, hw, workload, s, detail=False)
+    fits, verdict, needed = est.fits, est.verdict, est.devices_needed
+    if not est.fits and est.devices_needed:  # report speed and memory where it does fit
+        est = estimate(model, hw, workload, replace(s, tp=est.devices_needed_tp, pp=est.devices_needed_pp or 1),
+                       detail=False)
+    return HardwareRow(hardware=key, name=hw.name, memory_gib=hw.memory_bytes / GiB, framework=est.framework,
+                       fits=fits, verdict=verdict, devices_needed=needed, tp=est.tp, pp=est.pp,
+                       total_gib=est.total_bytes_per_device / GiB, usable_gib=est.usable_bytes_per_device / GiB,
+                       decode_tokens_per_s=est.decode_tokens_per_s,
+                       decode_tokens_per_s_roofline=est.decode_tokens_per_s_roofline,
+                       prefill_seconds=est.prefill_seconds, max_context=est.max_context)
+
+
+def compare_hardware(model: ModelSpec | str, keys: list[str], workload: Workload | None = None,
+                     settings: Settings | None = None) -> list[HardwareRow]:
     """One row per hardware preset: fits? devices needed? tokens/s. Errors become a row note."""
     rows = []
     for key in keys:
         try:
-            hw = get_hardware(key)
-            s = replace(settings or Settings(), framework="auto", tp=None)
-            if settings is not None and settings.framework not in ("auto", None):
-                fw = settings.framework
-                if fw == "vllm-ascend" and not hw.is_ascend:
-                    fw = "auto"
-                s = replace(s, framework=fw)
-            est = estimate(model, hw, workload, s, detail=False)
-            fits, verdict, needed = est.fits, est.verdict, est.devices_needed
-            if not est.fits and est.devices_needed:  # report speed and memory where it does fit
-                est = estimate(model, hw, workload, replace(s, tp=est.devices_needed_tp, pp=est.devices_needed_pp),
-                               detail=False)
-            rows.append(dict(hardware=key, name=hw.name, memory_gib=hw.memory_bytes / GiB, framework=est.framework,
-                             fits=fits, verdict=verdict, devices_needed=needed, tp=est.tp, pp=est.pp,
-                             total_gib=est.total_bytes_per_device / GiB, usable_gib=est.usable_bytes_per_device / GiB,
-                             decode_tokens_per_s=est.decode_tokens_per_s,
-                             decode_tokens_per_s_roofline=est.decode_tokens_per_s_roofline,
-                             prefill_seconds=est.prefill_seconds, max_context=est.max_context, error=""))
+            rows.append(_hardware_row(model, key, workload, settings))
         except SizingError as exc:
-            rows.append(dict(hardware=key, name=key, memory_gib=None, framework="", fits=False, verdict="n/a",
-                             devices_needed=None, tp=None, pp=None, total_gib=None, usable_gib=None, decode_tokens_per_s=None,
-                             decode_tokens_per_s_roofline=None, prefill_seconds=None, max_context=None,
-                             error=str(exc)))
+            rows.append(HardwareRow(hardware=key, name=key, error=str(exc)))
     return rows
 
 
-def concurrency_curve(model, hardware, workload: Workload | None = None, settings: Settings | None = None,
-                      contexts: list[int] | None = None) -> list[dict]:
+def concurrency_curve(model: ModelSpec | str, hardware: Hardware | str, workload: Workload | None = None,
+                      settings: Settings | None = None, contexts: list[int] | None = None) -> list[CurvePoint]:
     """Most concurrent sequences that fit at each context length (for the page's curve)."""
-    model = get_model(model) if not isinstance(model, ModelSpec) else model
-    hw = get_hardware(hardware) if not isinstance(hardware, Hardware) else hardware
-    plan = Plan(model, hw, workload or Workload(), settings or Settings())
+    spec, hw = _resolve_inputs(model, hardware)
+    plan = Plan(spec, hw, workload or Workload(), settings or Settings())
     if contexts is None:
-        top = model.max_position or 131072
+        top = spec.max_position or 131072
         contexts = sorted({c for c in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, top)
-                           if c <= top and c >= 2})
-    return [{"context": c, "max_batch": _max_batch(plan, c)} for c in contexts]
+                           if 2 <= c <= top})
+    return [CurvePoint(c, _max_batch(plan, c)) for c in contexts]
+
+
+__all__ = ["CurvePoint", "Estimate", "FittedLayout", "FormatOption", "HardwareRow", "Speed", "compare_hardware",
+           "concurrency_curve", "estimate", "kv_bytes_per_token", "weight_bytes"]

@@ -69,14 +69,43 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
     ]
 }
 
+#: The one dtype vocabulary: our short keys <-> the names torch / vLLM / HF configs use.
+#: (``--dtype`` in vLLM and SGLang takes the long names; configs' ``torch_dtype`` too.)
+FLOAT_DTYPE_NAMES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPE_ALIASES: dict[str, str] = {
+    **{long: key for key, long in FLOAT_DTYPE_NAMES.items()},
+    "float": "fp32", "f32": "fp32", "f16": "fp16", "half": "fp16",
+    "float8_e4m3fn": "fp8", "float8_e4m3": "fp8",  # FP8 checkpoints' torch_dtype
+}
+#: Storage dtypes a checkpoint's config may name (``torch_dtype`` / ``dtype``), as our keys.
+CHECKPOINT_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
+
+
+def dtype_key(name: str) -> str:
+    """Our key for a dtype name ("bfloat16", "torch.bfloat16", "BF16" -> "bf16"); unknown names are
+    returned as given (lower case, without "torch.")."""
+    key = str(name).strip().lower().removeprefix("torch.")
+    return DTYPE_ALIASES.get(key, key)
+
+
+def dtype_spellings(keys: tuple[str, ...]) -> list[str]:
+    """Every accepted spelling of these keys (the keys and their aliases), sorted, for messages."""
+    return sorted({*keys, *(alias for alias, key in DTYPE_ALIASES.items() if key in keys)})
+
+
+def torch_dtype_name(key: str) -> str:
+    """The long name vLLM's/SGLang's ``--dtype`` takes ("bf16" -> "bfloat16"); "auto" otherwise."""
+    return FLOAT_DTYPE_NAMES.get(key, "auto")
+
+
 WEIGHT_ALIASES = {
-    "float32": "fp32", "f32": "fp32", "bfloat16": "bf16", "float16": "fp16", "f16": "fp16", "half": "fp16",
-    "w4a16": "int4", "awq": "int4", "gptq": "int4", "int4-g128": "int4", "w8a16": "int8", "fp8-e4m3": "fp8",
+    **DTYPE_ALIASES, "w4a16": "int4", "awq": "int4", "gptq": "int4", "int4-g128": "int4", "w8a16": "int8", "fp8-e4m3": "fp8",
     "q4_k": "q4_k_m", "q5_k_m": "q5_k", "q6_k_m": "q6_k", "bnb-nf4": "nf4",
 }
 
 
 def weight_format(name: str) -> WeightFormat:
+    """The format for a key or alias (case-insensitive; "-" and "_" alike)."""
     key = str(name).strip().lower()
     key = WEIGHT_ALIASES.get(key, key).replace("-", "_")
     key = WEIGHT_ALIASES.get(key, key)
@@ -110,11 +139,11 @@ KV_DTYPES: dict[str, KVDtype] = {
         KVDtype("q4_0", "GGUF Q4_0 (llama.cpp cache)", F(18, 32), 0, None, None),
     ]
 }
-KV_ALIASES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "half": "fp16",
-              "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+KV_ALIASES = {**DTYPE_ALIASES, "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 
 
 def kv_dtype(name: str) -> KVDtype:
+    """The KV-cache dtype for a key or alias (case-insensitive)."""
     key = str(name).strip().lower()
     key = KV_ALIASES.get(key, key)
     if key not in KV_DTYPES:

@@ -95,6 +95,7 @@ CEILINGS: dict[str, float] = {
 }
 OPTIONAL_RATES = ("bf16_tflops", "fp8_tflops", "int8_tops", "fp32_tflops", "interconnect_gb_s")
 MAX_DEVICES_PER_CARD = 16
+_SCALE = {"interconnect_gb_s": 1e9}  # unit of each rate field in the file (default: tera, 1e12)
 _MISSING = object()
 
 
@@ -106,7 +107,7 @@ def _bad(name: str, why: str, value: Any) -> SizingError:
     return SizingError(f"hardware field {name!r} {why}, got {shown}")
 
 
-def _raw(d: dict, name: str) -> Any:
+def _raw(d: dict[str, Any], name: str) -> Any:
     """A field's value: plain, or the ``value`` of a ``{"value", "source", "confidence"}`` object;
     ``_MISSING`` when absent (a wrapper without ``value`` counts as absent)."""
     if name not in d:
@@ -126,11 +127,9 @@ def _number(name: str, value: Any) -> float:
     return float(value)
 
 
-def _positive(name: str, value: Any, *, allow_none: bool = False, ceiling: float | None = None) -> float | None:
-    """A number in (0, ceiling]; None allowed for optional figures (the unit is absent)."""
+def _positive(name: str, value: Any, *, ceiling: float | None = None) -> float:
+    """A required number in (0, ceiling] (absent or null is an error naming the field)."""
     if value is None or value is _MISSING:
-        if allow_none:
-            return None
         raise SizingError(f"hardware is missing {name!r}" if value is _MISSING else
                           f"hardware field {name!r} must be a positive number, got None")
     v = _number(name, value)
@@ -142,6 +141,13 @@ def _positive(name: str, value: Any, *, allow_none: bool = False, ceiling: float
     return v
 
 
+def _optional_positive(name: str, value: Any) -> float | None:
+    """An optional figure: None when absent or null (the unit is missing), else as ``_positive``."""
+    if value is None or value is _MISSING:
+        return None
+    return _positive(name, value)
+
+
 def _fraction(name: str, value: Any) -> float:
     """A share in (0, 1] (efficiencies, usable_fraction)."""
     v = _number(name, value)
@@ -150,7 +156,7 @@ def _fraction(name: str, value: Any) -> float:
     return v
 
 
-def _text(d: dict, name: str, default: str) -> str:
+def _text(d: dict[str, Any], name: str, default: str) -> str:
     value = d.get(name, default)
     if value is None:
         return default
@@ -159,14 +165,14 @@ def _text(d: dict, name: str, default: str) -> str:
     return value
 
 
-def _choice(d: dict, name: str, default: str, allowed: tuple[str, ...]) -> str:
+def _choice(d: dict[str, Any], name: str, default: str, allowed: tuple[str, ...]) -> str:
     value = _text(d, name, default)
     if value not in allowed:
         raise SizingError(f"hardware field {name!r}: unknown value {value!r}; one of: {', '.join(allowed)}")
     return value
 
 
-def _devices_per_card(d: dict) -> int:
+def _devices_per_card(d: dict[str, Any]) -> int:
     value = _raw(d, "devices_per_card")
     if value is _MISSING or value is None:
         return 1
@@ -178,7 +184,7 @@ def _devices_per_card(d: dict) -> int:
     return int(value)
 
 
-def _efficiency(d: dict) -> tuple[float, float]:
+def _efficiency(d: dict[str, Any]) -> tuple[float, float]:
     """``efficiency: {"memory": eta_mem, "compute": eta_compute}``, each in (0, 1]."""
     eff = d.get("efficiency", {})
     if eff is None:
@@ -189,7 +195,7 @@ def _efficiency(d: dict) -> tuple[float, float]:
             _fraction("efficiency.compute", eff.get("compute", 0.5)))
 
 
-def _overhead_bytes(d: dict, memory_bytes: int, default_mb: float) -> int:
+def _overhead_bytes(d: dict[str, Any], memory_bytes: int, default_mb: float) -> int:
     """Runtime overhead (CUDA context, cuBLAS workspace, ...) in MB: >= 0 and below the memory."""
     value = _raw(d, "runtime_overhead_mb")
     if value is _MISSING or value is None:
@@ -202,14 +208,14 @@ def _overhead_bytes(d: dict, memory_bytes: int, default_mb: float) -> int:
     return int(mb * 1e6)
 
 
-def _notes(d: dict) -> tuple[str, ...]:
+def _notes(d: dict[str, Any]) -> tuple[str, ...]:
     notes = d.get("notes") or []
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise _bad("notes", "must be a list of strings", notes)
     return tuple(notes)
 
 
-def _memory_bytes(d: dict) -> tuple[int, int]:
+def _memory_bytes(d: dict[str, Any]) -> tuple[int, int]:
     """(memory the runtime sees, nominal memory) in bytes.
 
     ``memory_visible_mib`` is what CUDA reports as the device total (``cudaMemGetInfo`` /
@@ -217,26 +223,29 @@ def _memory_bytes(d: dict) -> tuple[int, int]:
     sits a few hundred MiB under nvidia-smi's total and under the nominal ``memory_gib``.
     """
     mem_gib = _positive("memory_gib", _raw(d, "memory_gib"))
-    assert mem_gib is not None
     nominal = int(mem_gib * GiB)
     visible_raw = _raw(d, "memory_visible_mib")
     if visible_raw is _MISSING or visible_raw is None:
         return nominal, nominal
     visible = _positive("memory_visible_mib", visible_raw)
-    assert visible is not None
     if visible * MiB > nominal:
         raise _bad("memory_visible_mib", f"must not exceed memory_gib ({mem_gib:g} GiB = {mem_gib * 1024:,.0f} MiB)",
                    visible_raw)
     return int(visible * MiB), nominal
 
 
-def _tera(d: dict, name: str, *, required: bool = False) -> float | None:
-    value = _raw(d, name)
-    v = _positive(name, value, allow_none=not required)
-    return None if v is None else v * (1e9 if name == "interconnect_gb_s" else 1e12)
+def _tera(d: dict[str, Any], name: str) -> float | None:
+    """An optional rate (TFLOPS / TOPS, interconnect GB/s) in FLOP/s or B/s; None: the unit is absent."""
+    v = _optional_positive(name, _raw(d, name))
+    return None if v is None else v * _SCALE.get(name, 1e12)
 
 
-def hardware_from_dict(d: dict, key: str = "custom") -> Hardware:
+def _required_tera(d: dict[str, Any], name: str) -> float:
+    """A required rate (fp16_tflops) in FLOP/s."""
+    return _positive(name, _raw(d, name)) * _SCALE.get(name, 1e12)
+
+
+def hardware_from_dict(d: dict[str, Any], key: str = "custom") -> Hardware:
     """Build Hardware from a preset-style dict (values plain or {"value": ...}).
 
     Every field is validated and named on failure (SizingError, a ValueError): required
@@ -249,11 +258,9 @@ def hardware_from_dict(d: dict, key: str = "custom") -> Hardware:
     if d.get("measure"):
         return this_machine(d, key)
     memory, nominal = _memory_bytes(d)
-    fp16 = _tera(d, "fp16_tflops", required=True)
-    assert fp16 is not None
+    fp16 = _required_tera(d, "fp16_tflops")
     bf16 = _tera(d, "bf16_tflops") if "bf16_tflops" in d else fp16
     bandwidth = _positive("bandwidth_gb_s", _raw(d, "bandwidth_gb_s"))
-    assert bandwidth is not None
     usable = _raw(d, "usable_fraction")
     eta_m, eta_c = _efficiency(d)
     sources = {k: v for k, v in d.items() if isinstance(v, dict) and "source" in v}
@@ -409,7 +416,7 @@ def _preset_files() -> dict[str, Path]:
 
 
 @functools.lru_cache(maxsize=64)
-def _preset_dict(key: str) -> dict:
+def _preset_dict(key: str) -> dict[str, Any]:
     data = json.loads(_preset_files()[key].read_text())
     if not isinstance(data, dict):
         raise SizingError(f"hardware preset {key}: not a JSON object")
@@ -420,7 +427,7 @@ def hardware_presets() -> list[str]:
     return list(_preset_files())
 
 
-def hardware_info(key: str) -> dict:
+def hardware_info(key: str) -> dict[str, Any]:
     """The raw preset (with sources), for listings and the page."""
     return _preset_dict(key)
 

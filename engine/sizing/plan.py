@@ -1,54 +1,45 @@
-"""Inputs resolved to numbers: the serving framework's budget rule, formats, parallelism and
-workload, then memory per device and roofline speed for any (batch, context, tp, pp).
+"""A plan: the inputs resolved by concern, then memory per device and roofline speed for any
+(batch, context, tp, pp).
 
-Budget rules (sizing.md §3.5, §1):
-  none         usable = device memory (x usable share for unified memory); needs = weights + KV
-               + activations + overhead.
-  vllm         usable = gpu_memory_utilization x total; activations profiled at
-               max_num_batched_tokens; the KV pool is whatever is left (reserved up front).
-  sglang       weights + KV pool <= mem_fraction_static x total; the rest is held back for
-               activations (shown as "reserve" when the activations need less).
-  vllm-ascend  as vLLM with block size 128; on 310P also a dense FP16 mask of
-               max_model_len^2 x 2 B and the KV budget halved ("reserve" = the other half).
+Concerns, one module each (this module only puts them together):
+  budget      the serving framework's budget rule (usable memory, block size, reserve, pool)
+  precision   weight / KV / vision formats and the weight bytes they give
+  parallel    TP and PP sizes, pipeline stages, the fewest-devices layout
+  workload    batch and token counts, with their documented maxima
+
+Memory per device, per pipeline stage (the worst stage decides):
+  total = weights/TP + KV + activations + mask (310P) + overhead (runtime + NCCL) + reserve
+  fits  = total <= usable
+Decode step (roofline): sum over stages of max(bytes / (BW x eta_mem), FLOPs / (peak x eta_c))
+  + TP all-reduces (2 per layer) + PP hops.  Prefill: max(FLOPs / (peak x eta), bytes / (BW x eta)).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction as F
+from functools import cached_property
 
 from . import activations
+from .activations import ACT_COEFF, Activations
 from .arch import ModelSpec
-from .formats import KVDtype, SizingError, WeightFormat, kv_dtype, weight_format
-from .hardware import FRAMEWORKS, GiB, MiB, Hardware
+from .budget import (FRAMEWORK_LABELS, Budget, ascend_mask_bytes, nccl_bytes, resolve_budget,
+                     sglang_fraction)
+from .checks import Remarks
+from .formats import KVDtype, WeightFormat
+from .hardware import Hardware
+from .parallel import MAX_DEVICES, Parallel, resolve_parallel, stage_sizes, tp_problem, tp_valid
+from .precision import Precision, WeightGroups, resolve_precision
+from .units import ceil_exact, fmt_bytes, gib, rate, round_up, search_max
+from .workload import MAX_BATCH, MAX_CONTEXT, ResolvedWorkload, Workload, resolve_workload
 
-DEFAULT_CONTEXT = 4096
-DEFAULT_OUTPUT = 512
-ACT_COEFF = 11  # aiconfigurator's LLAMA activation coefficient at TP1 (sizing.md §3.4)
+__all__ = ["ACT_COEFF", "COMM_LATENCY_S", "MAX_DEVICES", "MAX_CONTEXT", "MAX_BATCH", "FRAMEWORK_LABELS", "Activations",
+           "Plan", "Settings", "Speed", "StageMemory", "StageStatic", "Workload", "ascend_mask_bytes", "gib",
+           "nccl_bytes", "rate", "roofline_decode_tokens_per_s", "sglang_fraction"]
+
 COMM_LATENCY_S = 8e-6  # per all-reduce / stage hop (assumed)
-MAX_DEVICES = 64
-MAX_CONTEXT_SEARCH = 1 << 24
-MAX_BATCH_SEARCH = 1 << 20
-
-
-def nccl_bytes(devices: int) -> int:
-    """aiconfigurator: NCCL buffers 342 MiB at TP2, 392 MiB at TP4/8 (sizing.md §3.5)."""
-    if devices <= 1:
-        return 0
-    return (342 if devices == 2 else 392) * MiB
-
-
-def sglang_fraction(tp: int) -> float:
-    """SGLang's default mem_fraction_static by TP (server_args; newer versions size it from capacity)."""
-    if tp >= 16:
-        return 0.79
-    if tp >= 8:
-        return 0.81
-    if tp >= 4:
-        return 0.85
-    if tp >= 2:
-        return 0.87
-    return 0.88
+DEFAULT_LINK = 32e9  # bytes/s between devices when the hardware gives no interconnect (PCIe 4 x16)
 
 
 def roofline_decode_tokens_per_s(bytes_per_token: float, bandwidth: float, efficiency: float = 1.0) -> float:
@@ -56,27 +47,10 @@ def roofline_decode_tokens_per_s(bytes_per_token: float, bandwidth: float, effic
     return bandwidth * efficiency / bytes_per_token
 
 
-def ascend_mask_bytes(max_model_len: int) -> int:
-    """vllm-ascend 310P dense FP16 causal mask: max_model_len^2 x 2 bytes."""
-    return max_model_len * max_model_len * 2
-
-
-# --------------------------------------------------------------------------------------
-# inputs
-
-
-@dataclass(frozen=True)
-class Workload:
-    batch: int = 1  # concurrent sequences
-    context: int | None = None  # total tokens per sequence (text + image tokens + output)
-    prompt: int | None = None  # text tokens of the prompt
-    output: int | None = None  # generated tokens
-    images: int | None = None  # images per sequence (vision-language models)
-    tiles: int | None = None  # tiles per image (InternVL: up to 12 + thumbnail)
-
-
 @dataclass(frozen=True)
 class Settings:
+    """How it is served (None / "auto" = the default for the hardware)."""
+
     weights: str = "auto"
     kv_dtype: str = "auto"
     vision_dtype: str = "auto"
@@ -90,559 +64,445 @@ class Settings:
     eta_compute: float | None = None
 
 
-def _pos_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) and not (isinstance(value, float) and value.is_integer()):
-        raise SizingError(f"{name} must be a whole number, got {value!r}")
-    value = int(value)
-    if value < minimum:
-        raise SizingError(f"{name} must be >= {minimum}, got {value}")
-    return value
+# --------------------------------------------------------------------------------------
+# typed results
 
 
-def _fraction_in(name: str, value, low: float = 0.0, high: float = 1.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low < value <= high:
-        raise SizingError(f"{name} must be in ({low:g}, {high:g}], got {value!r}")
-    return float(value)
+@dataclass(frozen=True)
+class StageStatic:
+    """What one pipeline stage holds per device, independent of the workload."""
+
+    first_layer: int
+    end_layer: int  # exclusive
+    first: bool
+    last: bool
+    weights_llm: F  # bytes per device
+    weights_vision: F
+    kv_by_window: Mapping[int | None, F]  # KV bytes per context token per device, by sliding window
+    state: F  # recurrent state bytes per sequence per device
+    active_params: int  # parameters touched per token in this stage (whole, before TP)
+    attn_flops_by_window: Mapping[int | None, int]  # attention FLOPs per (query x context token)
+    moe_layers: tuple[int, ...]
+
+    @property
+    def weights(self) -> F:
+        return self.weights_llm + self.weights_vision
+
+    @property
+    def num_layers(self) -> int:
+        return self.end_layer - self.first_layer
+
+    @property
+    def kv_per_token_full(self) -> F:
+        """KV bytes per token per device while every layer still grows (below all windows)."""
+        return sum(self.kv_by_window.values(), F(0))
 
 
-def _ceil(x) -> int:
-    return int(math.ceil(x)) if not isinstance(x, F) else -((-x.numerator) // x.denominator)
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes on one device of one pipeline stage for one workload (``fits``: total <= usable)."""
+
+    weights: int
+    weights_vision: int
+    kv: int
+    activations: int
+    mask: int
+    overhead: int
+    reserve: int
+    total: int
+    usable: int
+    capacity: int
+    kv_pool: int
+    kv_room_tokens: int
+    fits: bool
+    stage_layers: int
+
+    @property
+    def over(self) -> int:
+        """Bytes over the usable memory (negative: to spare)."""
+        return self.total - self.usable
 
 
-def _round_up(n: int, block: int) -> int:
-    return -(-n // block) * block
+@dataclass(frozen=True)
+class Speed:
+    """Roofline (or efficiency-scaled) speed for one workload on one layout."""
+
+    decode_step_s: float
+    decode_tokens_per_s: float  # per sequence (steps per second)
+    decode_tokens_per_s_total: float  # over the batch
+    decode_bound: str  # "memory" | "compute"
+    decode_bytes: float  # bytes read per decode step, all stages
+    decode_flops: float
+    comm_s: float  # TP/PP communication per decode step
+    prefill_s: float
+    prefill_bound: str
+    prefill_flops: float
+    prefill_bytes: float
+    vision_flops: float
+    peak: float
+    peak_label: str
+    bandwidth: float
+    eta_memory: float
+    eta_compute: float
 
 
-def gib(n: float) -> str:
-    return f"{n / GiB:,.2f} GiB"
+@dataclass(frozen=True)
+class _Prefix:
+    """Prefix sums over layers, so a stage's totals cost O(groups), not O(layers)."""
+
+    weights: tuple[F, ...]
+    active: tuple[int, ...]
+    state: tuple[int, ...]
+    kv_groups: Mapping[tuple[int | None, int], tuple[F, ...]]  # (window, kv heads) -> KV bytes/token at TP 1
+    attn_flops: Mapping[int | None, tuple[int, ...]]  # window -> attention FLOPs per context token
+    moe: tuple[int, ...]
 
 
-def _fmt_bytes(n: float) -> str:
-    n = float(n)
-    if abs(n) >= GiB:
-        return f"{n / GiB:,.2f} GiB"
-    if abs(n) >= MiB:
-        return f"{n / MiB:,.1f} MiB"
-    if abs(n) >= 1024:
-        return f"{n / 1024:,.1f} KiB"
-    return f"{n:,.0f} B"
-
-
-def rate(flops: float) -> str:
-    """FLOP/s for people: TFLOP/s above 1e12, else GFLOP/s."""
-    return f"{flops / 1e12:,.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.1f} GFLOP/s"
-
-
-FRAMEWORK_LABELS = {"none": "no serving framework (plain)", "vllm": "vLLM", "sglang": "SGLang",
-                    "vllm-ascend": "vllm-ascend"}
-
-
-def _tok(n: int) -> str:
-    return f"{n:,}"
+def _prefix_sums(model: ModelSpec, layer_bytes: tuple[F, ...], kv: KVDtype) -> _Prefix:
+    n = model.num_layers
+    weights, active, state = [F(0)] * (n + 1), [0] * (n + 1), [0] * (n + 1)
+    groups: dict[tuple[int | None, int], list[F]] = {}
+    flops: dict[int | None, list[int]] = {}
+    for i, lay in enumerate(model.layers):
+        weights[i + 1] = weights[i] + layer_bytes[i]
+        active[i + 1] = active[i] + lay.active_params
+        state[i + 1] = state[i] + lay.state_elems
+        per_tok = (lay.kv_elems * kv.bytes_per_elem + lay.kv_scale_slots * kv.per_head_scale_bytes
+                   if lay.kv_elems else F(0))
+        if lay.kv_elems:
+            groups.setdefault((lay.window, lay.kv_heads), [F(0)] * (n + 1))
+            flops.setdefault(lay.window, [0] * (n + 1))
+        for gkey, garr in groups.items():
+            garr[i + 1] = garr[i] + (per_tok if (lay.kv_elems and gkey == (lay.window, lay.kv_heads)) else 0)
+        for fkey, farr in flops.items():
+            farr[i + 1] = farr[i] + (lay.attn_flops_per_ctx_token if (lay.kv_elems and fkey == lay.window) else 0)
+    return _Prefix(tuple(weights), tuple(active), tuple(state), {k: tuple(v) for k, v in groups.items()},
+                   {k: tuple(v) for k, v in flops.items()},
+                   tuple(i for i, lay in enumerate(model.layers) if lay.num_experts))
 
 
 # --------------------------------------------------------------------------------------
-# the resolved plan
+# the plan
 
 
 class Plan:
-    """Inputs resolved to numbers; cheap memory and speed evaluation for any (batch, context, tp, pp)."""
+    """Inputs resolved by concern; cheap memory and speed evaluation for any (batch, context, tp, pp)."""
 
     def __init__(self, model: ModelSpec, hw: Hardware, workload: Workload, settings: Settings):
         self.model, self.hw, self.settings, self.workload_in = model, hw, settings, workload
-        self.warnings: list[str] = []
-        self.notes: list[str] = list(model.notes) + ([hw.alias_note] if hw.alias_note else [])
-        self._resolve_framework()
-        self._resolve_formats()
-        self._resolve_parallel()
-        self._resolve_workload(workload)
-        self._static: dict[tuple[int, int], list[dict]] = {}
+        self.remarks = Remarks(notes=list(model.notes) + ([hw.alias_note] if hw.alias_note else []))
+        s = settings
+        self.budget: Budget = resolve_budget(hw, s.framework, s.gpu_memory_utilization, s.block_size,
+                                             s.max_num_batched_tokens, s.eta_memory, s.eta_compute, self.remarks)
+        self.precision: Precision = resolve_precision(model, hw, s.weights, s.kv_dtype, s.vision_dtype,
+                                                      self.budget.framework, self.remarks)
+        self.parallel: Parallel = resolve_parallel(model, hw, s.tp, s.pp, self.remarks)
+        self.work: ResolvedWorkload = resolve_workload(model, workload, self.remarks)
+        self._static: dict[tuple[int, int], tuple[StageStatic, ...]] = {}
         self._platform_warnings()
 
-    # -- resolution ----------------------------------------------------------------
-    def _resolve_framework(self) -> None:
-        s, hw = self.settings, self.hw
-        fw = str(s.framework or "auto").strip().lower()
-        if fw == "auto":
-            fw = hw.default_framework
-        if fw not in FRAMEWORKS:
-            raise SizingError(f"unknown framework {s.framework!r}; choose one of: auto, {', '.join(FRAMEWORKS)}")
-        if fw == "vllm-ascend" and not hw.is_ascend:
-            raise SizingError(f"vllm-ascend runs on Ascend NPUs only; for {hw.name} use vllm, sglang or none")
-        if fw == "vllm" and hw.is_ascend:
-            self.notes.append("vLLM on Ascend is the vllm-ascend plugin: its rules are applied")
-            fw = "vllm-ascend"
-        if fw == "sglang" and hw.is_310p:
-            self.warnings.append("SGLang has no Ascend 310P support; the budget is SGLang's rule only on paper")
-        if fw in ("vllm", "sglang") and hw.device_class in ("apple", "cpu"):
-            self.warnings.append(f"{fw} has no Metal backend and a slow CPU path; llama.cpp or MLX is the usual choice here")
-        self.framework = fw
-        self.ascend_310p_rules = fw == "vllm-ascend" and hw.is_310p
-        if fw in ("vllm", "vllm-ascend"):
-            util = 0.9 if s.gpu_memory_utilization is None else s.gpu_memory_utilization
-            self.util = _fraction_in("gpu_memory_utilization", util)
-        elif fw == "sglang":
-            self.util = None if s.gpu_memory_utilization is None else _fraction_in(
-                "mem_fraction_static", s.gpu_memory_utilization)
-        else:
-            self.util = None
-        if s.block_size is not None:
-            self.block = _pos_int("block_size", s.block_size)
-        else:
-            self.block = {"none": 1, "vllm": 16, "sglang": 1, "vllm-ascend": 128}[fw]
-        big = hw.memory_bytes >= 70 * GiB
-        if s.max_num_batched_tokens is not None:
-            self.batched_tokens = _pos_int("max_num_batched_tokens", s.max_num_batched_tokens)
-        else:
-            self.batched_tokens = 8192 if (big and fw != "none") else 2048
-        self.eta_m = _fraction_in("memory efficiency", hw.eta_memory if s.eta_memory is None else s.eta_memory)
-        self.eta_c = _fraction_in("compute efficiency", hw.eta_compute if s.eta_compute is None else s.eta_compute)
+    # -- short names for what the advice and the answer read ---------------------------
+    @property
+    def framework(self) -> str:
+        return self.budget.framework
 
-    def _sixteen(self, ckpt: str) -> str:
-        if ckpt == "fp16" or not self.hw.supports_bf16:
-            return "fp16"
-        return "bf16"
+    @property
+    def fmt(self) -> WeightFormat:
+        return self.precision.fmt
 
-    def _resolve_formats(self) -> None:
-        s, hw, model = self.settings, self.hw, self.model
-        ckpt = model.checkpoint_dtype
-        self.exact_scale: F | None = None
-        requested = str(s.weights or "auto").strip().lower()
-        auto = requested in ("auto", "checkpoint")
-        if auto:
-            if ckpt == "fp8" and (hw.is_ascend or hw.device_class in ("apple", "cpu")):
-                fmt = weight_format(self._sixteen("bf16"))
-                self.warnings.append(f"the checkpoint is FP8; {hw.name} has no FP8 path, so it is sized as"
-                                     f" {fmt.label} (twice the bytes)")
-            elif ckpt == "fp8":
-                fmt = weight_format("fp8")
-            elif ckpt == "fp32":
-                fmt = weight_format(self._sixteen("bf16"))
-                self.notes.append(f"FP32 checkpoint served in {fmt.label} (choose --weights fp32 to keep 4 B/param)")
-            else:
-                fmt = weight_format(self._sixteen(ckpt))
-        else:
-            fmt = weight_format(requested)
-            if fmt.key == "bf16" and not hw.supports_bf16:
-                self.warnings.append(f"{hw.name} has no BF16: BF16 weights would run as FP16 (--dtype float16);"
-                                     " sized as FP16 (same bytes)")
-                fmt = weight_format("fp16")
-        if fmt.compute == "fp8" and not hw.supports_fp8:
-            if hw.is_ascend or hw.device_class in ("apple", "cpu"):
-                self.warnings.append(f"{hw.name} has no FP8 support in the usual runtimes; FP8 weights are"
-                                     " sized for comparison only")
-            else:
-                self.notes.append(f"{hw.name} has no FP8 tensor cores: FP8 weights run weight-only"
-                                  " (dequantised to 16 bit, Marlin kernels); speed at the FP16 peak")
-        if fmt.compute == "int8" and not hw.int8_ops:
-            self.notes.append(f"{hw.name} has no INT8 matrix units in this runtime: W8A8 runs at the 16-bit peak")
-        self.fmt: WeightFormat = fmt
-        self.small_bytes = F(4) if fmt.key == "fp32" else F(2)  # norms, biases, unquantised embeddings
-        self.small_for_layers = F(4) if fmt.family == "gguf" else self.small_bytes  # GGUF keeps norms in F32
-        self.act_dtype = "fp32" if fmt.key == "fp32" else self._sixteen(ckpt if ckpt in ("bf16", "fp16") else "bf16")
-        self.act_bytes = 4 if fmt.key == "fp32" else 2
+    @property
+    def kv(self) -> KVDtype:
+        return self.precision.kv
 
-        kv = str(s.kv_dtype or "auto").strip().lower()
-        self.kv: KVDtype = kv_dtype("fp32" if fmt.key == "fp32" else self.act_dtype) if kv == "auto" else kv_dtype(kv)
-        if self.kv.key == "bf16" and not hw.supports_bf16:
-            self.warnings.append(f"{hw.name} has no BF16: a BF16 KV cache would be FP16 (same bytes)")
-            self.kv = kv_dtype("fp16")
-        if self.kv.key in ("q8_0", "q4_0") and self.framework != "none":
-            self.warnings.append(f"KV type {self.kv.key} is a llama.cpp cache type; {self.framework} does not offer it")
-        if self.kv.key == "int4" and self.framework in ("vllm", "sglang", "vllm-ascend"):
-            self.warnings.append(f"an INT4 KV cache is not offered by {self.framework}")
-        if self.kv.key == "fp8" and (hw.is_ascend or hw.device_class in ("apple",)):
-            self.warnings.append(f"an FP8 KV cache is not available on {hw.name}")
+    @property
+    def weights(self) -> WeightGroups:
+        return self.precision.weights
 
-        vis = str(s.vision_dtype or "auto").strip().lower()
-        if vis == "auto":
-            self.vision_fmt = weight_format("fp32" if fmt.key == "fp32" else self.act_dtype)
-        else:
-            self.vision_fmt = weight_format(vis)
-            if self.vision_fmt.key == "bf16" and not hw.supports_bf16:
-                self.vision_fmt = weight_format("fp16")
-        if vis != "auto" and model.vision is None:
-            self.notes.append("--vision-dtype ignored: the model has no vision tower")
+    @property
+    def tp(self) -> int:
+        return self.parallel.tp
 
-        # per-group bytes (Fractions)
-        g = self._group_bytes(fmt, self.vision_fmt)
-        if auto and model.checkpoint is not None:
-            # exact bytes from the safetensors headers, spread over the groups in proportion
-            as_stored = self._group_bytes(weight_format(ckpt), weight_format(ckpt))
-            formula_total = sum(as_stored["layers"], F(0)) + as_stored["rest"]
-            if formula_total:
-                self.exact_scale = F(model.checkpoint.stored_bytes) / formula_total
-                g = {k: ([b * self.exact_scale for b in v] if isinstance(v, list) else v * self.exact_scale)
-                     for k, v in g.items()}
-                self.notes.append(f"weights: exact {model.checkpoint.stored_bytes:,} B from {model.checkpoint.tensors}"
-                                  f" tensors in {model.checkpoint.files} safetensors file(s)"
-                                  f" ({', '.join(model.checkpoint.dtypes)})")
-        elif model.checkpoint is not None:
-            self.notes.append(f"checkpoint on disk: {model.checkpoint.stored_bytes:,} B"
-                              f" ({', '.join(model.checkpoint.dtypes)}); sized as {fmt.label} instead")
-        self.layer_bytes, self.expert_bytes = g["layers"], g["experts"]
-        self.embed_bytes, self.lm_head_bytes = g["embed"], g["lm_head"]
-        self.final_norm_bytes, self.vision_bytes = g["final_norm"], g["vision"]
+    @property
+    def pp(self) -> int:
+        return self.parallel.pp
 
-    def _group_bytes(self, fmt: WeightFormat, vision_fmt: WeightFormat) -> dict:
-        model = self.model
-        bpp = fmt.bytes_per_param
-        small = F(4) if fmt.key == "fp32" else F(2)
-        small_layers = F(4) if fmt.family == "gguf" else small
-        emb_bpp = bpp if fmt.quantizes_embeddings else small
-        g = dict(
-            layers=[lay.linear_params * bpp + (lay.params - lay.linear_params) * small_layers for lay in model.layers],
-            experts=[lay.expert_params * bpp for lay in model.layers],
-            embed=model.embed_params * emb_bpp, lm_head=model.lm_head_params * emb_bpp,
-            final_norm=model.final_norm_params * small_layers,
-            vision=(model.vision.total_params * vision_fmt.bytes_per_param) if model.vision else F(0),
-        )
-        g["rest"] = g["embed"] + g["lm_head"] + g["final_norm"] + g["vision"]
-        return g
+    @property
+    def batch(self) -> int:
+        return self.work.batch
 
-    def _resolve_parallel(self) -> None:
-        s, model, hw = self.settings, self.model, self.hw
-        pp = _pos_int("pp (pipeline parallel size)", s.pp)
-        if s.tp is None:
-            tp = hw.devices_per_card if self._tp_valid(hw.devices_per_card) else 1
-        else:
-            tp = _pos_int("tp (tensor parallel size)", s.tp)
-        if tp > MAX_DEVICES or pp > MAX_DEVICES:
-            raise SizingError(f"tp and pp must be <= {MAX_DEVICES}")
-        if not self._tp_valid(tp):
-            raise SizingError(self._tp_problem(tp))
-        if pp > model.num_layers:
-            raise SizingError(f"pp {pp} is more than the model's {model.num_layers} layers")
-        self.tp, self.pp = tp, pp
-        if model.num_kv_heads and tp > model.num_kv_heads and model.layers[0].kv_heads:
-            self.notes.append(f"TP {tp} > {model.num_kv_heads} KV heads: KV heads are replicated"
-                              f" (each device holds 1 KV head per layer)")
+    @property
+    def context(self) -> int:
+        return self.work.context
 
-    def _tp_problem(self, tp: int) -> str:
-        m = self.model
-        if m.num_heads and m.num_heads % tp:
-            return f"tp {tp} does not divide the {m.num_heads} attention heads"
-        kv = m.layers[0].kv_heads
-        if kv and kv % tp and tp % kv:
-            return f"tp {tp} and the {kv} KV heads must divide one another"
-        return ""
+    @property
+    def batched_tokens(self) -> int:
+        return self.budget.batched_tokens
 
-    def _tp_valid(self, tp: int) -> bool:
-        return tp >= 1 and not self._tp_problem(tp)
+    @property
+    def prompt_total(self) -> int:
+        """Prompt tokens per sequence, text + image tokens."""
+        return self.work.prompt_total
 
-    def _resolve_workload(self, w: Workload) -> None:
-        model = self.model
-        self.batch = _pos_int("batch (concurrent sequences)", w.batch)
-        vision = model.vision
-        tiles = vision.max_tiles if vision else 0
-        if w.tiles is not None:
-            tiles = _pos_int("tiles per image", w.tiles)
-            if tiles > 40:
-                raise SizingError(f"tiles per image must be <= 40 (InternViT's tested maximum), got {tiles}")
-        if w.images is not None:
-            images = _pos_int("images per sequence", w.images, minimum=0)
-            if images and vision is None:
-                raise SizingError(f"{model.display_name} has no vision tower; images must be 0")
-        else:
-            images = None
-        per_image = tiles * vision.tokens_per_tile if vision else 0
-        out = None if w.output is None else _pos_int("output tokens", w.output)
-        prompt = None if w.prompt is None else _pos_int("prompt tokens", w.prompt)
-        if w.context is not None:
-            context = _pos_int("context (tokens per sequence)", w.context, minimum=2)
-        elif prompt is not None:
-            context = None
-        else:
-            context = DEFAULT_CONTEXT if not model.max_position else min(DEFAULT_CONTEXT, model.max_position)
-        if context is not None:
-            if out is None:
-                out = min(DEFAULT_OUTPUT, max(1, context // 8)) if prompt is None else context - prompt
-            if out >= context:
-                raise SizingError(f"output tokens ({out:,}) must be fewer than the context ({context:,})")
-            if images is None:
-                images = 1 if vision and per_image + out < context else 0
-                if vision and not images:
-                    self.notes.append(f"no image assumed: a {tiles}-tile image ({per_image:,} tokens) does not fit"
-                                      f" in {context:,} tokens of context")
-            text = context - out - images * per_image
-            if prompt is not None and prompt != text:
-                raise SizingError(f"prompt ({prompt:,}) + images ({images * per_image:,}) + output ({out:,})"
-                                  f" != context ({context:,}); give two of them")
-            if text < 0:
-                raise SizingError(f"{images} image(s) x {tiles} tiles = {images * per_image:,} tokens do not fit in"
-                                  f" {context:,} tokens of context with {out:,} output tokens")
-            prompt = text
-        else:
-            out = DEFAULT_OUTPUT if out is None else out
-            images = images or 0
-            context = prompt + images * per_image + out
-        self.context, self.output, self.prompt_text = context, out, prompt
-        self.images, self.tiles = images, (tiles if images else 0)
-        self.image_tokens = images * per_image
-        self.prompt_total = self.prompt_text + self.image_tokens
-        if model.max_position and context > model.max_position:
-            self.warnings.append(f"context {context:,} is beyond the model's max_position_embeddings"
-                                 f" ({model.max_position:,}); vLLM refuses it unless forced")
+    @property
+    def images(self) -> int:
+        return self.work.images
 
-    def _platform_warnings(self) -> None:
-        hw, model = self.hw, self.model
-        if hw.is_310p:
-            ckpt = model.checkpoint_dtype
-            self.warnings.append(
-                "310P is FP16-only: no BF16 (MindIE and vllm-ascend); "
-                + ("this BF16 checkpoint runs as FP16 (--dtype float16) — same bytes, watch for FP16 overflow"
-                   if ckpt in ("bf16", "fp32") else "serve with --dtype float16"))
-            default_len = model.max_position or self.context
-            self.warnings.append(
-                f"always set --max-model-len on 310P: the dense FP16 attention mask is max_model_len^2 x 2 B ="
-                f" {_fmt_bytes(ascend_mask_bytes(self.context))} at {self.context:,}"
-                + (f"; the model's default {default_len:,} would take {_fmt_bytes(ascend_mask_bytes(default_len))}"
-                   if default_len != self.context else ""))
-            if self.framework == "vllm-ascend":
-                self.warnings.append("vllm-ascend halves the KV budget on 310P (workspace reserve): only half of"
-                                     " the memory left after weights goes to the KV cache")
-            self.warnings.append("vllm-ascend's 310P path is experimental (eager mode; documented models: Qwen3"
-                                 " dense W8A8SC, Qwen2.5-7B on 2 chips, Qwen3-VL early access): check support"
-                                 f" for {model.display_name} before relying on this verdict")
+    @property
+    def tiles(self) -> int:
+        return self.work.tiles
 
-    # -- static per (tp, pp) ---------------------------------------------------------
+    @property
+    def act_bytes(self) -> int:
+        """Bytes per activation element (2, or 4 in FP32)."""
+        return self.precision.act_bytes
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.remarks.warnings
+
+    @property
+    def notes(self) -> list[str]:
+        return self.remarks.notes
+
+    def tp_valid(self, tp: int) -> bool:
+        return tp_valid(self.model, tp)
+
+    def tp_problem(self, tp: int) -> str:
+        return tp_problem(self.model, tp)
+
     def stage_sizes(self, pp: int) -> list[int]:
-        """Layers per pipeline stage, as vLLM's get_pp_indices splits them (extra layers before the last)."""
-        n = self.model.num_layers
-        sizes = [n // pp] * pp
-        for i in range(2, n % pp + 2):
-            sizes[-i] += 1
-        return sizes
+        return stage_sizes(self.model.num_layers, pp)
 
-    def _prefix(self) -> dict:
-        """Prefix sums over layers, so a stage's totals cost O(groups), not O(layers)."""
-        if hasattr(self, "_prefix_cache"):
-            return self._prefix_cache
-        model, kv = self.model, self.kv
-        n = model.num_layers
-        weights = [F(0)] * (n + 1)
-        active = [0] * (n + 1)
-        state = [0] * (n + 1)
-        groups: dict[tuple, list] = {}  # (window, kv_heads) -> prefix of (bytes/token at tp 1)
-        flops: dict = {}  # window -> prefix of attention FLOPs per context token
-        for i, lay in enumerate(model.layers):
-            weights[i + 1] = weights[i] + self.layer_bytes[i]
-            active[i + 1] = active[i] + lay.active_params
-            state[i + 1] = state[i] + lay.state_elems
-            per_tok = (lay.kv_elems * kv.bytes_per_elem + lay.kv_scale_slots * kv.per_head_scale_bytes
-                       if lay.kv_elems else F(0))
-            for key, table, value in (((lay.window, lay.kv_heads), groups, per_tok),
-                                      (lay.window, flops, lay.attn_flops_per_ctx_token)):
-                if lay.kv_elems and key not in table:
-                    table[key] = [F(0) if table is groups else 0] * (n + 1)
-            for key, arr in groups.items():
-                arr[i + 1] = arr[i] + (per_tok if (lay.kv_elems and key == (lay.window, lay.kv_heads)) else 0)
-            for key, arr in flops.items():
-                arr[i + 1] = arr[i] + (lay.attn_flops_per_ctx_token if (lay.kv_elems and key == lay.window) else 0)
-        self._prefix_cache = dict(weights=weights, active=active, state=state, groups=groups, flops=flops,
-                                  moe=[i for i, lay in enumerate(model.layers) if lay.num_experts])
-        return self._prefix_cache
+    # -- warnings that need every concern ----------------------------------------------
+    def _platform_warnings(self) -> None:
+        hw, model, ctx = self.hw, self.model, self.context
+        if not hw.is_310p:
+            return
+        ckpt = model.checkpoint_dtype
+        self.remarks.warn(
+            "310P is FP16-only: no BF16 (MindIE and vllm-ascend); "
+            + ("this BF16 checkpoint runs as FP16 (--dtype float16) — same bytes, watch for FP16 overflow"
+               if ckpt in ("bf16", "fp32") else "serve with --dtype float16"))
+        default_len = model.max_position or ctx
+        self.remarks.warn(
+            f"always set --max-model-len on 310P: the dense FP16 attention mask is max_model_len^2 x 2 B ="
+            f" {fmt_bytes(ascend_mask_bytes(ctx))} at {ctx:,}"
+            + (f"; the model's default {default_len:,} would take {fmt_bytes(ascend_mask_bytes(default_len))}"
+               if default_len != ctx else ""))
+        if self.framework == "vllm-ascend":
+            self.remarks.warn("vllm-ascend halves the KV budget on 310P (workspace reserve): only half of"
+                              " the memory left after weights goes to the KV cache")
+        self.remarks.warn("vllm-ascend's 310P path is experimental (eager mode; documented models: Qwen3"
+                          " dense W8A8SC, Qwen2.5-7B on 2 chips, Qwen3-VL early access): check support"
+                          f" for {model.display_name} before relying on this verdict")
 
-    def static(self, tp: int, pp: int) -> list[dict]:
-        key = (tp, pp)
-        if key in self._static:
-            return self._static[key]
-        model, kv = self.model, self.kv
-        pre = self._prefix()
-        result = []
-        start = 0
-        for si, size in enumerate(self.stage_sizes(pp)):
-            a, b = start, start + size
-            start = b
-            first, last = si == 0, si == pp - 1
-            w = pre["weights"][b] - pre["weights"][a]
-            llm_extra = F(0)
-            vis = F(0)
-            if first:
-                llm_extra += self.embed_bytes
-                vis = self.vision_bytes
-            if last:
-                llm_extra += self.lm_head_bytes + self.final_norm_bytes
-                if model.tied and pp > 1:
-                    llm_extra += self.embed_bytes  # the last stage keeps its own copy of a tied LM head
-            kv_by_window: dict[int | None, F] = {}
-            for (window, heads), arr in pre["groups"].items():
-                per_tok = arr[b] - arr[a]
-                if not per_tok:
-                    continue
-                if heads:
-                    share = F(heads // tp if heads >= tp else 1, heads)
-                else:
-                    share = F(1)  # MLA latent is replicated on every TP rank
+    # -- static per (tp, pp) -----------------------------------------------------------
+    @cached_property
+    def _prefix(self) -> _Prefix:
+        return _prefix_sums(self.model, self.weights.layers, self.kv)
+
+    def _stage(self, a: int, b: int, first: bool, last: bool, tp: int, pp: int) -> StageStatic:
+        """Stage of layers [a, b): embeddings (and the vision tower) on the first stage, final
+        norm and LM head on the last (a tied head is copied there when PP > 1); KV heads split
+        over TP (replicated when TP > heads; an MLA latent is replicated on every rank)."""
+        model, pre, g = self.model, self._prefix, self.weights
+        extra, vis = F(0), F(0)
+        if first:
+            extra += g.embed
+            vis = g.vision
+        if last:
+            extra += g.lm_head + g.final_norm
+            if model.tied and pp > 1:
+                extra += g.embed
+        kv_by_window: dict[int | None, F] = {}
+        for (window, heads), arr in pre.kv_groups.items():
+            per_tok = arr[b] - arr[a]
+            if per_tok:
+                share = F(heads // tp if heads >= tp else 1, heads) if heads else F(1)
                 kv_by_window[window] = kv_by_window.get(window, F(0)) + per_tok * share
-            attn_flops = {w: arr[b] - arr[a] for w, arr in pre["flops"].items() if arr[b] - arr[a]}
-            active = pre["active"][b] - pre["active"][a]
-            if first:
-                active += model.embed_params
-            if last:
-                active += model.lm_head_params + model.final_norm_params
-            result.append(dict(
-                layers=range(a, b), first=first, last=last, weights_llm=(w + llm_extra) / tp,
-                weights_vision=vis / tp, weights=(w + llm_extra + vis) / tp, kv_by_window=kv_by_window,
-                state=F(pre["state"][b] - pre["state"][a], tp) * kv.bytes_per_elem,
-                kv_per_token_full=sum(kv_by_window.values(), F(0)), active_params=active,
-                attn_flops_by_window=attn_flops, moe_layers=[i for i in pre["moe"] if a <= i < b],
-            ))
-        self._static[key] = result
-        return result
+        active = pre.active[b] - pre.active[a]
+        if first:
+            active += model.embed_params
+        if last:
+            active += model.lm_head_params + model.final_norm_params
+        return StageStatic(
+            first_layer=a, end_layer=b, first=first, last=last,
+            weights_llm=(pre.weights[b] - pre.weights[a] + extra) / tp, weights_vision=vis / tp,
+            kv_by_window=kv_by_window, state=F(pre.state[b] - pre.state[a], tp) * self.kv.bytes_per_elem,
+            active_params=active,
+            attn_flops_by_window={w: arr[b] - arr[a] for w, arr in pre.attn_flops.items() if arr[b] - arr[a]},
+            moe_layers=tuple(i for i in pre.moe if a <= i < b))
+
+    def static(self, tp: int, pp: int) -> tuple[StageStatic, ...]:
+        """Per-stage static figures for a TP x PP layout (cached)."""
+        key = (tp, pp)
+        if key not in self._static:
+            stages, start = [], 0
+            for si, size in enumerate(self.stage_sizes(pp)):
+                stages.append(self._stage(start, start + size, si == 0, si == pp - 1, tp, pp))
+                start += size
+            self._static[key] = tuple(stages)
+        return self._static[key]
 
     # -- memory ------------------------------------------------------------------------
     def capacity(self) -> int:
         return self.hw.memory_bytes
 
     def usable(self) -> int:
-        hw, fw = self.hw, self.framework
-        share = hw.usable_fraction
-        if fw in ("vllm", "vllm-ascend"):
-            return int(hw.memory_bytes * min(self.util, share))
-        return int(hw.memory_bytes * share)
+        return self.budget.usable
 
-    def activation_parts(self, batch: int) -> dict[str, int]:
-        return activations.activation_parts(self.model, self.framework, batch=batch, prompt_tokens=self.prompt_total, batched_tokens=self.batched_tokens, act_bytes=self.act_bytes, images=self.images, tiles=self.tiles, tp=self.tp)
+    def activation_parts(self, batch: int, tp: int | None = None) -> Activations:
+        """Activation memory per device (engine/sizing/activations.py: vLLM's profiling peak), at this
+        plan's TP unless ``tp`` is given: the one call site of the estimator."""
+        return activations.activation_parts(self.model, self.framework, batch=batch, prompt_tokens=self.prompt_total,
+                                            batched_tokens=self.batched_tokens, act_bytes=self.act_bytes,
+                                            images=self.images, tiles=self.tiles, tp=self.tp if tp is None else tp)
 
-    def kv_bytes_stage(self, st: dict, batch: int, context: int) -> F:
+    def kv_bytes_stage(self, st: StageStatic, batch: int, context: int) -> F:
+        """KV = B x sum over windows of round_up(min(S, window), block) x bytes/token, + B x state."""
         total = F(0)
-        for window, per_tok in st["kv_by_window"].items():
+        block = self.budget.block
+        for window, per_tok in st.kv_by_window.items():
             tokens = context if window is None else min(context, window)
-            total += batch * _round_up(tokens, self.block) * per_tok
-        return total + batch * st["state"]
+            total += batch * round_up(tokens, block) * per_tok
+        return total + batch * st.state
 
-    def room_tokens(self, st: dict, pool: int) -> int:
-        """Longest single-sequence context whose KV fits in ``pool`` bytes (sliding layers saturate)."""
-        if pool <= 0 or not st["kv_by_window"]:
-            return 0
-        per_tok = st["kv_per_token_full"]
-        if None in st["kv_by_window"] and len(st["kv_by_window"]) == 1:
-            return int(pool // (per_tok * self.block)) * self.block
-        ok = lambda s: self.kv_bytes_stage(st, 1, s) - st["state"] <= pool  # noqa: E731
-        if not ok(1):
-            return 0
-        return _search_max(ok, 1, MAX_CONTEXT_SEARCH)
+    def room_tokens(self, st: StageStatic, pool: int) -> int:
+        """KV room of ``pool`` bytes, in tokens.
 
-    def memory(self, batch: int, context: int, tp: int | None = None, pp: int | None = None) -> list[dict]:
+        No sliding layer, or every layer sliding: the pool's token slots, pool / KV per token (whole
+        blocks). With full attention that is also the longest single context; with a window on every
+        layer a sequence never keeps more than its window, so the slots are shared by sequences and do
+        not limit the context (``Estimate.kv_window``). Mixed (Gemma-2): the longest single-sequence
+        context whose KV fits, the sliding layers stopping at their window.
+        """
+        if pool <= 0 or not st.kv_by_window:
+            return 0
+        block = self.budget.block
+        if list(st.kv_by_window) == [None] or None not in st.kv_by_window:
+            return int(pool // (st.kv_per_token_full * block)) * block
+
+        def ok(s: int) -> bool:
+            return self.kv_bytes_stage(st, 1, s) - st.state <= pool
+
+        return search_max(ok, 1, MAX_CONTEXT) if ok(1) else 0
+
+    def window_sequences(self, pool: int, tp: int | None = None, pp: int | None = None) -> int | None:
+        """With a window on every KV layer: how many sequences at a full window the ``pool`` (bytes per
+        device) holds, the worst stage deciding; None when some layer keeps every token."""
+        if self.model.kv_window_bound is None:
+            return None
+        tp = self.tp if tp is None else tp
+        pp = self.pp if pp is None else pp
+        per_seq = max(self.kv_bytes_stage(st, 1, self.model.kv_window_bound) - st.state
+                      for st in self.static(tp, pp))
+        return int(max(pool, 0) // per_seq) if per_seq > 0 else None
+
+    def memory(self, batch: int, context: int, tp: int | None = None, pp: int | None = None) -> list[StageMemory]:
         """Per-stage, per-device memory (bytes) for this workload; the worst stage decides."""
         tp = self.tp if tp is None else tp
         pp = self.pp if pp is None else pp
-        cap = self.capacity()
-        usable = self.usable()
-        act = sum(v for k, v in self.activation_parts(batch).items() if k != "tokens")
-        mask = ascend_mask_bytes(context) if self.ascend_310p_rules else 0
+        b = self.budget
+        act = self.activation_parts(batch, tp).total
+        mask = b.mask_bytes(context)
         overhead = self.hw.runtime_overhead_bytes + nccl_bytes(tp * pp)
-        frac = None
-        if self.framework == "sglang":
-            frac = self.util if self.util is not None else sglang_fraction(tp)
         out = []
         for st in self.static(tp, pp):
-            weights = _ceil(st["weights"])
-            kv = _ceil(self.kv_bytes_stage(st, batch, context))
-            non_kv = weights + act + mask + overhead
-            if self.framework == "sglang":
-                reserve = max(0, int((1 - frac) * cap) - act - overhead)
-                pool = min(int(frac * cap) - weights, usable - non_kv)
-            elif self.ascend_310p_rules:
-                reserve = kv
-                pool = (usable - non_kv) // 2
-            else:
-                reserve = 0
-                pool = usable - non_kv
-            total = non_kv + kv + reserve
-            room = self.room_tokens(st, pool)
-            out.append(dict(weights=weights, weights_vision=_ceil(st["weights_vision"]), kv=kv, activations=act, mask=mask, overhead=overhead, reserve=reserve,
-                            total=total, usable=usable, capacity=cap, kv_pool=max(0, pool), kv_room_tokens=room,
-                            fits=total <= usable, stage_layers=len(st["layers"])))
+            weights = ceil_exact(st.weights)
+            kv = ceil_exact(self.kv_bytes_stage(st, batch, context))
+            reserve, pool = b.reserve_and_pool(weights, kv, act, overhead, mask, tp)
+            total = weights + act + mask + overhead + kv + reserve
+            out.append(StageMemory(
+                weights=weights, weights_vision=ceil_exact(st.weights_vision), kv=kv, activations=act, mask=mask,
+                overhead=overhead, reserve=reserve, total=total, usable=b.usable, capacity=b.capacity,
+                kv_pool=max(0, pool), kv_room_tokens=self.room_tokens(st, pool), fits=total <= b.usable,
+                stage_layers=st.num_layers))
         return out
 
     def fits(self, batch: int, context: int, tp: int | None = None, pp: int | None = None) -> bool:
-        return all(s["fits"] for s in self.memory(batch, context, tp, pp))
+        return all(s.fits for s in self.memory(batch, context, tp, pp))
 
     # -- speed ---------------------------------------------------------------------------
-    def speed(self, batch: int, context: int, efficiency: bool = True) -> dict:
-        model, hw = self.model, self.hw
-        tp, pp = self.tp, self.pp
-        eta_m = self.eta_m * self.fmt.eta_factor if efficiency else 1.0
-        eta_c = self.eta_c if efficiency else 1.0
-        peak, peak_label = hw.peak(self.fmt.compute if self.fmt.compute != "bf16" else self.act_dtype)
-        peak16, _ = hw.peak(self.act_dtype)
-        link = hw.interconnect or 32e9
-        decode_time = 0.0
-        decode_mem_time = decode_comp_time = 0.0
-        decode_bytes = decode_flops = 0.0
-        for st in self.static(tp, pp):
-            w = float(st["weights_llm"])
-            for i in st["moe_layers"]:  # only the experts a batch touches are read
-                lay = model.layers[i]
-                distinct = lay.num_experts * (1 - (1 - lay.top_k / lay.num_experts) ** batch)
-                w -= float(lay.num_experts * self.expert_bytes[i]) / tp
-                w += distinct * float(self.expert_bytes[i]) / tp
-            kv = float(self.kv_bytes_stage(st, batch, context))
-            bytes_ = w + kv
-            attn = sum(f * (context if win is None else min(context, win)) for win, f in st["attn_flops_by_window"].items())
-            flops = (2 * st["active_params"] + attn) * batch / tp
-            t_mem = bytes_ / (hw.bandwidth * eta_m)
-            t_comp = flops / (peak * eta_c)
-            decode_time += max(t_mem, t_comp)
-            decode_mem_time += t_mem
-            decode_comp_time += t_comp
-            decode_bytes += bytes_
-            decode_flops += flops
+    def _decode_weight_bytes(self, st: StageStatic, batch: int, tp: int) -> float:
+        """LLM weight bytes one decode step reads: MoE layers read only the experts a batch
+        touches, E x (1 - (1 - k/E)^B) of E."""
+        w = float(st.weights_llm)
+        for i in st.moe_layers:
+            lay = self.model.layers[i]
+            distinct = lay.num_experts * (1 - (1 - lay.top_k / lay.num_experts) ** batch)
+            expert = float(self.weights.experts[i]) / tp
+            w += (distinct - lay.num_experts) * expert
+        return w
+
+    def _comm_s(self, batch: int, tp: int, pp: int) -> float:
+        """TP: 2 ring all-reduces per layer of B x h x act bytes (2 (tp-1)/tp of it over the link);
+        PP: one hop of B x h x act bytes per stage boundary; each + a fixed latency."""
+        m, link = self.model, self.hw.interconnect or DEFAULT_LINK
+        act = self.precision.act_bytes
         comm = 0.0
         if tp > 1:
-            per = 2 * (tp - 1) / tp * batch * model.hidden * self.act_bytes / link + COMM_LATENCY_S
-            comm += 2 * model.num_layers * per
+            comm += 2 * m.num_layers * (2 * (tp - 1) / tp * batch * m.hidden * act / link + COMM_LATENCY_S)
         if pp > 1:
-            comm += (pp - 1) * (batch * model.hidden * self.act_bytes / link + COMM_LATENCY_S)
-        decode_time += comm
-        # prefill (all sequences' prompts, chunked at the batched-token budget)
-        tokens = batch * self.prompt_total
-        p_flops = 0.0
-        for st in self.static(tp, pp):
+            comm += (pp - 1) * (batch * m.hidden * act / link + COMM_LATENCY_S)
+        return comm
+
+    def _prefill_flops(self, stages: tuple[StageStatic, ...], batch: int, tp: int) -> float:
+        """2 x active params x B x prompt + causal attention pairs x FLOPs per pair, / TP."""
+        s, total = self.work.prompt_total, 0.0
+        for st in stages:
             attn = 0.0
-            s = self.prompt_total
-            for win, f in st["attn_flops_by_window"].items():
+            for win, f in st.attn_flops_by_window.items():
                 w_ = s if win is None else min(s, win)
-                pairs = s * w_ - w_ * (w_ - 1) / 2  # causal (query, key) pairs
-                attn += f * pairs
-            p_flops += (2 * st["active_params"] * tokens + attn * batch) / tp
-        v_flops = 0.0
-        if model.vision and self.images:
-            v = model.vision
-            n_tiles = batch * self.images * self.tiles
-            v_flops = n_tiles * (2 * v.params * v.patch_tokens + 4 * v.layers * v.patch_tokens ** 2 * v.hidden
-                                 + 2 * v.projector_params * v.tokens_per_tile) / tp
-        chunks = max(1, math.ceil(tokens / self.batched_tokens)) if self.framework != "none" else max(
-            1, math.ceil(tokens / self.batched_tokens))
+                attn += f * (s * w_ - w_ * (w_ - 1) / 2)  # causal (query, key) pairs
+            total += (2 * st.active_params * batch * s + attn * batch) / tp
+        return total
+
+    def _vision_flops(self, batch: int, tp: int) -> float:
+        """ViT: tiles x (2 x params x patch tokens + 4 x layers x patch tokens^2 x hidden) + projector."""
+        v, w = self.model.vision, self.work
+        if v is None or not w.images:
+            return 0.0
+        tiles = batch * w.images * w.tiles
+        return tiles * (2 * v.params * v.patch_tokens + 4 * v.layers * v.patch_tokens ** 2 * v.hidden
+                        + 2 * v.projector_params * v.tokens_per_tile) / tp
+
+    def speed(self, batch: int, context: int, efficiency: bool = True) -> Speed:
+        """Decode and prefill time at this plan's TP x PP (module doc); efficiency=False: the roofline."""
+        hw, tp, pp = self.hw, self.tp, self.pp
+        eta_m = self.budget.eta_memory * self.fmt.eta_factor if efficiency else 1.0
+        eta_c = self.budget.eta_compute if efficiency else 1.0
+        act_dtype = self.precision.act_dtype
+        peak, peak_label = hw.peak(self.fmt.compute if self.fmt.compute != "bf16" else act_dtype)
+        peak16, _ = hw.peak(act_dtype)
         stages = self.static(tp, pp)
-        w_llm = float(sum(st["weights_llm"] for st in stages))
-        w_vis = float(sum(st["weights_vision"] for st in stages))
-        kv_write = float(sum(self.kv_bytes_stage(st, batch, self.prompt_total) for st in stages))
-        p_bytes = chunks * w_llm + (w_vis if self.images else 0) + kv_write
+        step = t_mem_sum = t_comp_sum = d_bytes = d_flops = 0.0
+        for st in stages:
+            bytes_ = self._decode_weight_bytes(st, batch, tp) + float(self.kv_bytes_stage(st, batch, context))
+            attn = sum(f * (context if win is None else min(context, win))
+                       for win, f in st.attn_flops_by_window.items())
+            flops = (2 * st.active_params + attn) * batch / tp
+            t_mem, t_comp = bytes_ / (hw.bandwidth * eta_m), flops / (peak * eta_c)
+            step += max(t_mem, t_comp)
+            t_mem_sum, t_comp_sum = t_mem_sum + t_mem, t_comp_sum + t_comp
+            d_bytes, d_flops = d_bytes + bytes_, d_flops + flops
+        comm = self._comm_s(batch, tp, pp)
+        step += comm
+        # prefill: every sequence's prompt, chunked at the batched-token budget (weights read per chunk)
+        tokens = batch * self.work.prompt_total
+        p_flops, v_flops = self._prefill_flops(stages, batch, tp), self._vision_flops(batch, tp)
+        chunks = max(1, math.ceil(tokens / self.batched_tokens))
+        w_llm = float(sum((st.weights_llm for st in stages), F(0)))
+        w_vis = float(sum((st.weights_vision for st in stages), F(0)))
+        kv_write = float(sum((self.kv_bytes_stage(st, batch, self.work.prompt_total) for st in stages), F(0)))
+        p_bytes = chunks * w_llm + (w_vis if self.work.images else 0) + kv_write
         p_comp = p_flops / (peak * eta_c) + v_flops / (peak16 * eta_c)
         p_mem = p_bytes / (hw.bandwidth * eta_m)
         prefill = max(p_comp, p_mem) + (comm * chunks if tp > 1 or pp > 1 else 0)
-        return dict(
-            decode_step_s=decode_time, decode_tokens_per_s=1 / decode_time, decode_tokens_per_s_total=batch / decode_time,
-            decode_bound="memory" if decode_mem_time >= decode_comp_time else "compute",
-            decode_bytes=decode_bytes, decode_flops=decode_flops, comm_s=comm,
-            prefill_s=prefill, prefill_bound="compute" if p_comp >= p_mem else "memory",
-            prefill_flops=p_flops + v_flops, prefill_bytes=p_bytes, vision_flops=v_flops,
-            peak=peak, peak_label=peak_label, bandwidth=hw.bandwidth, eta_memory=eta_m, eta_compute=eta_c,
-        )
+        return Speed(
+            decode_step_s=step, decode_tokens_per_s=1 / step, decode_tokens_per_s_total=batch / step,
+            decode_bound="memory" if t_mem_sum >= t_comp_sum else "compute", decode_bytes=d_bytes,
+            decode_flops=d_flops, comm_s=comm, prefill_s=prefill,
+            prefill_bound="compute" if p_comp >= p_mem else "memory",
+            prefill_flops=p_flops + v_flops, prefill_bytes=p_bytes, vision_flops=v_flops, peak=peak,
+            peak_label=peak_label, bandwidth=hw.bandwidth, eta_memory=eta_m, eta_compute=eta_c)
 
-
-def _search_max(pred, lo_ok: int, hi: int) -> int:
-    """Largest n in [lo_ok, hi] with pred(n), given pred(lo_ok) is True and pred is monotone."""
-    if pred(hi):
-        return hi
-    lo, hi_bad = lo_ok, hi
-    while hi_bad - lo > 1:
-        mid = (lo + hi_bad) // 2
-        if pred(mid):
-            lo = mid
-        else:
-            hi_bad = mid
-    return lo
