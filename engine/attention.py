@@ -60,16 +60,16 @@ def prefill_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tenso
     return o.transpose(0, 1)
 
 
-def decode_group_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
+def decode_group_attention(q_rows: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
                            group: DecodeGroup, scale: float) -> torch.Tensor:
-    """One decode group: q [T, H, d] (whole batch) -> [n, H, d] for the group's rows."""
+    """One decode group: q_rows [n, H, d] (the group's rows, in order) -> [n, H, d]."""
     n, w = group.num_rows, group.width
-    heads, d = q.shape[1], q.shape[2]
+    heads, d = q_rows.shape[1], q_rows.shape[2]
     kvh = k_rows.shape[1] // d
-    qg = q.index_select(0, group.rows).view(n, kvh, heads // kvh, d)  # [n, KVH, G, d]
+    q = q_rows.reshape(n, kvh, heads // kvh, d)  # [n, KVH, G, d]: G query heads per KV head
     kg = gather_kv(k_rows, group.slots, kvh, q.dtype).view(n, w, kvh, d).transpose(1, 2)  # [n, KVH, w, d]
     vg = gather_kv(v_rows, group.slots, kvh, q.dtype).view(n, w, kvh, d).transpose(1, 2)  # [n, KVH, w, d]
-    o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=group.mask, scale=scale)  # [n, KVH, G, d]
+    o = F.scaled_dot_product_attention(q, kg, vg, attn_mask=group.mask, scale=scale)  # [n, KVH, G, d]
     return o.reshape(n, heads, d)
 
 
@@ -86,5 +86,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     for seq in batch.prefills:
         out[seq.q_start: seq.q_start + seq.q_len] = prefill_attention(q, k_rows, v_rows, seq, scale)
     for group in groups:
-        out.index_copy_(0, group.rows, decode_group_attention(q, k_rows, v_rows, group, scale))
+        o = decode_group_attention(q.index_select(0, group.rows), k_rows, v_rows, group, scale)
+        out.index_copy_(0, group.rows, o)
     return out
