@@ -173,8 +173,8 @@ FREE_OPS = ("aten::view", "aten::transpose", "aten::t", "aten::as_strided", "ate
             "aten::_unsafe_view", "aten::contiguous")
 
 
-def _profile_split(events: list, wall_s: float) -> list[tuple[str, float]]:
-    """Self time (s) of one profiled step by kind; what no aten op accounts for is Python."""
+def _profile_split(events: list, wall_s: float, steps: int) -> list[tuple[str, float]]:
+    """Self time (s) per profiled step by kind; what no aten op accounts for is Python."""
     kinds = {"GEMM (mm / addmm)": GEMM_OPS, "attention (SDPA, KV gather/scatter)": ATTENTION_OPS,
              "views / allocation / no-op casts (pure dispatch)": FREE_OPS}
     split = {k: 0.0 for k in kinds}
@@ -183,28 +183,29 @@ def _profile_split(events: list, wall_s: float) -> list[tuple[str, float]]:
         if not e.key.startswith("aten::"):
             continue
         kind = next((k for k, ops in kinds.items() if e.key in ops), "other aten ops (elementwise, norms, RoPE, cat)")
-        split[kind] += e.self_cpu_time_total / 1e6
+        split[kind] += e.self_cpu_time_total / 1e6 / steps
     split["Python outside aten ops (scheduler, batch build, layer loop)"] = wall_s - sum(split.values())
     return list(split.items())
 
 
-def profile_batch1_step(prompt: list[int], warmup: int = 8, top: int = 15) -> str:
-    """torch.profiler table of one batch-1 decode step, its split by kind, and the unprofiled
-    median step for scale (the profiler itself adds a few µs per op)."""
+def profile_batch1_step(prompt: list[int], warmup: int = 8, steps: int = 5, top: int = 15) -> str:
+    """torch.profiler table of ``steps`` batch-1 decode steps, the mean split of one step by
+    kind, and the unprofiled median step for scale (the profiler adds a few µs per op)."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine = _decode_ready_engine([prompt], 2 * warmup + 4)
+    engine = _decode_ready_engine([prompt], warmup + steps + 4)
     plain = statistics.median(_timed(engine.step) for _ in range(warmup))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
-        engine.step()
-        wall = time.perf_counter() - t0
+        for _ in range(steps):
+            engine.step()
+        wall = (time.perf_counter() - t0) / steps
     events = prof.key_averages()
-    calls = sum(e.count for e in events if e.key.startswith("aten::"))
+    calls = sum(e.count for e in events if e.key.startswith("aten::")) // steps
     lines = [events.table(sort_by="self_cpu_time_total", row_limit=top),
              f"threads {torch.get_num_threads()}; unprofiled median step {plain * 1e3:.1f} ms; "
-             f"profiled step {wall * 1e3:.1f} ms; aten op calls {calls}"]
-    lines += [f"  {kind:<62} {sec * 1e3:7.1f} ms  {sec / wall:6.1%}" for kind, sec in _profile_split(events, wall)]
+             f"profiled step (mean of {steps}) {wall * 1e3:.1f} ms; aten op calls per step {calls}"]
+    lines += [f"  {kind:<62} {sec * 1e3:7.1f} ms  {sec / wall:6.1%}" for kind, sec in _profile_split(events, wall, steps)]
     return "\n".join(lines)
 
 
