@@ -1,19 +1,38 @@
 """Paged attention over a flattened mixed batch: the torch reference (CPU; the oracle).
 
-Each layer's cache is ``[num_blocks, block_size, kv_heads, head_dim]``; viewed flat it is
-``[num_slots, kv_heads, head_dim]`` and a token's K/V live at its slot (see kv_cache.py).
+Each layer's cache is ``[num_blocks, block_size, kv_heads, head_dim]``; viewed as rows it is
+``[num_slots, kv_heads * head_dim]`` and a token's K/V live at its slot (see kv_cache.py).
 
 Rule: query token at position p of a request attends to that request's positions 0..p,
 whether they were computed in an earlier step (cached prefix) or in this one (causal within
-the chunk). Decodes (one query each) are gathered into one padded batch; prefill chunks are
-computed one request at a time.
+the chunk).
+
+How the batch is cut (the layout is built once per step in forward_batch.py):
+
+    flat batch rows   [ d0 | p1 p1 p1 | d2 | d3 ]      d = decode, p = prefill chunk
+    prefill chunks    one SDPA per request over exactly its seq_len slots
+    decodes           one SDPA per decode group; a group is padded to its own longest
+                      context, so a short decode never pays for a long one elsewhere:
+
+        group A (short)   d0: [s s s s . .]   d3: [s s s s s s]     width 6, '.' masked
+        group B (long)    d2: [s s s s s s s s s s s s s s s s s]   width 17, no mask
+
+Invariant: each row's output depends only on its own request's K/V at exactly its own
+positions (padding slots repeat the row's own last slot and are masked), so the result
+equals one attention per request over exactly its slots, whatever the grouping.
+
+Decode groups use the GQA layout directly: the query heads that share a KV head become the
+rows of one query block, ``q [n, kv_heads, heads / kv_heads, d]`` against ``k [n, kv_heads,
+width, d]``, so K/V are never repeated per query head. Gathers use ``index_select`` on the
+row view (one contiguous row per slot), which is several times cheaper on CPU than advanced
+indexing of the 3-D view.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from engine.forward_batch import ForwardBatch
+from engine.forward_batch import DecodeGroup, ForwardBatch, SequenceKV
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -24,30 +43,49 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
+def gather_kv(cache_rows: torch.Tensor, slots: torch.Tensor, kvh: int, dtype: torch.dtype) -> torch.Tensor:
+    """cache_rows [num_slots, kvh * d], slots [L] -> [L, kvh, d] in the compute dtype."""
+    return cache_rows.index_select(0, slots).view(slots.shape[0], kvh, -1).to(dtype)
+
+
+def prefill_attention(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
+                      seq: SequenceKV, scale: float) -> torch.Tensor:
+    """One request's chunk: q [T, H, d] (whole batch) -> [q_len, H, d]."""
+    kvh = k_rows.shape[1] // q.shape[2]
+    qs = q[seq.q_start: seq.q_start + seq.q_len].transpose(0, 1)  # [H, n, d]
+    ks = gather_kv(k_rows, seq.kv_slots, kvh, q.dtype).transpose(0, 1)  # [KVH, L, d]
+    vs = gather_kv(v_rows, seq.kv_slots, kvh, q.dtype).transpose(0, 1)  # [KVH, L, d]
+    o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seq.mask, is_causal=seq.mask is None,
+                                       scale=scale, enable_gqa=True)  # [H, n, d]
+    return o.transpose(0, 1)
+
+
+def decode_group_attention(q_rows: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
+                           group: DecodeGroup, scale: float) -> torch.Tensor:
+    """One decode group: q_rows [n, H, d] (the group's rows, in order) -> [n, H, d]."""
+    n, w = group.num_rows, group.width
+    heads, d = q_rows.shape[1], q_rows.shape[2]
+    kvh = k_rows.shape[1] // d
+    q = q_rows.reshape(n, kvh, heads // kvh, d)  # [n, KVH, G, d]: G query heads per KV head
+    kg = gather_kv(k_rows, group.slots, kvh, q.dtype).view(n, w, kvh, d).transpose(1, 2)  # [n, KVH, w, d]
+    vg = gather_kv(v_rows, group.slots, kvh, q.dtype).view(n, w, kvh, d).transpose(1, 2)  # [n, KVH, w, d]
+    o = F.scaled_dot_product_attention(q, kg, vg, attn_mask=group.mask, scale=scale)  # [n, KVH, G, d]
+    return o.reshape(n, heads, d)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     batch: ForwardBatch, scale: float) -> torch.Tensor:
     """q [T, heads, head_dim] -> out [T, heads, head_dim]; K/V already written for this step."""
     kvh, d = k_cache.shape[2], k_cache.shape[3]
-    k_flat = k_cache.view(-1, kvh, d)
-    v_flat = v_cache.view(-1, kvh, d)
+    k_rows = k_cache.view(-1, kvh * d)  # [num_slots, KVH * d]
+    v_rows = v_cache.view(-1, kvh * d)
+    groups = batch.decode_groups
+    if not batch.prefills and len(groups) == 1:  # decode-only step, one group = rows 0..T-1
+        return decode_group_attention(q, k_rows, v_rows, groups[0], scale)
     out = torch.empty_like(q)
     for seq in batch.prefills:
-        qs = q[seq.q_start: seq.q_start + seq.q_len].transpose(0, 1)  # [H, n, d]
-        ks = k_flat[seq.kv_slots].to(q.dtype).transpose(0, 1)  # [KVH, L, d]
-        vs = v_flat[seq.kv_slots].to(q.dtype).transpose(0, 1)
-        if seq.q_len == seq.seq_len:
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
-        else:
-            first = seq.seq_len - seq.q_len
-            rows = torch.arange(first, seq.seq_len).unsqueeze(1)
-            mask = torch.arange(seq.seq_len).unsqueeze(0) <= rows  # [n, L]
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[seq.q_start: seq.q_start + seq.q_len] = o.transpose(0, 1)
-    if batch.decode_rows.numel():
-        qd = q[batch.decode_rows].unsqueeze(2)  # [D, H, 1, d]
-        kd = k_flat[batch.decode_slots].to(q.dtype).transpose(1, 2)  # [D, KVH, Lmax, d]
-        vd = v_flat[batch.decode_slots].to(q.dtype).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=batch.decode_mask, scale=scale,
-                                           enable_gqa=True)
-        out[batch.decode_rows] = o.squeeze(2)
+        out[seq.q_start: seq.q_start + seq.q_len] = prefill_attention(q, k_rows, v_rows, seq, scale)
+    for group in groups:
+        o = decode_group_attention(q.index_select(0, group.rows), k_rows, v_rows, group, scale)
+        out.index_copy_(0, group.rows, o)
     return out

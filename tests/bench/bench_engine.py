@@ -1,13 +1,20 @@
-"""Engine throughput against Hugging Face, batch-1 decode against the bandwidth bound, and the
-cost of recording traces — all measured side by side in this one process.
+"""Engine throughput against Hugging Face, batch-1 decode against the read-bandwidth bound,
+decode steps with and without one long context, and the cost of recording traces — all
+measured side by side in this one process.
 
 Workload: 16 requests on smollm2-135m (fp32), prompts 16..512 tokens, outputs 16..128 tokens,
 greedy, EOS ignored so every side produces exactly the same number of tokens.
+
+``python -m tests.bench.bench_engine --profile`` profiles one batch-1 decode step instead
+(torch.profiler: top ops, and the share of the step spent outside aten kernels).
 """
 from __future__ import annotations
 
 import random
+import statistics
+import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -31,16 +38,26 @@ def workload(tokenizer) -> tuple[list[list[int]], list[int]]:
     return prompts, output_lens
 
 
-def copy_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    """Bytes/s moved by a large tensor copy, STREAM convention (read + write)."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
-    return 2 * nbytes / best
+SHORT_PROMPT, LONG_PROMPT, DECODE_BATCH = 32, 900, 8
 
 
-def _timed(fn) -> float:
+def read_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, threads: int = 2) -> float:
+    """Bytes/s read by a sum over a large fp32 tensor (best of ``repeats``, ``threads`` threads).
+
+    A decode step only reads its weights, so this — not a copy, which also writes — bounds it.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(nbytes // 4, dtype=torch.float32)  # [nbytes / 4]
+        x.sum()  # touch every page once
+        best = min(_timed(x.sum) for _ in range(repeats))
+    finally:
+        torch.set_num_threads(before)
+    return nbytes / best
+
+
+def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
@@ -117,6 +134,81 @@ def batch1_decode_seconds(prompt: list[int], steps: int = 64) -> float:
     return times[len(times) // 2]
 
 
+def _decode_ready_engine(prompts: list[list[int]], max_tokens: int) -> LLMEngine:
+    """An engine with every request past its prefill: each further step is decodes only."""
+    engine = LLMEngine(MODEL, max_num_seqs=len(prompts), max_num_batched_tokens=512)
+    for p in prompts:
+        engine.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    while engine.step().num_prefill_tokens:
+        pass
+    return engine
+
+
+def decode_steps_short_vs_one_long(source: list[int], steps: int = 12) -> tuple[float, float]:
+    """Median decode step (s): 8 short requests vs 7 short + 1 with a >= 900-token context.
+
+    Both engines are stepped alternately, so machine noise lands on both sides alike.
+    """
+    short = [source[i: i + SHORT_PROMPT] for i in range(DECODE_BATCH)]
+    mixed = short[:-1] + [source[:LONG_PROMPT]]
+    if len(mixed[-1]) < LONG_PROMPT:
+        raise RuntimeError("the long prompt source is shorter than LONG_PROMPT tokens")
+    a = _decode_ready_engine(short, steps + 4)
+    b = _decode_ready_engine(mixed, steps + 4)
+    times_a, times_b = [], []
+    for _ in range(steps):
+        times_a.append(_timed(a.step))
+        times_b.append(_timed(b.step))
+    return statistics.median(times_a), statistics.median(times_b)
+
+
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::mv", "aten::addmv", "aten::bmm", "aten::matmul")
+ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::index_select",
+                 "aten::index_copy_", "aten::index", "aten::index_put_")
+FREE_OPS = ("aten::view", "aten::transpose", "aten::t", "aten::as_strided", "aten::reshape",
+            "aten::_reshape_alias", "aten::unsqueeze", "aten::slice", "aten::select", "aten::split",
+            "aten::split_with_sizes", "aten::chunk", "aten::narrow", "aten::expand", "aten::detach",
+            "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::to", "aten::_to_copy",
+            "aten::lift_fresh", "aten::alias", "aten::linear", "aten::scaled_dot_product_attention",
+            "aten::_unsafe_view", "aten::contiguous")
+
+
+def _profile_split(events: list, wall_s: float, steps: int) -> list[tuple[str, float]]:
+    """Self time (s) per profiled step by kind; what no aten op accounts for is Python."""
+    kinds = {"GEMM (mm / addmm)": GEMM_OPS, "attention (SDPA, KV gather/scatter)": ATTENTION_OPS,
+             "views / allocation / no-op casts (pure dispatch)": FREE_OPS}
+    split = {k: 0.0 for k in kinds}
+    split["other aten ops (elementwise, norms, RoPE, cat)"] = 0.0
+    for e in events:
+        if not e.key.startswith("aten::"):
+            continue
+        kind = next((k for k, ops in kinds.items() if e.key in ops), "other aten ops (elementwise, norms, RoPE, cat)")
+        split[kind] += e.self_cpu_time_total / 1e6 / steps
+    split["Python outside aten ops (scheduler, batch build, layer loop)"] = wall_s - sum(split.values())
+    return list(split.items())
+
+
+def profile_batch1_step(prompt: list[int], warmup: int = 8, steps: int = 5, top: int = 15) -> str:
+    """torch.profiler table of ``steps`` batch-1 decode steps, the mean split of one step by
+    kind, and the unprofiled median step for scale (the profiler adds a few µs per op)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = _decode_ready_engine([prompt], warmup + steps + 4)
+    plain = statistics.median(_timed(engine.step) for _ in range(warmup))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        wall = (time.perf_counter() - t0) / steps
+    events = prof.key_averages()
+    calls = sum(e.count for e in events if e.key.startswith("aten::")) // steps
+    lines = [events.table(sort_by="self_cpu_time_total", row_limit=top),
+             f"threads {torch.get_num_threads()}; unprofiled median step {plain * 1e3:.1f} ms; "
+             f"profiled step (mean of {steps}) {wall * 1e3:.1f} ms; aten op calls per step {calls}"]
+    lines += [f"  {kind:<62} {sec * 1e3:7.1f} ms  {sec / wall:6.1%}" for kind, sec in _profile_split(events, wall, steps)]
+    return "\n".join(lines)
+
+
 def run() -> dict:
     torch.manual_seed(0)
     shared = get_shared_model(MODEL)
@@ -126,9 +218,11 @@ def run() -> dict:
     eng_wall, eng_steps, eng_trace, eng_outs = engine_run(prompts, output_lens)
     hf_seq_wall, hf_outs = hf_request_by_request(prompts, output_lens)
     hf_pad_wall = hf_padded_static_batch(prompts, output_lens)
-    bw = copy_bandwidth()
+    bw = read_bandwidth()
     weight_bytes = shared.model.weight_bytes
     decode_s = batch1_decode_seconds(prompts[0])
+    long_source = shared.tokenizer((LONG + " ") * 12, add_special_tokens=False).input_ids
+    short_s, mixed_s = decode_steps_short_vs_one_long(long_source)
 
     eng_tps, seq_tps, pad_tps = total_out / eng_wall, total_out / hf_seq_wall, total_out / hf_pad_wall
     bound_tps = bw / weight_bytes
@@ -141,12 +235,18 @@ def run() -> dict:
          "target": ">= 4", "met": eng_tps / seq_tps >= 4},
         {"metric": "engine / HF padded static batch", "value": eng_tps / pad_tps, "unit": "x",
          "target": "> 1", "met": eng_tps / pad_tps > 1},
-        {"metric": "copy bandwidth (read+write)", "value": bw / 1e9, "unit": "GB/s"},
+        {"metric": "read bandwidth (sum, 512 MiB, 2 threads)", "value": bw / 1e9, "unit": "GB/s"},
         {"metric": "weight bytes read per decode step", "value": weight_bytes / 1e6, "unit": "MB"},
         {"metric": "batch-1 decode", "value": 1 / decode_s, "unit": "tok/s"},
         {"metric": "batch-1 decode bandwidth bound", "value": bound_tps, "unit": "tok/s"},
         {"metric": "batch-1 decode / bound", "value": (1 / decode_s) / bound_tps, "unit": "share",
          "target": ">= 0.5", "met": (1 / decode_s) / bound_tps >= 0.5},
+        {"metric": f"decode step, {DECODE_BATCH} x {SHORT_PROMPT}-token prompts", "value": short_s * 1e3,
+         "unit": "ms"},
+        {"metric": f"decode step, {DECODE_BATCH - 1} short + 1 x {LONG_PROMPT}-token prompt", "value": mixed_s * 1e3,
+         "unit": "ms"},
+        {"metric": "decode step with one long / all short", "value": mixed_s / short_s, "unit": "x",
+         "target": "<= 1.3", "met": mixed_s / short_s <= 1.3},
         {"metric": "trace recording / step time", "value": eng_trace / eng_steps, "unit": "share",
          "target": "< 0.05", "met": eng_trace / eng_steps < 0.05},
         {"metric": "requests token-identical to HF", "value": identical, "unit": f"of {NUM_REQUESTS}",
@@ -155,3 +255,11 @@ def run() -> dict:
     return {"name": "engine", "model": MODEL, "threads": torch.get_num_threads(),
             "workload": {"prompt_tokens": [len(p) for p in prompts], "output_tokens": output_lens},
             "rows": rows}
+
+
+if __name__ == "__main__":
+    if "--profile" in sys.argv[1:]:
+        tok = get_shared_model(MODEL).tokenizer
+        print(profile_batch1_step(workload(tok)[0][0]))
+    else:
+        print(run())
