@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-ready
 PORT ?= 8501
 
-.PHONY: setup model browser run test test-fast bench screenshots clean
+.PHONY: setup model browser run test test-fast typecheck bench screenshots clean
 
 setup: $(STAMP)
 
@@ -37,8 +37,12 @@ browser:
 run: setup model
 	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --browser.gatherUsageStats false
 
-test: setup model browser
+# Strict mypy over engine/ (settings in pyproject.toml), then the whole suite.
+test: setup model browser typecheck
 	$(PY) -m pytest -q
+
+typecheck: setup
+	$(PY) -m mypy
 
 test-fast: setup model
 	$(PY) -m pytest -q -m "not browser"

@@ -405,7 +405,8 @@ class LLMEngine:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     # -- records --------------------------------------------------------------------------
-    def _build_trace(self, output, arrived, finished, sampled_requests, tokens,
+    def _build_trace(self, output: SchedulerOutput, arrived: tuple[str, ...], finished: tuple[str, ...],
+                     sampled_requests: list[Request], tokens: list[int],
                      schedule_ms: float, forward_ms: float, sample_ms: float) -> StepTrace:
         allocated, freed = self.kv.drain_events()
         pieces = self.tokenizer.convert_ids_to_tokens(tokens) if tokens else []
@@ -529,7 +530,7 @@ class LLM:
     def __init__(self, model: str = "smollm2-135m", **knobs: Any) -> None:
         self.llm_engine = LLMEngine(model, **knobs)
 
-    def get_tokenizer(self):
+    def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
     def generate(self, prompts: str | Sequence[int] | Iterable[str | Sequence[int]],

@@ -16,9 +16,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from engine.config import EngineConfig, SamplingParams
+from engine.trace import StepTrace
+
+if TYPE_CHECKING:
+    from engine.engine import LLMEngine
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "presets" / "scenarios"
 KNOB_NAMES = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs",
@@ -143,7 +147,7 @@ def format_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> str:
     return prompt
 
 
-def build_engine(scenario: Scenario, model: Any, **knob_overrides: Any):
+def build_engine(scenario: Scenario, model: Any, **knob_overrides: Any) -> "LLMEngine":
     """A fresh LLMEngine with the scenario's requests queued (ids "0", "1", ... in file order).
 
     ``model`` is a model name or a SharedModel. Validation is all-or-nothing: a request the
@@ -163,7 +167,7 @@ def build_engine(scenario: Scenario, model: Any, **knob_overrides: Any):
 
 
 def run_to_end(engine: Any, max_steps: int = 100_000,
-               on_step: Callable[[int], None] | None = None) -> list:
+               on_step: Callable[[int], None] | None = None) -> list[StepTrace]:
     """Step until every request has finished; returns the StepTraces."""
     traces = []
     while engine.has_unfinished_requests():

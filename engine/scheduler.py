@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from engine.config import EngineConfig
 from engine.kv_cache import KVCacheManager
 from engine.request import Request, RequestStatus
+from engine.trace import ChunkKind
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class ScheduledRequest:
     after_prompt: bool = False  # the chunk starts past the prompt (a generated token)
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> ChunkKind:
         """"decode" when this computes one generated token and samples the next, else "prefill"."""
         return "prefill" if self.is_prefill or self.num_new_tokens > 1 or not self.after_prompt else "decode"
 

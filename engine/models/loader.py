@@ -72,7 +72,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
 
 
-def byte_tokenizer():
+def byte_tokenizer() -> Any:
     """A byte-level tokenizer (ids 0..255 = bytes, 256 <s>, 257 </s>) built without files."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
