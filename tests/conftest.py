@@ -33,6 +33,22 @@ def run_to_completion(engine: "LLMEngine", check: bool = True, max_steps: int = 
     return traces
 
 
+@pytest.fixture
+def streamlit_clean():
+    """Streamlit's caches outlive an AppTest (ui.md 4.2): clear them around a page test, and put
+    back torch's thread count, which an app run may change. Tiny-random reloads in milliseconds."""
+    import streamlit as st
+    import torch
+
+    threads = torch.get_num_threads()
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    yield
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def torch_single_thread():
     """One intra-op thread for the tiny model: its ops are too small to gain from more, and on a

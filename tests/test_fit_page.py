@@ -20,13 +20,7 @@ PAGE = ROOT / "app" / "app_pages" / "fit.py"
 TIMEOUT = 60
 
 
-@pytest.fixture(autouse=True)
-def clear_streamlit_caches():
-    st.cache_data.clear()
-    st.cache_resource.clear()
-    yield
-    st.cache_data.clear()
-    st.cache_resource.clear()
+pytestmark = pytest.mark.usefixtures("streamlit_clean")
 
 
 def _all_pages_exist() -> bool:

@@ -130,17 +130,7 @@ def test_anything_is_turned_into_text() -> None:
 
 # -- the pages ------------------------------------------------------------------------------------
 
-@pytest.fixture(autouse=True)
-def clear_streamlit_caches() -> Iterator[None]:
-    import torch
-
-    threads = torch.get_num_threads()
-    st.cache_data.clear()
-    st.cache_resource.clear()
-    yield
-    st.cache_data.clear()
-    st.cache_resource.clear()
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("streamlit_clean")
 
 
 def page_markdown(at: AppTest) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -115,16 +114,9 @@ def test_not_a_recording(blob: bytes, words: str) -> None:
 
 # -- the page -----------------------------------------------------------------------------------
 
-@pytest.fixture
-def clear_streamlit_caches() -> Iterator[None]:
-    st.cache_data.clear()
-    st.cache_resource.clear()
-    yield
-    st.cache_data.clear()
-    st.cache_resource.clear()
 
 
-@pytest.mark.usefixtures("clear_streamlit_caches")
+@pytest.mark.usefixtures("streamlit_clean")
 def test_bad_upload_is_a_message_and_the_live_run_stays(data: dict) -> None:
     """A recording the views would crash on (block_size 0 divides by zero in the waste view)
     is an error message naming the field; the live run, its engine and its step stay."""

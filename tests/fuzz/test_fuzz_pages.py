@@ -53,17 +53,7 @@ UPLOADS: list[tuple[str, Any, str]] = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def clear_streamlit_caches() -> Iterator[None]:
-    import torch
-
-    threads = torch.get_num_threads()
-    st.cache_data.clear()
-    st.cache_resource.clear()
-    yield
-    st.cache_data.clear()
-    st.cache_resource.clear()
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("streamlit_clean")
 
 
 @pytest.fixture(scope="module")
