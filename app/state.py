@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import uuid
@@ -81,7 +82,11 @@ def shared_model(name: str):
     from engine.engine import get_shared_model
 
     configure_torch()
-    return get_shared_model(name)
+    model = get_shared_model(name)
+    # Weights, modules and imports live as long as the process: move them out of the cyclic
+    # GC's reach so its full collections (which would pause a step) stay short.
+    gc.freeze()
+    return model
 
 
 def load_model(name: str):
@@ -247,7 +252,8 @@ def on_step_click() -> None:
 
 def on_step_presses() -> None:
     """The browser counter changed: its presses are applied by the views, which rerun now."""
-    rerun_views()
+    with timing.phase("presses callback"):
+        rerun_views()
 
 
 def queued_presses() -> int:
