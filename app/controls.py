@@ -42,6 +42,7 @@ def prepare() -> None:
 def sidebar() -> None:
     """Render the shared controls (call ``prepare`` first)."""
     with st.sidebar:
+        state.mount_step_queue()
         _run_buttons()
         _workload()
         _knobs()
@@ -53,7 +54,7 @@ def sidebar() -> None:
 def _run_buttons() -> None:
     playing = state.playing()
     with st.container(horizontal=True):
-        st.button("Step", key="step", on_click=state.step, args=(1,), shortcut="PageDown", type="primary",
+        st.button("Step", key="step", on_click=state.on_step_click, shortcut="PageDown", type="primary",
                   icon=":material/skip_next:")
         st.button("Pause" if playing else "Play", key="play", on_click=state.toggle_play, shortcut="P",
                   icon=":material/pause:" if playing else ":material/play_arrow:")

@@ -14,12 +14,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import charts, state
+from app import charts, state, timing
 from engine.run import RunView
 from visualizers.steps import step_table_csv
 from visualizers.text import escape_markdown
 
-FRAGMENT_KEY = "views"
 PRESENTATION_CSS = """
 <style>
 html { font-size: 21px; }
@@ -48,7 +47,8 @@ def chart_config(name: str) -> dict:
 
 def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch") -> None:
     """A figure, plus (outside presentation mode) an HTML export of it."""
-    charts.live_chart(fig, key=f"chart_{name}", config=chart_config(name), width=width)
+    with timing.phase(f"send {name}"):
+        charts.live_chart(fig, key=f"chart_{name}", config=chart_config(name), width=width)
     if style.explain:
         st.download_button(f"Figure as HTML", data=lambda: fig.to_html(include_plotlyjs=True, full_html=True),
                            file_name=f"inferscope-{name}.html", mime="text/html", on_click="ignore",
@@ -69,8 +69,12 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "") 
         st.caption(intro)
     run_every = state.tick_seconds() if state.playing() else None
 
-    @st.fragment(run_every=run_every, key=FRAGMENT_KEY)
+    @st.fragment(run_every=run_every, key=state.VIEWS_FRAGMENT)
     def views() -> None:
+        with timing.phase("views"):
+            _views()
+
+    def _views() -> None:
         _advance()
         view = state.view()
         if state.error():
@@ -86,10 +90,12 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "") 
 
 
 def _advance() -> None:
-    """Play: one step per tick. Run N: the requested steps, with a progress bar."""
+    """Step presses counted in the browser; Play: one step per tick; Run N: the requested steps,
+    with a progress bar."""
     current = state.run()
     if current is None:
         return
+    state.apply_queued_steps()
     pending = state.take_pending_steps()
     if pending:
         bar = st.progress(0.0, text=f"Running {pending} steps…")

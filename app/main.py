@@ -12,7 +12,7 @@ if str(ROOT) not in sys.path:  # `streamlit run app/main.py` puts only app/ on t
 
 import streamlit as st  # noqa: E402
 
-from app import controls  # noqa: E402
+from app import controls, timing  # noqa: E402
 
 st.set_page_config(page_title="InferScope", page_icon="🔬", layout="wide")
 
@@ -27,10 +27,12 @@ PAGES = {
 }
 LIVE_PAGES = (KV_CACHE.url_path, BATCHING.url_path)
 
-page = st.navigation(PAGES, position="top")
-live = page.url_path in LIVE_PAGES
-if live:
-    controls.prepare()
-page.run()
-if live:  # the sidebar goes last so the views reach the browser first
-    controls.sidebar()
+with timing.phase("script"):
+    page = st.navigation(PAGES, position="top")
+    live = page.url_path in LIVE_PAGES
+    if live:
+        controls.prepare()
+    page.run()
+    if live:  # the sidebar goes last so the views reach the browser first
+        with timing.phase("sidebar"):
+            controls.sidebar()

@@ -9,19 +9,24 @@
 """
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import uuid
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
+from app import step_queue, timing
 from engine.config import EngineConfig
 from engine.recording import Recording, from_json, record, to_json
 from engine.run import LiveRun, PolicyRun, ReplayRun, RunView, compare_policies
 from engine.scenario import Scenario, list_scenarios, load_scenario
 
 MODELS = ("smollm2-135m", "tiny-random")
+VIEWS_FRAGMENT = "views"  # @st.fragment key of the live views (app/live.py)
 DEFAULT_SCENARIO = "chat-burst"
 KNOBS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "policy")
 
@@ -46,6 +51,9 @@ class K:
     pending = "_pending_steps"
     stop_play = "_stop_play"
     generate = "_generate_result"
+    step_queue = "step_queue"  # the browser's Step-press counter (app/step_queue.py)
+    steps_applied = "_step_presses_applied"
+    epoch = "_session_epoch"
 
 
 _torch_once = threading.Lock()
@@ -74,7 +82,11 @@ def shared_model(name: str):
     from engine.engine import get_shared_model
 
     configure_torch()
-    return get_shared_model(name)
+    model = get_shared_model(name)
+    # Weights, modules and imports live as long as the process: move them out of the cyclic
+    # GC's reach so its full collections (which would pause a step) stay short.
+    gc.freeze()
+    return model
 
 
 def load_model(name: str):
@@ -112,6 +124,8 @@ def init_defaults() -> None:
     ss.setdefault(K.run_n, 10)
     ss.setdefault(K.tick, 0.5)
     ss.setdefault(K.playing, False)
+    ss.setdefault(K.epoch, uuid.uuid4().hex)
+    ss.setdefault(K.steps_applied, 0)
     if ss.pop(K.stop_play, False):
         ss[K.playing] = False
 
@@ -196,6 +210,7 @@ def reset() -> None:
     current = run()
     ss[K.playing] = False
     ss[K.pending] = 0
+    ss[K.steps_applied] = queued_presses()  # presses before Reset do not carry into the new run
     if isinstance(current, ReplayRun):
         current.reset()
     else:
@@ -205,15 +220,69 @@ def reset() -> None:
 
 
 def step(n: int = 1) -> None:
-    """Widget callback: ``n`` steps of the session's run, under its lock."""
+    """``n`` steps of the session's run, under its lock."""
     current = run()
     if current is None:
         return
     try:
-        current.step(n)
+        with timing.phase("engine step"):
+            current.step(n)
     except (ValueError, RuntimeError, MemoryError) as e:  # the failed step was rolled back
         st.session_state[K.error] = f"step failed: {e}"
         st.session_state[K.playing] = False
+
+
+def rerun_views() -> None:
+    """From a widget callback: rerun only the views fragment, not the page and the sidebar.
+
+    The fragment is known only after a full run drew it (a fresh page's first run may have been
+    interrupted); then the callback returns normally and Streamlit does its full rerun.
+    """
+    try:
+        st.rerun(VIEWS_FRAGMENT)
+    except StreamlitAPIException:
+        return
+
+
+def on_step_click() -> None:
+    """The Step button's own callback: only where the browser counter is not listening (AppTest,
+    or a page whose counter has not mounted yet), so a plain full rerun is fine here."""
+    step(1)
+
+
+def on_step_presses() -> None:
+    """The browser counter changed: its presses are applied by the views, which rerun now."""
+    with timing.phase("presses callback"):
+        rerun_views()
+
+
+def queued_presses() -> int:
+    """Step presses the browser has counted in this session (0 before the first one)."""
+    ss = st.session_state
+    return step_queue.presses(ss.get(K.step_queue), ss.get(K.epoch, "")) or 0
+
+
+def apply_queued_steps() -> None:
+    """Step once for every press counted in the browser and not applied yet, in order.
+
+    Presses made before the run exists (first load, a rebuild) wait here until it does. Two
+    script runs may get here at once (a new press stops the old run only at its next st.*
+    call); the run's lock and the re-read under it apply each press exactly once.
+    """
+    current = run()
+    if current is None:
+        return
+    ss = st.session_state
+    with current.lock:
+        pending = queued_presses() - ss.get(K.steps_applied, 0)
+        if pending <= 0:
+            return
+        ss[K.steps_applied] = queued_presses()
+        step(pending)
+
+
+def mount_step_queue() -> None:
+    step_queue.mount(K.step_queue, st.session_state[K.epoch], on_step_presses)
 
 
 def request_steps() -> None:

@@ -85,6 +85,8 @@ def charts(at: AppTest) -> dict[str, dict[str, Any]]:
     """Every chart's Plotly spec by widget key, from the live component or st.plotly_chart."""
     out: dict[str, dict[str, Any]] = {}
     for el in at.get("bidi_component"):
+        if el.proto.component_name == "inferscope_step_queue":  # the Step-press counter, no chart
+            continue
         assert el.proto.component_name == "inferscope_live_plot"
         payload = json.loads(el.proto.json)
         assert {"spec", "config", "src"} <= set(payload)

@@ -119,3 +119,26 @@ def test_two_sessions_stepping_at_once_stay_apart(app_url: str, chromium, artifa
     b.screenshot(path=str(artifacts / "session-b.png"), full_page=True)
     a.context.close()
     b.context.close()
+
+
+@pytest.mark.parametrize("load", range(3))
+def test_no_step_press_is_lost_on_a_fresh_page(app_url: str, chromium, artifacts: Path, load: int) -> None:
+    """Issue 12: Step clicked as soon as it appears on a fresh page (the first run may still be going),
+    then PageDown five times quickly: all six presses count, none twice. Three fresh loads, since the
+    loss this guards against showed up about once in three."""
+    from playwright.sync_api import expect
+
+    page = chromium.new_context(viewport=VIEWPORT).new_page()
+    page.goto(f"{app_url}/kv-cache?live_model=tiny-random&live_scenario=chat-burst")
+    click(page, "step")  # Playwright clicks once the button is visible and takes the pointer
+    for _ in range(5):
+        page.keyboard.press("PageDown")
+    wait_for_views_at_step(page, 6, minimum=2)
+    wait_for_app(page)
+    page.wait_for_timeout(500)  # a late duplicate would show up as a 7th step
+    wait_for_app(page)
+    expect(page.get_by_test_id("stMetric").filter(has_text="Steps done").get_by_test_id("stMetricValue")) \
+        .to_have_text("6")
+    assert_no_exception(page)
+    page.screenshot(path=str(artifacts / f"no-lost-input-{load}.png"), full_page=True)
+    page.context.close()
