@@ -131,7 +131,8 @@ class Fields:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise self.fail(label, "must be a finite number", value)
         if value < low or (low_open and value == low) or value > high or (high_open and value == high):
-            bounds = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            closed = not high_open and high != math.inf
+            bounds = f"{'(' if low_open else '['}{low:g}, {high:g}{']' if closed else ')'}"
             raise self.fail(label, f"must be in {bounds}", value)
         return float(value)
 
@@ -181,7 +182,7 @@ class Fields:
         if value is MISSING or value is None:
             return None
         if not isinstance(value, dict):
-            raise self.fail(self.label(name), "must be an object", type(value).__name__)
+            raise self.fail(self.label(name), "must be an object", value)
         return value
 
 
