@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from engine.hf_config import ENGINE_DTYPES
+
 Policy = Literal["continuous", "static"]
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ENGINE_DTYPES  # the one dtype vocabulary (engine/hf_config.py): float32, bfloat16, float16
 
 # Hard caps that need no model (the model-dependent memory check is in LLMEngine.__init__).
 # They keep one engine small enough to build in about a second on a laptop CPU: the block pool

@@ -8,12 +8,14 @@ from __future__ import annotations
 import torch
 
 from engine.forward_batch import ForwardBatch, build_forward_batch
+from engine.hf_config import ENGINE_DTYPES
 from engine.kv_cache import KVCacheManager
 from engine.models.llama import LlamaModel, ModelConfig
 from engine.request import Request
 from engine.scheduler import SchedulerOutput
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The engine's dtype names (engine/hf_config.py, the one vocabulary) -> torch dtypes.
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in ENGINE_DTYPES}
 
 
 def kv_cache_bytes_per_token(config: ModelConfig, kv_cache_dtype: torch.dtype) -> int:

@@ -3,7 +3,7 @@
 Rule: a config either becomes a ``ModelConfig`` every field of which the decoder can run, or
 raises one ``ValueError`` that names the source file and the field, e.g.
 
-    model: /m/config.json: num_key_value_heads must be a positive integer, got 0
+    model: /m/config.json: num_key_value_heads must be >= 1, got 0
 
 Checked here, before any weight is read: each field's type (ints are ints, not floats, bools or
 strings; null only where Hugging Face reads it as "absent"), its range, the relations between
@@ -17,110 +17,75 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
+
+from engine.hf_config import MISSING, Fields, got
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
 MAX_DIM = 2**31 - 1  # any single size; the memory rule below is the real bound
-_MISSING = object()
 
 
-def _fail(source: str, key: str, rule: str, value: object = _MISSING) -> ValueError:
-    got = "" if value is _MISSING else f", got {_short(value)}"
-    return ValueError(f"model: {source}: {key} {rule}{got}")
+def _fail(source: str, key: str, rule: str, value: object = MISSING) -> ValueError:
+    """The engine's error for a bad field: ``model: <file>: <field> <rule>, got <value>``."""
+    return ValueError(f"model: {source}: {key} {rule}{got(value)}")
 
 
-def _short(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "…"
+def _fields(d: dict[str, Any], source: str) -> Fields:
+    """The shared readers (engine/hf_config.py) over ``d`` with the engine's error: null is
+    refused unless a call says it reads as absent, and 0 / 1 are not booleans."""
+    return Fields(d, partial(_fail, source), max_for=lambda _name: MAX_DIM, null_is_absent=False)
 
 
-def _int(d: dict[str, Any], source: str, key: str, default: object = _MISSING, *,
-         lo: int = 1, hi: int = MAX_DIM, null_is_absent: bool = False) -> int:
-    """An integer field in ``[lo, hi]``: bools, floats (even 64.0) and strings are refused."""
-    value = d.get(key, _MISSING)
-    if value is _MISSING or (value is None and null_is_absent):
-        if default is _MISSING:
-            raise _fail(source, key, "is missing (an integer is required)")
-        return default  # type: ignore[return-value]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(source, key, f"must be an integer in [{lo}, {hi}]", value)
-    if not lo <= value <= hi:
-        raise _fail(source, key, f"must be an integer in [{lo}, {hi}]", value)
-    return value
-
-
-def _positive_float(d: dict[str, Any], source: str, key: str, default: float, *,
-                    below: float = math.inf) -> float:
-    """A finite number in (0, below): ints allowed, bools, strings and null refused."""
-    value = d.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(source, key, "must be a positive number", value)
-    number = float(value)
-    if not (math.isfinite(number) and 0 < number < below):
-        bound = "" if below == math.inf else f" below {below}"
-        raise _fail(source, key, f"must be a finite number above 0{bound}", value)
-    return number
-
-
-def _bool(d: dict[str, Any], source: str, key: str, default: bool) -> bool:
-    """A JSON true/false; 0/1, "false" and null are refused (they read as the wrong thing)."""
-    value = d.get(key, default)
-    if not isinstance(value, bool):
-        raise _fail(source, key, "must be true or false", value)
-    return value
-
-
-def _architecture(d: dict[str, Any], source: str) -> str:
-    archs = d.get("architectures")
+def _architecture(f: Fields) -> str:
+    archs = f.cfg.get("architectures")
     if archs is None:
         return "LlamaForCausalLM"
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
-        raise _fail(source, "architectures", "must be a non-empty list of names", archs)
+        raise f.fail("architectures", "must be a non-empty list of names", archs)
     if archs[0] not in SUPPORTED_ARCHITECTURES:
-        raise _fail(source, "architectures", f"must name one of {', '.join(SUPPORTED_ARCHITECTURES)}",
-                    archs[0])
-    return archs[0]
+        raise f.fail("architectures", f"must name one of {', '.join(SUPPORTED_ARCHITECTURES)}", archs[0])
+    return str(archs[0])
 
 
-def _check_rope_scaling(d: dict[str, Any], source: str) -> None:
+def _check_rope_scaling(f: Fields) -> None:
     for key in ("rope_scaling", "rope_parameters"):
-        value = d.get(key)
+        value = f.obj(key)
         if value is None:
             continue
-        if not isinstance(value, dict):
-            raise _fail(source, key, "must be an object or null", value)
         kind = value.get("rope_type", value.get("type", "default"))
         if kind not in ("default", None):
-            raise _fail(source, key, "is not supported (only default RoPE)", kind)
+            raise f.fail(key, "is not supported (only default RoPE)", kind)
 
 
-def _rope_theta(d: dict[str, Any], source: str) -> float:
-    if "rope_theta" not in d and isinstance(d.get("rope_parameters"), dict):
-        return _positive_float(d["rope_parameters"], source, "rope_parameters.rope_theta", 10000.0)
-    return _positive_float(d, source, "rope_theta", 10000.0)
+def _rope_theta(f: Fields) -> float:
+    params = f.cfg.get("rope_parameters")
+    if "rope_theta" not in f.cfg and isinstance(params, dict):
+        return f.at(params, "rope_parameters").number("rope_theta", 10000.0)
+    return f.number("rope_theta", 10000.0)
 
 
-def _token_id(value: object, source: str, key: str, vocab: int) -> int:
+def _token_id(f: Fields, key: str, value: object, vocab: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
-        raise _fail(source, key, f"must be a token id in [0, {vocab}) (vocab_size)", value)
+        raise f.fail(key, f"must be a token id in [0, {vocab}) (vocab_size)", value)
     return value
 
 
-def _eos_ids(d: dict[str, Any], source: str, vocab: int) -> tuple[int, ...]:
-    eos = d.get("eos_token_id")
+def _eos_ids(f: Fields, vocab: int) -> tuple[int, ...]:
+    eos = f.cfg.get("eos_token_id")
     if eos is None:
         return ()
     items = eos if isinstance(eos, list) else [eos]
-    return tuple(_token_id(e, source, "eos_token_id", vocab) for e in items)
+    return tuple(_token_id(f, "eos_token_id", e, vocab) for e in items)
 
 
-def _activation(d: dict[str, Any], source: str) -> None:
-    act = d.get("hidden_act", "silu")
+def _activation(f: Fields) -> None:
+    act = f.cfg.get("hidden_act", "silu")
     if act not in SUPPORTED_ACTIVATIONS:
-        raise _fail(source, "hidden_act", f"must be one of {', '.join(SUPPORTED_ACTIVATIONS)}", act)
-    if d.get("mlp_bias", False) is not False:
-        raise _fail(source, "mlp_bias", "is not supported (must be false or absent)", d.get("mlp_bias"))
+        raise f.fail("hidden_act", f"must be one of {', '.join(SUPPORTED_ACTIVATIONS)}", act)
+    if f.cfg.get("mlp_bias", False) is not False:
+        raise f.fail("mlp_bias", "is not supported (must be false or absent)", f.cfg.get("mlp_bias"))
 
 
 def physical_memory_bytes() -> int:
@@ -155,29 +120,30 @@ class ModelConfig:
         """Parse a Hugging Face config dict; ``ValueError`` naming ``source`` and the field."""
         if not isinstance(d, dict):
             raise ValueError(f"model: {source}: must be a JSON object, got {type(d).__name__}")
-        arch = _architecture(d, source)
-        _check_rope_scaling(d, source)
-        _activation(d, source)
-        vocab = _int(d, source, "vocab_size")
-        hidden = _int(d, source, "hidden_size")
-        heads = _int(d, source, "num_attention_heads", hi=hidden)
-        kv = _int(d, source, "num_key_value_heads", heads, hi=heads, null_is_absent=True)
+        f = _fields(d, source)
+        arch = _architecture(f)
+        _check_rope_scaling(f)
+        _activation(f)
+        vocab = f.req_int("vocab_size")
+        hidden = f.req_int("hidden_size")
+        heads = f.req_int("num_attention_heads", maximum=hidden)
+        kv = f.req_int("num_key_value_heads", default=heads, maximum=heads, null_is_absent=True)
+        bos = f.cfg.get("bos_token_id")
         config = cls(
             vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=_int(d, source, "intermediate_size"),
-            num_hidden_layers=_int(d, source, "num_hidden_layers", hi=4096),
+            intermediate_size=f.req_int("intermediate_size"),
+            num_hidden_layers=f.req_int("num_hidden_layers", maximum=4096),
             num_attention_heads=heads,
             num_key_value_heads=kv,
-            head_dim=_int(d, source, "head_dim", hidden // heads, null_is_absent=True),
-            max_position_embeddings=_int(d, source, "max_position_embeddings", 2048),
-            rms_norm_eps=_positive_float(d, source, "rms_norm_eps", 1e-5, below=1.0),
-            rope_theta=_rope_theta(d, source),
-            tie_word_embeddings=_bool(d, source, "tie_word_embeddings", False),
-            attention_bias=_bool(d, source, "attention_bias", arch == "Qwen2ForCausalLM"),
-            bos_token_id=(None if d.get("bos_token_id") is None
-                          else _token_id(d["bos_token_id"], source, "bos_token_id", vocab)),
-            eos_token_ids=_eos_ids(d, source, vocab),
+            head_dim=f.req_int("head_dim", default=hidden // heads, null_is_absent=True),
+            max_position_embeddings=f.req_int("max_position_embeddings", default=2048),
+            rms_norm_eps=f.number("rms_norm_eps", 1e-5, high=1.0, high_open=True),
+            rope_theta=_rope_theta(f),
+            tie_word_embeddings=f.flag("tie_word_embeddings", False),
+            attention_bias=f.flag("attention_bias", arch == "Qwen2ForCausalLM"),
+            bos_token_id=None if bos is None else _token_id(f, "bos_token_id", bos, vocab),
+            eos_token_ids=_eos_ids(f, vocab),
             architecture=arch,
         )
         config.check(source)

@@ -26,9 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .formats import CHECKPOINT_DTYPES, SizingError, dtype_key, dtype_spellings
-
-_MISSING = object()
+from ..hf_config import MISSING, MISSING_RULE, Fields, config_dtype, got
+from .formats import SizingError
 
 
 # --------------------------------------------------------------------------------------
@@ -181,17 +180,12 @@ _VOCAB_FIELDS = {"vocab_size"}
 _POSITION_FIELDS = {"max_position_embeddings", "n_positions", "n_ctx", "sliding_window", "max_window_layers"}
 
 
-def _label(name: str, where: str) -> str:
-    """The dotted name a person sees: ``vision_config.patch_size``."""
-    return f"{where}.{name}" if where else name
-
-
-def _find(cfg: dict[str, Any], names: tuple[str, ...]) -> tuple[str, Any]:
-    """The first of ``names`` present with a non-null value, as (name, value); (names[0], None) if none."""
-    for name in names:
-        if cfg.get(name) is not None:
-            return name, cfg[name]
-    return names[0], None
+def _refuse(label: str, rule: str, value: Any) -> SizingError:
+    """The calculator's error for a bad field: ``config field 'vision_config.depth' must be >= 1, got 0``,
+    ``config is missing 'hidden_size' (needed for every layer's width)``."""
+    if rule.startswith(MISSING_RULE):
+        return SizingError(f"config is missing {label!r}{rule.removeprefix(MISSING_RULE)}")
+    return SizingError(f"config field {label!r} {rule}{got(value)}")
 
 
 def _default_max(name: str) -> int:
@@ -204,126 +198,80 @@ def _default_max(name: str) -> int:
     return MAX_DIM
 
 
-def _get(cfg: dict[str, Any], *names: str, default: Any = _MISSING, what: str = "", where: str = "") -> Any:
-    """The raw value of the first present field; SizingError naming ``names[0]`` when all are absent/null."""
-    _, value = _find(cfg, names)
-    if value is not None:
-        return value
-    if default is _MISSING:
-        need = f" (needed for {what})" if what else ""
-        raise SizingError(f"config is missing {_label(names[0], where)!r}{need}")
-    return default
+def _fields(cfg: dict[str, Any], where: str = "") -> Fields:
+    """The shared readers (engine/hf_config.py) over ``cfg``, with the calculator's error and
+    bounds; null reads as absent and 0 / 1 as false / true, as transformers reads them."""
+    return Fields(cfg, _refuse, where, _default_max, null_is_absent=True, bool_ints=True)
 
 
-def _check_int(label: str, value: Any, minimum: int, maximum: int) -> int:
-    """``value`` must be a JSON integer (not a bool, not a float such as 4096.0 or NaN) in [minimum, maximum]."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SizingError(f"config field {label!r} must be an integer, got {value!r}"[:300])
-    if value < minimum:
-        raise SizingError(f"config field {label!r} must be >= {minimum:,}, got {value:,}")
-    if value > maximum:
-        raise SizingError(f"config field {label!r} must be <= {maximum:,}, got {value:,}"[:300])
-    return value
+def _find(cfg: dict[str, Any], names: tuple[str, ...]) -> tuple[str, Any]:
+    """The first of ``names`` present with a non-null value, as (name, value); (names[0], None) if none."""
+    name, value = _fields(cfg).find(names)
+    return name, None if value is MISSING else value
 
 
-def _int(cfg: dict[str, Any], *names: str, default: Any = _MISSING, minimum: int = 1, maximum: int | None = None,
+def _int(cfg: dict[str, Any], *names: str, default: Any = MISSING, minimum: int = 1, maximum: int | None = None,
          what: str = "", where: str = "") -> Any:
     """An integer field (the first of ``names`` present); ``default`` (may be None) when absent or null."""
-    name, value = _find(cfg, names)
-    if value is None:
-        return _get(cfg, *names, default=default, what=what, where=where)
-    return _check_int(_label(name, where), value, minimum, _default_max(name) if maximum is None else maximum)
+    fields = _fields(cfg, where)
+    if default is MISSING:
+        return fields.req_int(*names, minimum=minimum, maximum=maximum, what=what)
+    return fields.opt_int(*names, default=default, minimum=minimum, maximum=maximum)
 
 
 def _req_int(cfg: dict[str, Any], *names: str, minimum: int = 1, what: str = "", where: str = "") -> int:
-    """A required integer field (mypy sees ``int``, not ``Any``)."""
-    value: int = _int(cfg, *names, minimum=minimum, what=what, where=where)
-    return value
+    """A required integer field."""
+    return _fields(cfg, where).req_int(*names, minimum=minimum, what=what)
 
 
 def _opt_int(cfg: dict[str, Any], *names: str, default: int, minimum: int = 1, where: str = "") -> int:
     """An optional integer field with an integer default."""
-    value: int = _int(cfg, *names, default=default, minimum=minimum, where=where)
-    return value
+    return _fields(cfg, where).req_int(*names, default=default, minimum=minimum)
 
 
 def _float(cfg: dict[str, Any], name: str, default: float, *, low: float = 0.0, high: float = math.inf,
            low_open: bool = True, where: str = "") -> float:
     """A finite real number in (low, high] (``low_open``) or [low, high]; ``default`` when absent or null."""
-    value = cfg.get(name)
-    if value is None:
-        return default
-    label = _label(name, where)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise SizingError(f"config field {label!r} must be a finite number, got {value!r}"[:300])
-    if value < low or (low_open and value == low) or value > high:
-        bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        raise SizingError(f"config field {label!r} must be in {bounds}, got {value!r}")
-    return float(value)
+    return _fields(cfg, where).number(name, default, low=low, high=high, low_open=low_open)
 
 
 def _bool(cfg: dict[str, Any], name: str, default: bool, where: str = "") -> bool:
     """true / false (0 / 1 accepted, as transformers does); ``default`` when absent or null."""
-    value = cfg.get(name, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
-        return bool(value)
-    raise SizingError(f"config field {_label(name, where)!r} must be true or false, got {value!r}"[:300])
+    return _fields(cfg, where).flag(name, default)
 
 
 def _int_list(cfg: dict[str, Any], name: str, where: str = "") -> list[int]:
     """A list of non-negative integers (layer indices); [] when absent or null."""
-    value = cfg.get(name)
-    if value is None:
-        return []
-    label = _label(name, where)
-    if not isinstance(value, list):
-        raise SizingError(f"config field {label!r} must be a list of integers, got {value!r}"[:300])
-    return [_check_int(f"{label}[{i}]", v, 0, MAX_DIM) for i, v in enumerate(value)]
+    return _fields(cfg, where).int_list(name, 0, MAX_DIM)
 
 
 def _str_list(cfg: dict[str, Any], name: str, where: str = "") -> list[str] | None:
     """A list of strings; None when absent or null."""
-    value = cfg.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SizingError(f"config field {_label(name, where)!r} must be a list of strings, got {value!r}"[:300])
-    return value
+    return _fields(cfg, where).str_list(name)
 
 
 def _str(cfg: dict[str, Any], name: str, default: str = "", where: str = "") -> str:
     """A string field; ``default`` when absent or null."""
-    value = cfg.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise SizingError(f"config field {_label(name, where)!r} must be a string, got {value!r}"[:300])
-    return value
+    return _fields(cfg, where).text(name, default)
 
 
 def _obj(cfg: dict[str, Any], name: str) -> dict[str, Any] | None:
     """A nested object (``vision_config``, ``text_config`` ...); None when absent or null."""
-    value = cfg.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise SizingError(f"config field {name!r} must be an object, got {type(value).__name__}")
-    return value
+    return _fields(cfg).obj(name)
 
 
 def _side(cfg: dict[str, Any], name: str, default: int, where: str = "") -> int:
     """An image/patch side that may be written as ``14`` or ``[14, 14]`` (square only)."""
+    fields = _fields(cfg, where)
     value = cfg.get(name)
-    label = _label(name, where)
+    label = fields.label(name)
     if isinstance(value, list):
         if len(value) != 2 or value[0] != value[1]:
-            raise SizingError(f"config field {label!r} must be one integer or a square [n, n] pair, got {value!r}"[:300])
+            raise _refuse(label, "must be one integer or a square [n, n] pair", value)
         value = value[0]
     if value is None:
         return default
-    return _check_int(label, value, 1, MAX_DIM)
+    return fields.check_int(label, value, 1, MAX_DIM)
 
 
 def _n(x: int) -> str:
@@ -332,19 +280,11 @@ def _n(x: int) -> str:
 
 def checkpoint_dtype(cfg: dict[str, Any], default: str = "bf16") -> str:
     """The checkpoint's storage dtype: ``quantization_config.quant_method == "fp8"`` -> fp8, else
-    ``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) as ``formats.dtype_key`` reads it
-    (one dtype vocabulary), one of ``formats.CHECKPOINT_DTYPES`` (fp32/bf16/fp16/fp8);
+    ``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) read through the one dtype
+    vocabulary (``engine.hf_config.config_dtype``), one of ``CHECKPOINT_DTYPES`` (fp32/bf16/fp16/fp8);
     ``default`` when neither is given. An unknown spelling is an error naming the field."""
     quant = _obj(cfg, "quantization_config") or {}
-    name, raw = _find(cfg, ("torch_dtype", "dtype"))
-    if raw is None:
-        return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else default
-    if not isinstance(raw, str):
-        raise SizingError(f"config field {name!r} must be a dtype name such as \"bfloat16\", got {raw!r}"[:300])
-    key = dtype_key(raw)
-    if key not in CHECKPOINT_DTYPES:
-        raise SizingError(f"config field {name!r}: unknown dtype {raw!r}"[:200]
-                          + f" (known: {', '.join(dtype_spellings(CHECKPOINT_DTYPES))})")
+    key = config_dtype(_fields(cfg), default) or default
     return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else key
 
 
@@ -465,7 +405,7 @@ def _llama_like(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
 
     moe = _moe_fields(cfg)
     dense_I: int = _int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner",
-                        default=moe.inter if moe.experts else _MISSING, what="the MLP")
+                        default=moe.inter if moe.experts else MISSING, what="the MLP")
     shared_gate = h if moe.shared_inter and model_type == "qwen2_moe" else 0
     mlp_per_I = 3 * h  # gated (SwiGLU / GeGLU)
     mlp_bias_params = 2 * dense_I + h if mlp_bias else 0

@@ -9,6 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction as F
 
+# The one dtype vocabulary lives with the shared HF-config readers (engine/hf_config.py, torch-free);
+# the calculator's names for it are these.
+from ..hf_config import CHECKPOINT_DTYPES as CHECKPOINT_DTYPES
+from ..hf_config import DTYPE_ALIASES as DTYPE_ALIASES
+from ..hf_config import FLOAT_DTYPE_NAMES as FLOAT_DTYPE_NAMES
+from ..hf_config import dtype_key as dtype_key
+from ..hf_config import dtype_spellings as dtype_spellings
+
 
 class SizingError(ValueError):
     """A bad input to the calculator. The message is one line, meant for a person."""
@@ -68,30 +76,6 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
         WeightFormat("q2_k", "GGUF Q2_K", F(84, 256), True, "fp16", "gguf", "gguf", "gguf", "84 B per block of 256", 0.72),
     ]
 }
-
-#: The one dtype vocabulary: our short keys <-> the names torch / vLLM / HF configs use.
-#: (``--dtype`` in vLLM and SGLang takes the long names; configs' ``torch_dtype`` too.)
-FLOAT_DTYPE_NAMES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-DTYPE_ALIASES: dict[str, str] = {
-    **{long: key for key, long in FLOAT_DTYPE_NAMES.items()},
-    "float": "fp32", "f32": "fp32", "f16": "fp16", "half": "fp16",
-    "float8_e4m3fn": "fp8", "float8_e4m3": "fp8",  # FP8 checkpoints' torch_dtype
-}
-#: Storage dtypes a checkpoint's config may name (``torch_dtype`` / ``dtype``), as our keys.
-CHECKPOINT_DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
-
-
-def dtype_key(name: str) -> str:
-    """Our key for a dtype name ("bfloat16", "torch.bfloat16", "BF16" -> "bf16"); unknown names are
-    returned as given (lower case, without "torch.")."""
-    key = str(name).strip().lower().removeprefix("torch.")
-    return DTYPE_ALIASES.get(key, key)
-
-
-def dtype_spellings(keys: tuple[str, ...]) -> list[str]:
-    """Every accepted spelling of these keys (the keys and their aliases), sorted, for messages."""
-    return sorted({*keys, *(alias for alias, key in DTYPE_ALIASES.items() if key in keys)})
-
 
 def torch_dtype_name(key: str) -> str:
     """The long name vLLM's/SGLang's ``--dtype`` takes ("bf16" -> "bfloat16"); "auto" otherwise."""
