@@ -27,7 +27,7 @@ from visualizers import comparison as vc
 from visualizers import kv_blocks as vk
 from visualizers import steps as vs
 from visualizers.figures import validated
-from visualizers.theme import (BLOCK_STATE_COLORS, CHUNK_KIND_COLORS, CHUNK_PATTERNS, LANE_STATES, POLICY_COLORS,
+from visualizers.theme import (BLOCK_STATE_COLORS, CHUNK_KIND_COLORS, CHUNK_OPACITY, LANE_STATES, POLICY_COLORS,
                                QUEUE_COLORS, REQUEST_COLORS, request_color, request_label, request_sort_key)
 
 if TYPE_CHECKING:
@@ -403,20 +403,24 @@ def _budget_and_counts(traces: tuple[StepTrace, ...], snapshot: Snapshot) -> tup
 
 def test_budget_bars_stack_to_the_batched_tokens_of_each_step(view: RunView) -> None:
     """Per step, the request bars sum to num_batched_tokens (<= token_budget); one bar per chunk,
-    its height the chunk's tokens, its pattern the chunk kind (solid prefill, "x" decode)."""
+    its height the chunk's tokens, its colour the request's, its trace (and opacity) the chunk
+    kind; the hover names the request and the kind."""
     traces = view.traces
     bars, _ = _budget_and_counts(traces, view.snapshot)
     per_step: Counter[int] = Counter()
     seen: set[tuple[str, int]] = set()
     by_step = {t.step: t for t in traces}
+    label_to_id = {request_label(c.request_id): c.request_id for t in traces for c in t.scheduled}
     for bar in bars:
-        rid = next(c.request_id for t in traces for c in t.scheduled if request_label(c.request_id) == bar.name)
-        assert bar.type == "bar" and bar.marker.color == request_color(rid)
-        for x, y, kind, shape in zip(seq(bar.x), seq(bar.y), seq(bar.customdata),
-                                     seq(bar.marker.pattern.shape)):
+        assert bar.type == "bar"
+        for x, y, (label, kind), colour in zip(seq(bar.x), seq(bar.y), seq(bar.customdata),
+                                               seq(bar.marker.color), strict=True):
+            rid = label_to_id[label]
             chunk = chunks(by_step[x])[rid]
-            assert (y, kind, shape) == (chunk.num_tokens, chunk.kind, CHUNK_PATTERNS[chunk.kind])
+            assert (y, kind, colour) == (chunk.num_tokens, chunk.kind, request_color(rid))
+            assert bar.marker.opacity == CHUNK_OPACITY[kind]
             assert y <= by_step[x].token_budget
+            assert (rid, x) not in seen
             per_step[x] += y
             seen.add((rid, x))
     assert seen == {(c.request_id, t.step) for t in traces for c in t.scheduled}
@@ -425,15 +429,18 @@ def test_budget_bars_stack_to_the_batched_tokens_of_each_step(view: RunView) -> 
         assert t.num_batched_tokens == t.num_prefill_tokens + t.num_decode_tokens
 
 
-def test_budget_panel_one_trace_per_request_and_the_budget_line(full: RunView) -> None:
-    """Request traces in id order, each in request_color (a colour per id: no two requests of a scenario share one)."""
+def test_budget_panel_one_trace_per_chunk_kind_and_the_budget_line(full: RunView) -> None:
+    """Two bar traces (prefill chunks, decodes) whatever the number of requests; every request's
+    bars in request_color (a colour per id: no two requests of a scenario share one)."""
     traces = full.traces
     fig = check(vb.timeline_figure(traces, full.snapshot))
     bars = on_axis(fig, "x")
     ids = sorted({c.request_id for t in traces for c in t.scheduled}, key=request_sort_key)
-    assert [b.name for b in bars] == [request_label(r) for r in ids]
-    assert [b.marker.color for b in bars] == [request_color(r) for r in ids]
-    assert len({b.marker.color for b in bars}) == len(ids)
+    assert [b.name for b in bars] == ["prefill chunk", "decode"]
+    colours = {label: colour for b in bars for (label, _), colour in zip(seq(b.customdata), seq(b.marker.color))}
+    assert colours == {request_label(r): request_color(r) for r in ids}
+    assert len(set(colours.values())) == len(ids)
+    assert all(b.marker.pattern.shape is None for b in bars)  # no per-bar <pattern> to redraw
     assert fig.layout.barmode == "stack"
     budget = traces[-1].token_budget
     assert any(s.type == "line" and s.y0 == s.y1 == budget for s in fig.layout.shapes)
@@ -519,6 +526,17 @@ def test_swimlane_panel_encodes_the_lanes_with_one_colour_per_request(view: RunV
     assert seq(chip.marker.color) == [request_color(r) for r in lane.request_ids]
     legend = [t.name for t in panel if t.legendgroup == "states"]
     assert legend == list(LANE_STATES[1:])
+    # numbers: the tokens of every prefill cell (a decode cell is one token), as one text trace
+    prefill = {(step, request_label(rid)): str(n) for rid, srow, nrow in zip(lane.request_ids, lane.states, lane.tokens)
+               for step, s, n in zip(lane.steps, srow, nrow) if s == "prefill"}
+    assert all(n == "1" for rid, srow, nrow in zip(lane.request_ids, lane.states, lane.tokens)
+               for s, n in zip(srow, map(str, nrow)) if s == "decode")
+    if len(lane.steps) > vb.MAX_TEXT_STEPS:  # cells too narrow to read: no numbers
+        assert not [t for t in panel if t.name == "prefill tokens"]
+        return
+    (numbers,) = [t for t in panel if t.name == "prefill tokens"]
+    assert dict(zip(zip(seq(numbers.x), seq(numbers.y)), seq(numbers.text))) == prefill
+    assert len(seq(numbers.text)) == len(prefill) and heat.text is None
 
 
 def test_queue_frame_matches_the_traces_queue_lengths(full: RunView) -> None:

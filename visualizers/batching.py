@@ -1,7 +1,7 @@
 """Batch composition views: what each engine step computed, per request.
 
 * token-budget bars: per step, the tokens each request contributed (prefill chunks solid,
-  decodes hatched) against ``max_num_batched_tokens``, with a second panel counting decodes
+  decodes faded) against ``max_num_batched_tokens``, with a second panel counting decodes
   and prefill chunks so single-token decodes stay visible next to 256-token chunks;
 * swim lane: request x step, state in {not arrived, waiting, prefill, decode, preempted, finished};
 * queue lengths over time; TTFT and time per output token per request.
@@ -18,11 +18,11 @@ import plotly.graph_objects as go
 
 from engine.trace import Snapshot, StepTrace
 from visualizers.figures import Panel, figure, hline, live_layout, stack
-from visualizers.theme import (CHUNK_KIND_COLORS, CHUNK_PATTERNS, LANE_STATE_COLORS, LANE_STATES, QUEUE_COLORS,
+from visualizers.theme import (CHUNK_KIND_COLORS, CHUNK_OPACITY, LANE_STATE_COLORS, LANE_STATES, QUEUE_COLORS,
                                discrete_colorscale, plot_label, request_color, request_label,
                                request_sort_key)
 
-MAX_TEXT_STEPS = 80  # print token counts in swim-lane cells only up to this many steps
+MAX_TEXT_STEPS = 80  # print prefill token counts in swim-lane cells only up to this many steps
 
 
 @dataclass(frozen=True)
@@ -85,25 +85,30 @@ def _request_ids(snapshot: Snapshot | None) -> tuple[str, ...]:
     return tuple(r.request_id for r in snapshot.requests) if snapshot is not None else ()
 
 
-def budget_panel(traces: Sequence[StepTrace]) -> Panel:
-    """Tokens per step, stacked by request (one trace per request, its colour), vs the budget.
+CHUNK_KINDS: tuple[tuple[str, str], ...] = (("prefill", "prefill chunk"), ("decode", "decode"))
 
-    Bar height = tokens; pattern: solid = prefill chunk, "x" = decode.
+
+def budget_panel(traces: Sequence[StepTrace]) -> Panel:
+    """Tokens per step, stacked by request, vs the budget.
+
+    One bar per (request, step) chunk, coloured by its request; the bars sit in one trace per
+    chunk kind (solid = prefill chunk, faded = decode: CHUNK_OPACITY) rather than one per request,
+    and without fill patterns, so a step's redraw in the browser is two bar traces, not a
+    patterned trace per request. Request and kind are in each bar's hover (``customdata``:
+    escaped request label, kind); the swim lane's chips tie colours to requests, so the bars
+    take no legend entries (a kind's entry could only show one request's colour).
     """
-    per_request: dict[str, list[tuple[int, int, str]]] = {}
+    per_kind: dict[str, list[tuple[str, int, int]]] = {kind: [] for kind, _ in CHUNK_KINDS}
     for t in traces:
-        for c in t.scheduled:
-            per_request.setdefault(c.request_id, []).append((t.step, c.num_tokens, c.kind))
+        for c in sorted(t.scheduled, key=lambda c: request_sort_key(c.request_id)):
+            per_kind.setdefault(c.kind, []).append((c.request_id, t.step, c.num_tokens))
     data = []
-    for rid in sorted(per_request, key=request_sort_key):
-        pts = per_request[rid]
-        label = plot_label(rid)
+    for kind, name in CHUNK_KINDS:
+        pts = per_kind[kind]
         data.append(dict(
-            type="bar", x=[p[0] for p in pts], y=[p[1] for p in pts], name=label, legendgroup=label,
-            marker=dict(color=request_color(rid), pattern=dict(shape=[CHUNK_PATTERNS[p[2]] for p in pts],
-                                                                fgcolor="white", size=6)),
-            customdata=[p[2] for p in pts],
-            hovertemplate=f"{label} step %{{x}}: %{{y}} tokens (%{{customdata}})<extra></extra>",
+            type="bar", x=[p[1] for p in pts], y=[p[2] for p in pts], name=name, showlegend=False,
+            marker=dict(color=[request_color(p[0]) for p in pts], opacity=CHUNK_OPACITY[kind]), customdata=[[plot_label(p[0]), kind] for p in pts],
+            hovertemplate="%{customdata[0]} step %{x}: %{y} tokens (%{customdata[1]})<extra></extra>",
         ))
     shapes, notes = [], []
     if traces:
@@ -113,7 +118,8 @@ def budget_panel(traces: Sequence[StepTrace]) -> Panel:
     return Panel(data, height=210, shapes=shapes, annotations=notes,
                  xaxis=dict(title=dict(text="engine step"), fixedrange=True),
                  yaxis=dict(title=dict(text="tokens"), fixedrange=True, rangemode="tozero"),
-                 title="Tokens per step by request (solid = prefill chunk, hatched = decode)")
+                 title="Tokens per step by request (bar colour = request, as in the swim lane; "
+                       "solid = prefill chunk, faded = decode)")
 
 
 def counts_panel(traces: Sequence[StepTrace]) -> Panel:
@@ -129,10 +135,15 @@ def counts_panel(traces: Sequence[StepTrace]) -> Panel:
                  title="Requests per step: decodes and prefill chunks")
 
 
-def lane_heatmap(lane: Lanes, show_text: bool | None = None, xaxis: str = "x", yaxis: str = "y") -> dict:
-    """The swim lane as one Heatmap trace (discrete colours: LANE_STATES order)."""
+def lane_heatmap(lane: Lanes, show_text: bool = False, xaxis: str = "x", yaxis: str = "y") -> dict:
+    """The swim lane as one Heatmap trace (discrete colours: LANE_STATES order).
+
+    ``show_text`` prints every cell's token count in the heatmap itself; Plotly lays out each
+    cell's text on every redraw (~15 ms per 300 cells in Chromium), so the live lane leaves it
+    off and numbers only the prefill cells with ``lane_numbers``.
+    """
     codes = [[LANE_STATES.index(s) for s in row] for row in lane.states]
-    show = len(lane.steps) <= MAX_TEXT_STEPS if show_text is None else show_text
+    show = show_text
     text = [[str(n) if n else "" for n in row] for row in lane.tokens]
     hover = [[f"{s}" + (f", {n} tokens" if n else "") for s, n in zip(srow, nrow)]
              for srow, nrow in zip(lane.states, lane.tokens)]
@@ -146,6 +157,21 @@ def lane_heatmap(lane: Lanes, show_text: bool | None = None, xaxis: str = "x", y
     if show:
         trace.update(text=text, texttemplate="%{text}", textfont=dict(size=10))
     return trace
+
+
+def lane_numbers(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> list[dict]:
+    """Token counts of the prefill cells as one text-only Scatter trace over the heatmap.
+
+    A decode always computes one token (its colour says so), so only prefill cells carry a
+    number; none once the lane is wider than MAX_TEXT_STEPS steps (cells too narrow to read).
+    """
+    if not lane.steps or len(lane.steps) > MAX_TEXT_STEPS:
+        return []
+    cells = [(step, plot_label(rid), n) for rid, srow, nrow in zip(lane.request_ids, lane.states, lane.tokens)
+             for step, s, n in zip(lane.steps, srow, nrow) if s == "prefill"]
+    return [dict(type="scatter", mode="text", x=[c[0] for c in cells], y=[c[1] for c in cells],
+                 text=[str(c[2]) for c in cells], textfont=dict(size=10, color="white"), name="prefill tokens",
+                 showlegend=False, hoverinfo="skip", xaxis=xaxis, yaxis=yaxis)]
 
 
 def state_legend(xaxis: str = "x", yaxis: str = "y") -> list[dict]:
@@ -169,11 +195,11 @@ def request_chips(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> list[dict]
 def lane_panel(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -> Panel:
     """Requests (rows, arrival order) x engine steps (columns), coloured by what each did."""
     lane = lanes(traces, _request_ids(snapshot))
-    data = ([lane_heatmap(lane)] if lane.steps else []) + request_chips(lane) + state_legend()
+    data = ([lane_heatmap(lane)] if lane.steps else []) + lane_numbers(lane) + request_chips(lane) + state_legend()
     return Panel(data, height=max(90, 22 * len(lane.request_ids)),
                  xaxis=dict(title=dict(text="engine step"), fixedrange=True),
                  yaxis=dict(autorange="reversed", fixedrange=True, type="category"),
-                 title="Swim lane: each request's state per step (number = tokens computed)")
+                 title="Swim lane: each request's state per step (number = prefill tokens computed; a decode is 1)")
 
 
 def queue_frame(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -> pd.DataFrame:

@@ -91,8 +91,10 @@ LANE_STATE_COLORS: dict[str, str] = {
     "finished": "#A6D96A",
 }
 
-# Chunk kinds in the token-budget bars (a bar's colour is its request; the pattern is its kind).
-CHUNK_PATTERNS: dict[str, str] = {"prefill": "", "decode": "x"}
+# Chunk kinds in the token-budget bars (a bar's colour is its request; its opacity is its kind:
+# solid prefill chunk, faded decode). Opacity, not a fill pattern: patterns cost the browser a
+# <pattern> per bar on every redraw.
+CHUNK_OPACITY: dict[str, float] = {"prefill": 1.0, "decode": 0.55}
 CHUNK_KIND_COLORS: dict[str, str] = {"prefill": LANE_STATE_COLORS["prefill"], "decode": LANE_STATE_COLORS["decode"]}
 
 # Scheduling policies side by side.

@@ -11,7 +11,7 @@ from visualizers import batching as vb
 from visualizers import comparison as vc
 
 INTRO = ("Each engine step computes one flattened batch of at most `max_num_batched_tokens` tokens. Top: which "
-         "requests filled it (colour = request, solid = prefill chunk, hatched = decode) and how many decodes and "
+         "requests filled it (colour = request, solid = prefill chunk, faded = decode) and how many decodes and "
          "prefill chunks it held; then every request's state in every step, and the queues.")
 TABS = ("Live batches", "Latency per request", "Static vs continuous")
 
