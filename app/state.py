@@ -274,10 +274,11 @@ def apply_queued_steps() -> None:
         return
     ss = st.session_state
     with current.lock:
-        pending = queued_presses() - ss.get(K.steps_applied, 0)
+        presses = queued_presses()
+        pending = presses - ss.get(K.steps_applied, 0)
         if pending <= 0:
             return
-        ss[K.steps_applied] = queued_presses()
+        ss[K.steps_applied] = presses
         step(pending)
 
 

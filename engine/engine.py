@@ -27,7 +27,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -100,6 +100,9 @@ class StepCheckpoint:
     pending: tuple[Request, ...]
     queues: tuple[tuple[Request, ...], tuple[Request, ...]]
     requests: tuple[tuple[Request, RequestCheckpoint], ...]
+    # Generator states, saved by ``_step`` just before sampling and only for the requests it
+    # samples (the only generators a step advances), not for every live request up front.
+    generators: list[tuple[torch.Generator, torch.Tensor]] = field(default_factory=list)
 
 
 class LLMEngine:
@@ -281,7 +284,7 @@ class LLMEngine:
         with self.lock:
             checkpoint = self._checkpoint()
             try:
-                trace = self._step()
+                trace = self._step(checkpoint)
             except BaseException:
                 self._rollback(checkpoint)
                 raise
@@ -299,12 +302,14 @@ class LLMEngine:
     def _rollback(self, cp: StepCheckpoint) -> None:
         for request, saved in cp.requests:
             request.restore(saved)
+        for generator, state in cp.generators:
+            generator.set_state(state)
         self.pending = list(cp.pending)
         self.scheduler.restore_queues(cp.queues)
         self.kv.rollback()
         self.step_count = cp.step_count
 
-    def _step(self) -> StepTrace:
+    def _step(self, cp: StepCheckpoint) -> StepTrace:
         t0 = time.perf_counter()
         arrived = self._admit_arrivals()
         output = self.scheduler.schedule()
@@ -317,6 +322,7 @@ class LLMEngine:
             logits = self.runner.execute(batch)
             t2 = time.perf_counter()
             to_sample = [self.requests[s.request_id] for s in output.scheduled if not s.is_prefill]
+            cp.generators.extend((r.generator, r.generator.get_state()) for r in to_sample if r.generator is not None)
             results = sample_rows(logits, [r.sampling_params for r in to_sample], [r.generator for r in to_sample])
             for r, result in zip(to_sample, results):
                 if isinstance(result, SamplingError):

@@ -164,7 +164,7 @@ def build_forward_batch(
             logits_indices.append(row + n - 1)
         if n == 1:
             decode_rows.append(row)
-            decode_contexts.append(list(slots[:seq_len]))
+            decode_contexts.append(slots[:seq_len])
         else:
             prefills.append(_prefill_kv(row, n, seq_len, slots))
     groups = group_decodes([len(c) for c in decode_contexts])

@@ -82,16 +82,6 @@ class Fields:
         need = f" (needed for {what})" if what else ""
         return self.fail(self.label(name), f"{MISSING_RULE}{need}", MISSING)
 
-    def raw(self, *names: str, default: Any = MISSING, what: str = "") -> Any:
-        """The raw value of the first present field; ``default`` when all are absent (an error
-        naming ``names[0]`` when there is no default)."""
-        _, value = self.find(names)
-        if value is not MISSING:
-            return value
-        if default is MISSING:
-            raise self.missing(names[0], what)
-        return default
-
     def check_int(self, label: str, value: Any, minimum: int, maximum: int) -> int:
         """``value`` must be a JSON integer (not a bool, not 4096.0) in [minimum, maximum]."""
         if isinstance(value, bool) or not isinstance(value, int):

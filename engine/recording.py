@@ -261,8 +261,15 @@ def check_trace(t: StepTrace, after: Snapshot) -> None:
              f"must be <= token_budget = {t.token_budget}, got {total}")
 
 
-def trace_path(i: int) -> str:
-    return f"steps[{i}].trace"
+def _step(actual: int, i: int, path: str) -> None:
+    _require(actual == i, f"{path}.step", f"must be {i} (steps are numbered from 0 without gaps), got {actual}")
+
+
+def _same_geometry(s: Snapshot, first: Snapshot, path: str, like: str) -> None:
+    """``s`` has ``first``'s block geometry (``like``: how the message names ``first``)."""
+    for name in ("block_size", "num_blocks", "kv_bytes_per_token"):
+        _require(getattr(s, name) == getattr(first, name), f"{path}.{name}",
+                 f"must be {getattr(first, name)} like {like}, got {getattr(s, name)}")
 
 
 def snapshot_path(i: int) -> str:
@@ -276,14 +283,12 @@ def check_history(traces: Sequence[StepTrace], snapshots: Sequence[Snapshot]) ->
     first = snapshots[0]
     for i, s in enumerate(snapshots):
         path = snapshot_path(i)
-        _require(s.step == i, f"{path}.step", f"must be {i} (steps are numbered from 0 without gaps), got {s.step}")
-        for name in ("block_size", "num_blocks", "kv_bytes_per_token"):
-            _require(getattr(s, name) == getattr(first, name), f"{path}.{name}",
-                     f"must be {getattr(first, name)} like the first snapshot's, got {getattr(s, name)}")
+        _step(s.step, i, path)
+        _same_geometry(s, first, path, "the first snapshot's")
         _within(path, check_snapshot, s)
     for i, t in enumerate(traces):
-        path = trace_path(i)
-        _require(t.step == i, f"{path}.step", f"must be {i} (steps are numbered from 0 without gaps), got {t.step}")
+        path = f"steps[{i}].trace"
+        _step(t.step, i, path)
         _within(path, check_trace, t, snapshots[i + 1])
 
 
@@ -316,13 +321,10 @@ def check_comparison(comparison: Mapping[str, PolicyRunEntry], first: Snapshot) 
         final = run.final
         _require(final.step == len(run.traces), f"{path}.final.step",
                  f"must be the number of traces ({len(run.traces)}), got {final.step}")
-        for name in ("block_size", "num_blocks", "kv_bytes_per_token"):
-            _require(getattr(final, name) == getattr(first, name), f"{path}.final.{name}",
-                     f"must be {getattr(first, name)} like the recording's snapshots, got {getattr(final, name)}")
+        _same_geometry(final, first, f"{path}.final", "the recording's snapshots")
         _within(f"{path}.final", check_snapshot, final)
         for i, t in enumerate(run.traces):
-            _require(t.step == i, f"{path}.traces[{i}].step",
-                     f"must be {i} (steps are numbered from 0 without gaps), got {t.step}")
+            _step(t.step, i, f"{path}.traces[{i}]")
             _within(f"{path}.traces[{i}]", check_trace, t, final)
 
 

@@ -53,7 +53,7 @@ class Request:
 
     def checkpoint(self) -> "RequestCheckpoint":
         """Every field a step may change (output tokens are only appended, so their count is
-        enough), and the generator's state, so a rolled-back step redraws the same numbers."""
+        enough). The generator's state is saved by the engine, only for the requests it samples."""
         return RequestCheckpoint(
             status=self.status, num_computed_tokens=self.num_computed_tokens,
             num_output_tokens=len(self.output_token_ids), spec_token_ids=list(self.spec_token_ids),
@@ -61,8 +61,7 @@ class Request:
             stop_reason=self.stop_reason, output_text=self.output_text, error=self.error,
             arrival_time=self.arrival_time, first_scheduled_step=self.first_scheduled_step,
             first_token_step=self.first_token_step, first_token_time=self.first_token_time,
-            finished_step=self.finished_step, finished_time=self.finished_time,
-            generator_state=None if self.generator is None else self.generator.get_state())
+            finished_step=self.finished_step, finished_time=self.finished_time)
 
     def restore(self, cp: "RequestCheckpoint") -> None:
         """Back to ``cp`` exactly (the inverse of ``checkpoint``)."""
@@ -72,8 +71,6 @@ class Request:
                      "output_text", "error", "arrival_time", "first_scheduled_step", "first_token_step",
                      "first_token_time", "finished_step", "finished_time"):
             setattr(self, name, getattr(cp, name))
-        if self.generator is not None and cp.generator_state is not None:
-            self.generator.set_state(cp.generator_state)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -120,4 +117,3 @@ class RequestCheckpoint:
     first_token_time: float | None
     finished_step: int | None
     finished_time: float | None
-    generator_state: torch.Tensor | None

@@ -57,9 +57,9 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
     own, so a failure (non-finite logits, or an exception in the sampler) stays in its row.
     """
     finite = torch.isfinite(logits).all(dim=-1).tolist()
-    results: list[int | SamplingError] = []
     if all(finite) and all(p.greedy for p in params):
-        return list(torch.argmax(logits, dim=-1).tolist())
+        return torch.argmax(logits, dim=-1).tolist()
+    results: list[int | SamplingError] = []
     for row, (p, g) in enumerate(zip(params, generators)):
         if not finite[row]:
             results.append(SamplingError(row, "the model produced non-finite logits (NaN or inf)"))

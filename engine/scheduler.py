@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.kv_cache import KVCacheManager
+from engine.kv_cache import KVCacheManager, cdiv
 from engine.request import Request, RequestStatus
 from engine.trace import ChunkKind
 
@@ -200,5 +200,5 @@ class Scheduler:
                 raise AssertionError(f"scheduler: {r.request_id} in waiting with status {r.status}")
             if r.num_computed_tokens != 0:
                 raise AssertionError(f"scheduler: waiting {r.request_id} has computed tokens")
-            if -(-r.num_tokens // self.kv.block_size) > self.kv.num_blocks:
+            if cdiv(r.num_tokens, self.kv.block_size) > self.kv.num_blocks:
                 raise AssertionError(f"scheduler: waiting {r.request_id} needs more blocks than the pool has")

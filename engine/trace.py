@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from engine.schema import Length, OneOf, Range, decode
+from engine.schema import Length, OneOf, Range
 
 # Field types with the range each value must lie in: they are the replay file's schema too
 # (engine.schema reads these annotations when a recording is loaded).
@@ -135,9 +135,10 @@ class Snapshot:
         return sum(1 for b in self.blocks if b.ref_count == 0)
 
 
-RECORD_TYPES: tuple[type, ...] = (ScheduledChunk, SampledToken, StepTrace, BlockState, RequestState,
-                                  RequestMetrics, Snapshot)
-TAGGED = frozenset(RECORD_TYPES)  # serialised with "_type": "<class name>"
+# serialised with "_type": "<class name>"; engine.schema.decode(tp, data, TAGGED) is the inverse
+# of to_dict (engine.recording loads with it)
+TAGGED: frozenset[type] = frozenset({ScheduledChunk, SampledToken, StepTrace, BlockState, RequestState,
+                                     RequestMetrics, Snapshot})
 
 
 def to_dict(record: Any) -> Any:
@@ -150,14 +151,3 @@ def to_dict(record: Any) -> Any:
     if isinstance(record, (tuple, list)):
         return [to_dict(x) for x in record]
     return record
-
-
-def from_dict(tp: Any, data: Any) -> Any:
-    """Inverse of ``to_dict`` for annotation ``tp`` (a record type, ``tuple[StepTrace, ...]``, ...).
-
-    Every field is checked against its annotation above (type and range; see engine.schema);
-    lists become tuples so records stay hashable and frozen. Bad data: a SchemaError (ValueError)
-    naming the path of the bad field. Cross-field rules (ids below num_blocks, ...) are the
-    loader's (engine.recording).
-    """
-    return decode(tp, data, TAGGED)

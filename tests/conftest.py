@@ -62,6 +62,22 @@ def torch_single_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="module")
+def recording_text() -> str:
+    """A real short tiny-random run as recording JSON (tests/fuzz/recordings.py), to break."""
+    from tests.fuzz.recordings import record_json
+
+    return record_json()
+
+
+@pytest.fixture(scope="module")
+def recording_data(recording_text: str) -> dict:
+    """``recording_text`` parsed: mutate it with ``tests.fuzz.recordings.set_path`` (which copies)."""
+    import json
+
+    return json.loads(recording_text)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """The fuzz suite's tallies (tests/fuzz/harness.py), when any fuzz case ran."""
     from tests.fuzz.harness import TALLY

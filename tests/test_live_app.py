@@ -13,12 +13,10 @@ directory) and ``st.plotly_chart`` otherwise; ``charts`` reads both.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app.state import K
@@ -37,24 +35,7 @@ TAB_KEY = "batching_tab"  # st.tabs key in app/app_pages/batching.py
 KNOB_WIDGETS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs")
 
 
-@pytest.fixture(autouse=True)
-def clear_streamlit_caches() -> Iterator[None]:
-    """Caches outlive an AppTest (ui.md 4.2); tiny-random reloads in milliseconds."""
-    st.cache_data.clear()
-    st.cache_resource.clear()
-    yield
-    st.cache_data.clear()
-    st.cache_resource.clear()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def restore_torch_threads() -> Iterator[None]:
-    """The app caps torch at one thread per process (app.state.configure_torch): undo it afterwards."""
-    import torch
-
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("streamlit_clean")  # tests/conftest.py
 
 
 # -- helpers ----------------------------------------------------------------------------------

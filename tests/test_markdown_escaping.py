@@ -236,23 +236,26 @@ def open_fit(**query: str) -> AppTest:
     return at
 
 
-def test_fit_page_escapes_a_pasted_configs_name() -> None:
+def paste_config(**changes: str) -> AppTest:
+    """The Fit page with mistral-7b's config, ``changes`` applied, pasted as a custom model."""
     cfg = json.loads((ROOT / "presets" / "models" / "mistral-7b.json").read_text())
     cfg.pop("_source", None)
-    cfg["_name_or_path"] = "![p](https://example.com/p.png) :red[boom] $x^2$"
+    cfg.update(changes)
     at = open_fit(model="custom")
     at.text_area(key="cfg_text").input(json.dumps(cfg)).run()
+    return at
+
+
+def test_fit_page_escapes_a_pasted_configs_name() -> None:
+    name = "![p](https://example.com/p.png) :red[boom] $x^2$"
+    at = paste_config(_name_or_path=name)
     assert not at.error, [e.value for e in at.error]
-    strings = assert_no_injection(at, shown=(cfg["_name_or_path"],))
+    strings = assert_no_injection(at, shown=(name,))
     assert strings and at.markdown[0].value.startswith("## :")
 
 
 def test_fit_page_escapes_a_config_value_quoted_in_a_note() -> None:
-    cfg = json.loads((ROOT / "presets" / "models" / "mistral-7b.json").read_text())
-    cfg.pop("_source", None)
-    cfg["model_type"] = "[x](javascript:alert(1))"
-    at = open_fit(model="custom")
-    at.text_area(key="cfg_text").input(json.dumps(cfg)).run()
+    at = paste_config(model_type="[x](javascript:alert(1))")
     assert_no_injection(at, shown=("[x](javascript:alert(1))",))
 
 

@@ -8,7 +8,6 @@ message, and the live run is untouched. A valid recording still loads to identic
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,16 +24,6 @@ from tests.fuzz.recordings import DELETE, dumps, record_json, set_path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "app" / "main.py"
-
-
-@pytest.fixture(scope="module")
-def text() -> str:
-    return record_json()
-
-
-@pytest.fixture(scope="module")
-def data(text: str) -> dict[str, Any]:
-    return json.loads(text)
 
 
 def rejected(text: str | bytes) -> str:
@@ -85,8 +74,8 @@ def test_status_names_are_the_engines() -> None:
     ("meta.config.block_size", 32, "meta.config.block_size: must match the snapshots' block_size = 16, got 32"),
     ("steps[0].trace.token_budget", DELETE, "steps[0].trace.token_budget: missing (a StepTrace needs it)"),
 ])
-def test_bad_field_is_one_value_error_naming_its_path(data: dict, path: str, value: Any, message: str) -> None:
-    assert rejected(dumps(set_path(data, path, value))) == f"recording: {message}"
+def test_bad_field_is_one_value_error_naming_its_path(recording_data: dict, path: str, value: Any, message: str) -> None:
+    assert rejected(dumps(set_path(recording_data, path, value))) == f"recording: {message}"
 
 
 def test_deep_nesting_is_a_value_error_not_a_recursion_error() -> None:
@@ -117,7 +106,7 @@ def test_not_a_recording(blob: bytes, words: str) -> None:
 
 
 @pytest.mark.usefixtures("streamlit_clean")
-def test_bad_upload_is_a_message_and_the_live_run_stays(data: dict) -> None:
+def test_bad_upload_is_a_message_and_the_live_run_stays(recording_data: dict) -> None:
     """A recording the views would crash on (block_size 0 divides by zero in the waste view)
     is an error message naming the field; the live run, its engine and its step stay."""
     import torch
@@ -129,7 +118,7 @@ def test_bad_upload_is_a_message_and_the_live_run_stays(data: dict) -> None:
     at.switch_page("app_pages/kv_cache.py").run()
     at.button(key="step").click().run()
     live = at.session_state[K.run]
-    bad = dumps(set_path(data, "initial.block_size", 0)).encode()
+    bad = dumps(set_path(recording_data, "initial.block_size", 0)).encode()
     at.file_uploader(key=K.upload).set_value(("bad.json", bad, "application/json"))
     at.run()
     torch.set_num_threads(threads)

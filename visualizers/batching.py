@@ -135,28 +135,22 @@ def counts_panel(traces: Sequence[StepTrace]) -> Panel:
                  title="Requests per step: decodes and prefill chunks")
 
 
-def lane_heatmap(lane: Lanes, show_text: bool = False, xaxis: str = "x", yaxis: str = "y") -> dict:
+def lane_heatmap(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> dict:
     """The swim lane as one Heatmap trace (discrete colours: LANE_STATES order).
 
-    ``show_text`` prints every cell's token count in the heatmap itself; Plotly lays out each
-    cell's text on every redraw (~15 ms per 300 cells in Chromium), so the live lane leaves it
-    off and numbers only the prefill cells with ``lane_numbers``.
+    No cell text: Plotly lays out each heatmap cell's text on every redraw (~15 ms per 300 cells
+    in Chromium), so the lane numbers only the prefill cells, with ``lane_numbers``.
     """
     codes = [[LANE_STATES.index(s) for s in row] for row in lane.states]
-    show = show_text
-    text = [[str(n) if n else "" for n in row] for row in lane.tokens]
     hover = [[f"{s}" + (f", {n} tokens" if n else "") for s, n in zip(srow, nrow)]
              for srow, nrow in zip(lane.states, lane.tokens)]
-    trace = dict(
+    return dict(
         type="heatmap", z=codes, x=list(lane.steps), y=[plot_label(r) for r in lane.request_ids],
         colorscale=discrete_colorscale([LANE_STATE_COLORS[s] for s in LANE_STATES]),
         zmin=-0.5, zmax=len(LANE_STATES) - 0.5, showscale=False, xgap=1, ygap=1,
         customdata=hover, hovertemplate="%{y}, step %{x}: %{customdata}<extra></extra>", name="swim lane",
         xaxis=xaxis, yaxis=yaxis,
     )
-    if show:
-        trace.update(text=text, texttemplate="%{text}", textfont=dict(size=10))
-    return trace
 
 
 def lane_numbers(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> list[dict]:

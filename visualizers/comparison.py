@@ -70,7 +70,7 @@ def lanes_side_by_side(runs: Mapping[str, PolicyRun], font_size: int = 12) -> go
         lane = lanes(runs[p].traces, [r.request_id for r in runs[p].final.requests])
         n_requests = max(n_requests, len(lane.request_ids))
         x, y = "x" + suffix, "y" + suffix
-        data.append(lane_heatmap(lane, show_text=False, xaxis=x, yaxis=y))
+        data.append(lane_heatmap(lane, xaxis=x, yaxis=y))
         data.extend(request_chips(lane, xaxis=x, yaxis=y))
         lo = i * (width + gap)
         layout_axes["xaxis" + suffix] = dict(domain=[lo, lo + width], anchor=y, title=dict(text="engine step"),

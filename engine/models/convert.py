@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from engine.hf_config import short
 from engine.models import cache
 from engine.models.cache import cache_root as cache_root  # re-exported: convert.cache_root()
 from engine.models.model_config import ModelConfig
@@ -116,9 +117,8 @@ def _meta_float(reader: Any, source: str, key: str, default: float) -> float:
     return number
 
 
-def _short_repr(value: object, limit: int = 60) -> str:
-    text = "unreadable" if value is _UNREADABLE else repr(value)
-    return text if len(text) <= limit else text[:limit] + "…"
+def _short_repr(value: object) -> str:
+    return "unreadable" if value is _UNREADABLE else short(value)
 
 
 def _token_count(reader: Any, source: str) -> int:
@@ -211,7 +211,7 @@ def read_gguf(gguf_path: Path) -> Any:
 
 def _tensor_shape(t: Any) -> tuple[int, ...]:
     """A GGUF tensor's shape in PyTorch order (GGUF lists dimensions innermost first)."""
-    return tuple(int(x) for x in reversed([int(d) for d in t.shape]))
+    return tuple(int(d) for d in reversed(t.shape))
 
 
 def _hf_shapes(reader: Any, source: str) -> dict[str, tuple[int, ...]]:

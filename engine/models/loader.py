@@ -95,8 +95,9 @@ def read_config(folder: Path) -> ModelConfig:
     if not path.is_file():
         raise ValueError(f"model: {_short(str(folder))} has no config.json")
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ValueError(f"model: {path}: {path.stat().st_size:,} bytes, more than a config "
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"model: {path}: {size:,} bytes, more than a config "
                              f"can be ({MAX_CONFIG_BYTES:,})")
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:

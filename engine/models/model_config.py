@@ -24,7 +24,6 @@ from engine.hf_config import MISSING, Fields, got
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
-MAX_DIM = 2**31 - 1  # any single size; the memory rule below is the real bound
 
 
 def _fail(source: str, key: str, rule: str, value: object = MISSING) -> ValueError:
@@ -34,8 +33,9 @@ def _fail(source: str, key: str, rule: str, value: object = MISSING) -> ValueErr
 
 def _fields(d: dict[str, Any], source: str) -> Fields:
     """The shared readers (engine/hf_config.py) over ``d`` with the engine's error: null is
-    refused unless a call says it reads as absent, and 0 / 1 are not booleans."""
-    return Fields(d, partial(_fail, source), max_for=lambda _name: MAX_DIM, null_is_absent=False)
+    refused unless a call says it reads as absent, and 0 / 1 are not booleans. Sizes are bounded
+    only by hf_config's default (2**31 - 1); the memory rule below is the real bound."""
+    return Fields(d, partial(_fail, source), null_is_absent=False)
 
 
 def _architecture(f: Fields) -> str:

@@ -151,8 +151,8 @@ def _read_file(path: Path, names: Sequence[str], check_finite: bool) -> dict[str
                 out[name] = f.get_tensor(name).float()
     except Exception as e:  # noqa: BLE001 - the safetensors library raises its own error types
         raise _bad(path, f"cannot be read ({type(e).__name__}: {str(e)[:120]})") from None
-    for name, t in out.items():
-        if check_finite:
+    if check_finite:
+        for name, t in out.items():
             require_finite(t, name, str(path))
     return out
 

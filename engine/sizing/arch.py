@@ -28,6 +28,7 @@ from typing import Any
 
 from ..hf_config import MISSING, MISSING_RULE, Fields, config_dtype, got
 from .formats import SizingError
+from .units import tokens as _n  # a count with thousands separators
 
 
 # --------------------------------------------------------------------------------------
@@ -272,10 +273,6 @@ def _side(cfg: dict[str, Any], name: str, default: int, where: str = "") -> int:
     if value is None:
         return default
     return fields.check_int(label, value, 1, MAX_DIM)
-
-
-def _n(x: int) -> str:
-    return f"{x:,}"
 
 
 def checkpoint_dtype(cfg: dict[str, Any], default: str = "bf16") -> str:

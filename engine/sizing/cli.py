@@ -20,7 +20,7 @@ from .budget import (ASCEND_BLOCK_SIZES, FRAMEWORK_LABELS, MAX_BATCHED_TOKENS, S
 from .estimate import Estimate, estimate
 from .formats import KV_DTYPES, WEIGHT_FORMATS, SizingError
 from .hardware import get_hardware, hardware_info, hardware_presets
-from .models import get_model, model_preset_config, model_presets
+from .models import MAX_NAME_CHARS, get_model, model_preset_config, model_presets
 from .plan import Settings, Workload
 from .units import GiB, gib, rate
 from .workload import MAX_BATCH, MAX_CONTEXT
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 MESSAGE_LIMIT = 400
-NAME_LIMIT = 4096  # PATH_MAX on Linux: no preset name or path is longer
+NAME_LIMIT = MAX_NAME_CHARS  # PATH_MAX on Linux: no preset name or path is longer
 
 
 def _check_name_lengths(model: str, hardware: str) -> None:

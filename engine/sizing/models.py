@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .arch import Checkpoint, ModelSpec, model_from_config
 from .formats import FLOAT_SAFETENSORS, SAFETENSORS_DTYPE_BYTES, SizingError
-from .hardware import PRESETS_DIR
+from .hardware import PRESETS_DIR, _norm
 
 MAX_HEADER = 100 * 1024 * 1024
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # real config.json files are under 1 MB
@@ -38,10 +38,6 @@ def model_presets() -> list[str]:
 
 def model_preset_config(key: str) -> dict[str, Any]:
     return _preset_dict(key)
-
-
-def _norm(name: str) -> str:
-    return "".join(c for c in str(name).lower() if c.isalnum())
 
 
 def _load_json(text: str) -> object:

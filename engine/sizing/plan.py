@@ -29,7 +29,7 @@ from .budget import (FRAMEWORK_LABELS, Budget, ascend_mask_bytes, nccl_bytes, re
 from .checks import Remarks
 from .formats import KVDtype, WeightFormat
 from .hardware import Hardware
-from .parallel import MAX_DEVICES, Parallel, resolve_parallel, stage_sizes, tp_problem, tp_valid
+from .parallel import MAX_DEVICES, Parallel, resolve_parallel, stage_sizes, tp_valid
 from .precision import Precision, WeightGroups, resolve_precision
 from .units import ceil_exact, fmt_bytes, gib, rate, round_up, search_max
 from .workload import MAX_BATCH, MAX_CONTEXT, ResolvedWorkload, Workload, resolve_workload
@@ -266,9 +266,6 @@ class Plan:
 
     def tp_valid(self, tp: int) -> bool:
         return tp_valid(self.model, tp)
-
-    def tp_problem(self, tp: int) -> str:
-        return tp_problem(self.model, tp)
 
     def stage_sizes(self, pp: int) -> list[int]:
         return stage_sizes(self.model.num_layers, pp)

@@ -8,7 +8,6 @@ must load.
 """
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ import pytest
 
 from engine.recording import MAX_BYTES, MAX_DEPTH, from_json, to_json
 from tests.fuzz.harness import expect_accepted, expect_rejected
-from tests.fuzz.recordings import DELETE, dumps, get_path, record_json, set_path
+from tests.fuzz.recordings import DELETE, dumps, get_path, set_path
 
 SNAP = "steps[0].snapshot"
 TRACE = "steps[1].trace"
@@ -207,16 +206,6 @@ def _file_cases() -> list[Case]:
 CASES = _field_cases() + _rule_cases() + _file_cases()
 
 
-@pytest.fixture(scope="module")
-def valid_text() -> str:
-    return record_json()
-
-
-@pytest.fixture(scope="module")
-def valid_data(valid_text: str) -> dict[str, Any]:
-    return json.loads(valid_text)
-
-
 def mutated(case: Case, text: str, data: dict[str, Any]) -> str | bytes:
     if case.text is not None:
         return case.text(text)
@@ -229,8 +218,8 @@ def test_enough_cases() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_recording_is_rejected_naming_the_field(case: Case, valid_text: str, valid_data: dict[str, Any]) -> None:
-    blob = mutated(case, valid_text, valid_data)
+def test_bad_recording_is_rejected_naming_the_field(case: Case, recording_text: str, recording_data: dict[str, Any]) -> None:
+    blob = mutated(case, recording_text, recording_data)
     error = expect_rejected(lambda: from_json(blob), match=case.expected(), seconds=20)
     message = str(error)
     assert message.startswith("recording: ") and "\n" not in message and len(message) < 400, message
@@ -238,9 +227,9 @@ def test_bad_recording_is_rejected_naming_the_field(case: Case, valid_text: str,
 
 # -- documented acceptances ------------------------------------------------------------------------
 
-def test_valid_recording_loads_identically(valid_text: str) -> None:
-    loaded = expect_accepted(lambda: from_json(valid_text))
-    assert to_json(loaded) == valid_text
+def test_valid_recording_loads_identically(recording_text: str) -> None:
+    loaded = expect_accepted(lambda: from_json(recording_text))
+    assert to_json(loaded) == recording_text
 
 
 @pytest.mark.parametrize("path, value", [
@@ -252,6 +241,6 @@ def test_valid_recording_loads_identically(valid_text: str) -> None:
     (f"{METRICS}.ttft_ms", None),  # optional metrics may be null
     ("meta.title", "![p](https://example.com/p.png)"),  # any text is data; the pages escape it
 ])
-def test_documented_acceptances(valid_data: dict[str, Any], path: str, value: Any) -> None:
-    loaded = expect_accepted(lambda: from_json(dumps(set_path(valid_data, path, value))))
+def test_documented_acceptances(recording_data: dict[str, Any], path: str, value: Any) -> None:
+    loaded = expect_accepted(lambda: from_json(dumps(set_path(recording_data, path, value))))
     assert len(loaded.traces) == 4
