@@ -40,6 +40,63 @@ class SampledToken:
 
 
 @dataclass(frozen=True)
+class PrefixNode:
+    """One radix-tree node: a block-aligned token segment and the physical blocks holding its KV.
+
+    The root (``parent_id`` None) holds no tokens. ``len(token_ids) == len(block_ids) * block_size``.
+    """
+
+    node_id: Count
+    parent_id: Count | None
+    token_ids: tuple[TokenId, ...]
+    block_ids: tuple[BlockId, ...]
+    lock_count: Count  # sequences whose cached prefix runs through this node (0 = evictable)
+    last_access: Count  # the cache's logical clock at the last match or insert through it
+    hit_count: Count  # admissions that reused this node's blocks
+    text: str  # the decoded token_ids
+
+
+@dataclass(frozen=True)
+class PrefixLookup:
+    """One admission's prefix-cache lookup: what it needed and what the cache already held."""
+
+    request_id: RequestId
+    num_tokens: Positive  # tokens the request needs computed (prompt, or prompt + outputs on a resume)
+    num_cached_tokens: Count  # of those, served from cached blocks (whole blocks, never the last token)
+    node_ids: tuple[Count, ...]  # the matched path, the root's child first
+
+
+@dataclass(frozen=True)
+class BlockCopy:
+    """Copy-on-write: ``request_id`` was about to write into a shared partial block, so its KV
+    was copied into a fresh block first (a real copy of the KV tensors, every layer)."""
+
+    request_id: RequestId
+    src_block: BlockId
+    dst_block: BlockId
+
+
+@dataclass(frozen=True)
+class PrefixCacheEvents:
+    """What the prefix cache did in one step (all empty with caching off)."""
+
+    lookups: tuple[PrefixLookup, ...] = ()
+    inserted: tuple[Count, ...] = ()  # node ids created to hold newly full blocks
+    split: tuple[Count, ...] = ()  # node ids created by splitting a node (the new head part)
+    evicted: tuple[PrefixNode, ...] = ()  # nodes evicted (LRU), as they were just before
+    copies: tuple[BlockCopy, ...] = ()
+    forked: tuple[RequestId, ...] = ()  # parallel-sampling sequences created this step
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return sum(h.num_cached_tokens for h in self.lookups)
+
+    @property
+    def num_lookup_tokens(self) -> int:
+        return sum(h.num_tokens for h in self.lookups)
+
+
+@dataclass(frozen=True)
 class StepTrace:
     """What one engine step scheduled, computed, allocated, freed, preempted and finished."""
 
@@ -60,6 +117,9 @@ class StepTrace:
     schedule_ms: Millis
     forward_ms: Millis
     sample_ms: Millis
+    prefix: PrefixCacheEvents = PrefixCacheEvents()
+    num_cached_blocks: Count = 0  # blocks held by the prefix cache (locked or evictable)
+    num_evictable_blocks: Count = 0  # cached blocks no running request uses (evicted first)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -82,6 +142,7 @@ class BlockState:
     num_tokens: Count  # filled slots (0 .. block_size)
     token_ids: tuple[TokenId, ...]
     text: str
+    cached: bool = False  # held by a prefix-cache node (ref_count 0 + cached = evictable)
 
 
 @dataclass(frozen=True)
@@ -98,6 +159,8 @@ class RequestState:
     prompt: str
     output_text: str
     finish_reason: FinishReason | None
+    num_cached_tokens: Count = 0  # prompt tokens served from the prefix cache at first admission
+    parent_id: RequestId | None = None  # parallel sampling: the request this sequence belongs to
 
 
 @dataclass(frozen=True)
@@ -114,6 +177,7 @@ class RequestMetrics:
     tpot_ms: Millis | None  # mean time per output token after the first
     e2e_ms: Millis | None
     num_preemptions: Count
+    num_cached_tokens: Count = 0  # vLLM's name: prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -129,16 +193,24 @@ class Snapshot:
     waiting: tuple[RequestId, ...]
     running: tuple[RequestId, ...]
     metrics: tuple[RequestMetrics, ...]
+    prefix_tree: tuple[PrefixNode, ...] = ()  # parents before children; () with caching off
 
     @property
     def num_free_blocks(self) -> int:
-        return sum(1 for b in self.blocks if b.ref_count == 0)
+        """Blocks in the free queue: unused and holding nothing cached."""
+        return sum(1 for b in self.blocks if b.ref_count == 0 and not b.cached)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Cached blocks no sequence uses: the cache gives them up (LRU) before anyone is preempted."""
+        return sum(1 for b in self.blocks if b.ref_count == 0 and b.cached)
 
 
 # serialised with "_type": "<class name>"; engine.schema.decode(tp, data, TAGGED) is the inverse
 # of to_dict (engine.recording loads with it)
 TAGGED: frozenset[type] = frozenset({ScheduledChunk, SampledToken, StepTrace, BlockState, RequestState,
-                                     RequestMetrics, Snapshot})
+                                     RequestMetrics, Snapshot, PrefixNode, PrefixLookup, BlockCopy,
+                                     PrefixCacheEvents})
 
 
 def to_dict(record: Any) -> Any:
