@@ -125,14 +125,17 @@ def status(view: RunView, style: Style) -> None:
         if view.done:
             st.badge("all requests finished", icon=":material/check:", color="blue")
     statuses = [r.status for r in snap.requests]
-    cols = st.columns(6)
+    cols = st.columns(7)
     cols[0].metric("Steps done", view.step)
     cols[1].metric("Running", statuses.count("running"))
     cols[2].metric("Waiting", statuses.count("waiting") + statuses.count("preempted"),
                    help="Arrived and queued (including preempted requests); not-yet-arrived ones are not counted.")
     cols[3].metric("Finished", f"{statuses.count('finished')} / {len(statuses)}")
     cols[4].metric("Free blocks", f"{snap.num_free_blocks} / {snap.num_blocks}")
-    cols[5].metric("Last step (engine)", f"{last.total_ms:.1f} ms" if last else "—",
+    cols[5].metric("Cached blocks", f"{sum(1 for b in snap.blocks if b.cached)}",
+                   help="Blocks the prefix cache holds; of them, those no running request uses "
+                        f"({snap.num_evictable_blocks} now) are evicted (LRU) before anyone is preempted.")
+    cols[6].metric("Last step (engine)", f"{last.total_ms:.1f} ms" if last else "—",
                    help="Schedule + forward + sample time of the last engine step, as the engine measured it.")
     if state.notice() and view.is_replay and style.explain:
         st.caption(escape_markdown(state.notice()))

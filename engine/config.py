@@ -24,6 +24,7 @@ MAX_NUM_BATCHED_TOKENS = 1 << 20  # 1,048,576 tokens in one step
 MAX_NUM_SEQS = 1 << 14  # 16,384 running requests
 MAX_MODEL_LEN = 1 << 24  # 16,777,216 positions; the model's own limit usually binds first
 MAX_TOKENS = 1 << 24  # SamplingParams.max_tokens; the context limit usually binds first
+MAX_N = 64  # SamplingParams.n: parallel sequences of one request (each also counts in max_num_seqs)
 MAX_SEED = 2 ** 63 - 1  # seeds are 0 .. 2**63 - 1 (a torch.Generator seed, as vLLM)
 # vLLM's _SAMPLING_EPS: a temperature below it samples greedily (logits / t would overflow).
 SAMPLING_EPS = 1e-5
@@ -77,6 +78,8 @@ class EngineConfig:
     max_model_len           context limit; None = the model's own limit
     dtype / kv_cache_dtype  weights and KV tensors; kv defaults to the weights' dtype
     seed                    seeds requests that carry no seed of their own
+    enable_prefix_caching   share the KV of common prompt prefixes through a radix tree (on by
+                            default, as in vLLM)
     """
 
     block_size: int = 16
@@ -89,6 +92,7 @@ class EngineConfig:
     dtype: str = "float32"
     kv_cache_dtype: str | None = None
     seed: int = 0
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         """Every knob an int in its range (hard caps above); memory is checked by the engine."""
@@ -102,6 +106,8 @@ class EngineConfig:
             raise ValueError(f"policy: must be 'continuous' or 'static', got {_short(self.policy)}")
         if not isinstance(self.enable_chunked_prefill, bool):
             raise ValueError("enable_chunked_prefill: must be True or False")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError("enable_prefix_caching: must be True or False")
         if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {DTYPES}, got {_short(self.dtype)}")
         if self.kv_cache_dtype is not None and (not isinstance(self.kv_cache_dtype, str)
@@ -126,6 +132,9 @@ class SamplingParams:
     seed         None (derived from the engine's seed) or an int in 0 .. 2**63 - 1
     stop         None or () = no stop strings, a string, or a list/tuple of non-empty strings
     ignore_eos   a bool
+    n            parallel sequences sampled from one prompt, 1 .. MAX_N (vLLM's meaning): the
+                 prompt is prefilled once and its blocks shared; sequence i draws from a
+                 generator seeded with seed + i
 
     With a seed, a request's random draws come from its own generator, so a run replays
     identically.
@@ -138,6 +147,7 @@ class SamplingParams:
     seed: int | None = None
     stop: Sequence[str] | None = field(default_factory=tuple)  # stored as tuple[str, ...]
     ignore_eos: bool = False
+    n: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _stop_strings(self.stop))
@@ -151,6 +161,7 @@ class SamplingParams:
             _require_int("seed", self.seed, 0, MAX_SEED)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: must be True or False, got {_short(self.ignore_eos)}")
+        _require_int("n", self.n, 1, MAX_N)
 
     @property
     def greedy(self) -> bool:

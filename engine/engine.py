@@ -6,8 +6,9 @@
         trace = engine.step()        # StepTrace: what this step did
     engine.snapshot()                # Snapshot: block pool, tables, queues, metrics
 
-One step = arrivals -> schedule -> one flattened forward -> sample -> update (append tokens,
-stop checks, free finished requests' blocks) -> StepTrace. ``step`` holds the engine's lock,
+One step = arrivals -> schedule -> one flattened forward -> sample -> postprocess (the
+scheduler caches full blocks, appends tokens, checks stop rules, frees finished requests'
+blocks) -> StepTrace. ``step`` holds the engine's lock,
 so concurrent callers (e.g. overlapping Streamlit reruns) never interleave half-steps.
 
 A step is all or nothing (``LLMEngine.step``): it completes, or it is rolled back to exactly
@@ -43,8 +44,9 @@ from engine.models.loader import check_model_name, load_model
 from engine.request import Request, RequestCheckpoint, RequestStatus
 from engine.sampling import SamplingError, sample_rows
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.trace import (BlockState, RequestMetrics, RequestState, SampledToken, ScheduledChunk,
-                          Snapshot, StepTrace)
+from engine.prefix_cache import RadixNode
+from engine.trace import (BlockState, PrefixCacheEvents, PrefixNode, RequestMetrics, RequestState, SampledToken,
+                          ScheduledChunk, Snapshot, StepTrace)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class StepCheckpoint:
     pending: tuple[Request, ...]
     queues: tuple[tuple[Request, ...], tuple[Request, ...]]
     requests: tuple[tuple[Request, RequestCheckpoint], ...]
+    # Parallel-sampling sequences forked during the step (removed again on rollback).
+    forked: list[Request] = field(default_factory=list)
     # Generator states, saved by ``_step`` just before sampling and only for the requests it
     # samples (the only generators a step advances), not for every live request up front.
     generators: list[tuple[torch.Generator, torch.Tensor]] = field(default_factory=list)
@@ -130,14 +134,15 @@ class LLMEngine:
         self.memory_need = estimate_memory(self.config, mc, self.max_model_len,
                                            kv_cache_bytes_per_token(mc, kv_dtype))
         limits.check_memory(self.config, self.memory_need, limits.available_memory_bytes())
-        self.kv = KVCacheManager(self.config.num_blocks, self.config.block_size)
-        self.scheduler = Scheduler(self.config, self.kv, self.max_model_len)
-        self.runner = ModelRunner(self.shared.model, self.config.num_blocks, self.config.block_size, kv_dtype)
+        self.kv = KVCacheManager(self.config.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
+        self.scheduler = Scheduler(self.config, self.kv, self.max_model_len, self.eos_token_ids, self._decode)
+        self.runner = ModelRunner(self.shared.model, self.config.num_blocks, self.config.block_size, kv_dtype)
         self.requests: dict[str, Request] = {}
+        self.reserved_ids: set[str] = set()  # ids of parallel-sampling sequences not forked yet
         self.pending: list[Request] = []  # added, arrival step not reached
         self.step_count = 0
         self.trace_seconds = 0.0  # time spent building StepTraces (for the benchmark)
@@ -164,6 +169,8 @@ class LLMEngine:
                  arrival_step: int | None = None) -> tuple[list[int], str | None, SamplingParams]:
         """Every check that needs no engine state: (token ids, prompt text, sampling params)."""
         params = _check_params(sampling_params)
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n: {params.n} parallel sequences exceed max_num_seqs={self.config.max_num_seqs}")
         token_ids, text = self._tokenize(prompt)
         self._validate_request(token_ids, arrival_step)
         return token_ids, text, params
@@ -173,12 +180,18 @@ class LLMEngine:
         """Queue a prepared request (the request id is checked here, under the lock)."""
         with self.lock:
             rid = self._new_request_id(request_id)
+            children = [f"{rid}#{i}" for i in range(1, params.n)]
+            taken = [c for c in children if c in self.requests or c in self.reserved_ids]
+            if taken:
+                raise ValueError(f"request_id: {rid!r} with n={params.n} needs the id {taken[0]!r} for a "
+                                 f"sequence, and it is already in use")
             arrival = self.step_count if arrival_step is None else arrival_step
             seed = params.seed if params.seed is not None else \
                 (self.config.seed * 1_000_003 + len(self.requests)) % (MAX_SEED + 1)
-            request = Request(rid, text, token_ids, params, arrival_step=arrival,
+            request = Request(rid, text, token_ids, params, arrival_step=arrival, seed=seed,
                               generator=None if params.greedy else torch.Generator().manual_seed(seed))
             self.requests[rid] = request
+            self.reserved_ids.update(children)
             self.pending.append(request)
             self.pending.sort(key=lambda r: r.arrival_step)  # stable: FCFS within a step
         return rid
@@ -243,7 +256,7 @@ class LLMEngine:
                 request_id = str(next(self._ids))
         elif not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id: must be a non-empty string")
-        elif request_id in self.requests:
+        elif request_id in self.requests or request_id in self.reserved_ids:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         return request_id
 
@@ -256,15 +269,23 @@ class LLMEngine:
         return request
 
     def abort_request(self, request_id: str) -> None:
+        """Finish a request (and, for parallel sampling, all its sequences) with "abort"."""
         with self.lock:
-            request = self._lookup(request_id)
-            if request.is_finished:
-                return
-            if request in self.pending:
-                self.pending.remove(request)
-            else:
-                self.scheduler.remove(request)
-            self._finish(request, "abort")
+            for request in self._sequences(self._lookup(request_id)):
+                if request.is_finished:
+                    continue
+                if request in self.pending:
+                    self.pending.remove(request)
+                    request.status = RequestStatus.WAITING  # so finish() finds it in no queue
+                self.scheduler.finish(request, "abort", self.step_count)
+
+    def _sequences(self, request: Request) -> list[Request]:
+        """A request and its parallel-sampling sequences (only those forked so far)."""
+        if request.parent_id is not None or request.sampling_params.n == 1:
+            return [request]
+        rid = request.request_id
+        return [request, *(self.requests[c] for i in range(1, request.sampling_params.n)
+                           if (c := f"{rid}#{i}") in self.requests)]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.pending) or self.scheduler.has_work()
@@ -302,6 +323,9 @@ class LLMEngine:
     def _rollback(self, cp: StepCheckpoint) -> None:
         for request, saved in cp.requests:
             request.restore(saved)
+        for child in cp.forked:
+            del self.requests[child.request_id]
+            self.reserved_ids.add(child.request_id)
         for generator, state in cp.generators:
             generator.set_state(state)
         self.pending = list(cp.pending)
@@ -314,39 +338,50 @@ class LLMEngine:
         arrived = self._admit_arrivals()
         output = self.scheduler.schedule()
         t1 = time.perf_counter()
-        tokens: list[int] = []
-        sampled_requests: list[Request] = []
+        sampled: list[tuple[Request, int]] = []
         failed: list[tuple[Request, str]] = []
         if not output.is_empty:
-            batch = self.runner.prepare(output, self.requests, self.kv)
-            logits = self.runner.execute(batch)
+            logits = self.runner.execute(self.runner.prepare(output, self.requests, self.kv))
             t2 = time.perf_counter()
-            to_sample = [self.requests[s.request_id] for s in output.scheduled if not s.is_prefill]
+            to_sample, rows = self._sampling_targets(output, cp)
             cp.generators.extend((r.generator, r.generator.get_state()) for r in to_sample if r.generator is not None)
-            results = sample_rows(logits, [r.sampling_params for r in to_sample], [r.generator for r in to_sample])
+            results = sample_rows(logits[rows], [r.sampling_params for r in to_sample],
+                                  [r.generator for r in to_sample])
             for r, result in zip(to_sample, results):
                 if isinstance(result, SamplingError):
                     failed.append((r, str(result)))
                 else:
-                    sampled_requests.append(r)
-                    tokens.append(result)
+                    sampled.append((r, result))
         else:
             t2 = t1
-        finished = self._update(sampled_requests, tokens, output) + self._fail(failed)
+        finished = self.scheduler.postprocess(output, self.requests, sampled, failed, self.step_count)
         t3 = time.perf_counter()
-        trace = self._build_trace(output, arrived, finished, sampled_requests, tokens,
+        trace = self._build_trace(output, arrived, finished, sampled, cp.forked,
                                   (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
         self.trace_seconds += time.perf_counter() - t3
         self.step_count += 1
         return trace
 
-    def _fail(self, failed: list[tuple[Request, str]]) -> tuple[str, ...]:
-        """Finish requests whose sampling failed with finish_reason="error" and free their blocks."""
-        for r, reason in failed:
-            self.scheduler.remove(r)
-            r.error = reason
-            self._finish(r, "error")
-        return tuple(r.request_id for r, _ in failed)
+    def _sampling_targets(self, output: SchedulerOutput, cp: StepCheckpoint) -> tuple[list[Request], torch.Tensor]:
+        """The sequences that sample this step and the logits row each samples from. A
+        parallel-sampling request at its first sample forks here, and its new sequences sample
+        from its row."""
+        to_sample: list[Request] = []
+        rows: list[int] = []
+        for s in (s for s in output.scheduled if not s.is_prefill):
+            r = self.requests[s.request_id]
+            row = len(set(rows))
+            group = [r]
+            if r.needs_fork:
+                children = self.scheduler.fork(r)
+                for child in children:
+                    self.requests[child.request_id] = child
+                    self.reserved_ids.discard(child.request_id)
+                cp.forked.extend(children)
+                group += children
+            to_sample += group
+            rows += [row] * len(group)
+        return to_sample, torch.tensor(rows, dtype=torch.long)
 
     def made_no_progress(self, trace: StepTrace) -> bool:
         """True when a step scheduled and preempted nothing although requests were waiting or
@@ -364,57 +399,15 @@ class LLMEngine:
             arrived.append(request.request_id)
         return tuple(arrived)
 
-    def _update(self, sampled_requests: list[Request], tokens: list[int],
-                output: SchedulerOutput) -> tuple[str, ...]:
-        """Append sampled tokens, apply stop rules, free finished requests' blocks."""
-        now = time.perf_counter()
-        for s in output.scheduled:
-            r = self.requests[s.request_id]
-            if r.first_scheduled_step is None:
-                r.first_scheduled_step = self.step_count
-        finished = []
-        for r, token in zip(sampled_requests, tokens):
-            r.output_token_ids.append(token)
-            if r.first_token_step is None:
-                r.first_token_step, r.first_token_time = self.step_count, now
-            reason, stop = self._check_stop(r, token)
-            if reason:
-                r.stop_reason = stop
-                self.scheduler.remove(r)
-                self._finish(r, reason)
-                finished.append(r.request_id)
-        return tuple(finished)
-
-    def _check_stop(self, r: Request, token: int) -> tuple[str | None, str | None]:
-        p = r.sampling_params
-        if not p.ignore_eos and token in self.eos_token_ids:
-            return "stop", None
-        if p.stop:
-            text = self._decode(r.output_token_ids)
-            for s in p.stop:
-                if s in text:
-                    r.output_text = text[: text.index(s)]
-                    return "stop", s
-        if len(r.output_token_ids) >= p.max_tokens or r.num_tokens >= self.max_model_len:
-            return "length", None
-        return None, None
-
-    def _finish(self, r: Request, reason: str) -> None:
-        r.status = RequestStatus.FINISHED
-        r.finish_reason = reason
-        r.finished_step, r.finished_time = self.step_count, time.perf_counter()
-        r.num_computed_tokens = min(r.num_computed_tokens, r.num_tokens)
-        if r.stop_reason is None:
-            r.output_text = self._decode(r.output_token_ids)
-
     def _decode(self, token_ids: Iterable[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     # -- records --------------------------------------------------------------------------
     def _build_trace(self, output: SchedulerOutput, arrived: tuple[str, ...], finished: tuple[str, ...],
-                     sampled_requests: list[Request], tokens: list[int],
+                     sampled: list[tuple[Request, int]], forked: list[Request],
                      schedule_ms: float, forward_ms: float, sample_ms: float) -> StepTrace:
-        allocated, freed = self.kv.drain_events()
+        allocated, freed, events = self.kv.drain_events()
+        tokens = [t for _, t in sampled]
         pieces = self.tokenizer.convert_ids_to_tokens(tokens) if tokens else []
         return StepTrace(
             step=self.step_count,
@@ -424,17 +417,28 @@ class LLMEngine:
             arrived=arrived,
             preempted=output.preempted,
             finished=finished,
-            sampled=tuple(SampledToken(r.request_id, t, p) for r, t, p in zip(sampled_requests, tokens, pieces)),
+            sampled=tuple(SampledToken(r.request_id, t, p) for (r, t), p in zip(sampled, pieces)),
             blocks_allocated=allocated,
             blocks_freed=freed,
             num_free_blocks=self.kv.num_free_blocks,
-            num_used_blocks=self.config.num_blocks - self.kv.num_free_blocks,
+            num_used_blocks=self.kv.pool.num_used,
             num_waiting=len(self.scheduler.waiting) + len(self.pending),
             num_running=len(self.scheduler.running),
             schedule_ms=schedule_ms,
             forward_ms=forward_ms,
             sample_ms=sample_ms,
+            prefix=PrefixCacheEvents(
+                lookups=output.lookups, inserted=tuple(events.inserted), split=tuple(events.split),
+                evicted=tuple(self._prefix_node(n) for n in events.evicted), copies=output.copies,
+                forked=tuple(r.request_id for r in forked)),
+            num_cached_blocks=sum(1 for b in self.kv.pool.blocks if b.cached),
+            num_evictable_blocks=self.kv.pool.num_evictable,
         )
+
+    def _prefix_node(self, node: RadixNode) -> PrefixNode:
+        return PrefixNode(node.node_id, None if node.parent is None else node.parent.node_id, tuple(node.key),
+                          tuple(node.block_ids), node.lock_count, node.last_access, node.hit_count,
+                          self._decode(node.key) if node.key else "")
 
     def metrics(self, r: Request) -> RequestMetrics:
         ttft_ms = tpot_ms = e2e_ms = None
@@ -449,7 +453,8 @@ class LLMEngine:
             first_token_step=r.first_token_step, finished_step=r.finished_step,
             num_output_tokens=len(r.output_token_ids),
             ttft_steps=None if r.first_token_step is None else r.first_token_step - r.arrival_step + 1,
-            ttft_ms=ttft_ms, tpot_ms=tpot_ms, e2e_ms=e2e_ms, num_preemptions=r.num_preemptions)
+            ttft_ms=ttft_ms, tpot_ms=tpot_ms, e2e_ms=e2e_ms, num_preemptions=r.num_preemptions,
+            num_cached_tokens=r.num_cached_tokens or 0)
 
     def snapshot(self) -> Snapshot:
         """An immutable copy of the engine's state, taken under the lock."""
@@ -459,17 +464,19 @@ class LLMEngine:
             for rid, table in self.kv.block_tables.items():
                 for logical, block_id in enumerate(table):
                     owners.setdefault(block_id, []).append((self.requests[rid], logical))
+            tree = [self._prefix_node(n) for n in self.kv.prefix_cache.nodes()]
+            cached_ids = {b: node.token_ids[i * bs:(i + 1) * bs] for node in tree for i, b in enumerate(node.block_ids)}
             blocks = []
             for block in self.kv.pool.blocks:
                 held = owners.get(block.block_id, [])
-                ids: tuple[int, ...] = ()
-                if held:
+                ids: tuple[int, ...] = cached_ids.get(block.block_id, ())
+                if held and not ids:
                     r, logical = held[0]
                     lo = logical * bs
                     ids = tuple(r.all_token_ids[lo: min(lo + bs, r.num_computed_tokens)])
                 blocks.append(BlockState(block.block_id, block.ref_count,
                                          tuple(r.request_id for r, _ in held), len(ids), ids,
-                                         self._decode(ids) if ids else ""))
+                                         self._decode(ids) if ids else "", block.cached))
             requests = tuple(self._request_state(r) for r in self.requests.values())
             return Snapshot(
                 step=self.step_count, block_size=bs, num_blocks=self.config.num_blocks,
@@ -478,7 +485,8 @@ class LLMEngine:
                 waiting=tuple(r.request_id for r in self.pending) + tuple(
                     r.request_id for r in self.scheduler.waiting),
                 running=tuple(r.request_id for r in self.scheduler.running),
-                metrics=tuple(self.metrics(r) for r in self.requests.values()))
+                metrics=tuple(self.metrics(r) for r in self.requests.values()),
+                prefix_tree=tuple(tree))
 
     def _request_state(self, r: Request) -> RequestState:
         return RequestState(
@@ -489,16 +497,27 @@ class LLMEngine:
             num_preemptions=r.num_preemptions,
             prompt=r.prompt if r.prompt is not None else self._decode(r.prompt_token_ids),
             output_text=r.output_text if r.is_finished else self._decode(r.output_token_ids),
-            finish_reason=r.finish_reason)
+            finish_reason=r.finish_reason, num_cached_tokens=r.num_cached_tokens or 0, parent_id=r.parent_id)
 
     def get_output(self, request_id: str) -> RequestOutput:
+        """The request's output: one CompletionOutput per sequence (n of them, in index order;
+        a sequence not forked yet is empty). ``finished`` once every sequence is."""
         with self.lock:
             r = self._lookup(request_id)
-            text = r.output_text if r.is_finished else self._decode(r.output_token_ids)
-            return RequestOutput(r.request_id, r.prompt, tuple(r.prompt_token_ids),
-                                 (CompletionOutput(0, text, tuple(r.output_token_ids), r.finish_reason,
-                                                   r.stop_reason, r.error),),
-                                 r.is_finished, self.metrics(r))
+            seqs = self._sequences(r)
+            outputs = [self._completion(i, seq) for i, seq in enumerate(seqs)]
+            if r.parent_id is None:
+                outputs += [CompletionOutput(i, "", (), None) for i in range(len(seqs), r.sampling_params.n)]
+            return RequestOutput(r.request_id, r.prompt, tuple(r.prompt_token_ids), tuple(outputs),
+                                 self.is_finished(r), self.metrics(r))
+
+    def _completion(self, index: int, r: Request) -> CompletionOutput:
+        text = r.output_text if r.is_finished else self._decode(r.output_token_ids)
+        return CompletionOutput(index, text, tuple(r.output_token_ids), r.finish_reason, r.stop_reason, r.error)
+
+    def is_finished(self, request: Request) -> bool:
+        """Every sequence of the request finished (a parallel-sampling request forks first)."""
+        return not request.needs_fork and all(s.is_finished for s in self._sequences(request))
 
     def check_integrity(self) -> None:
         """Every manager's invariants, plus: each request is finished or in exactly one queue
@@ -514,7 +533,7 @@ class LLMEngine:
                 if r.status is not RequestStatus.PENDING:
                     raise AssertionError(f"pending request {r.request_id} has status {r.status.value}")
             self._check_every_request_is_somewhere()
-            if not self.has_unfinished_requests() and self.kv.num_free_blocks != self.config.num_blocks:
+            if not self.has_unfinished_requests() and self.kv.pool.num_used:
                 raise AssertionError("all requests finished but blocks are still in use")
 
     def _check_every_request_is_somewhere(self) -> None:
@@ -570,7 +589,7 @@ class LLM:
             if engine.made_no_progress(trace):
                 raise RuntimeError(f"generate: no progress at step {trace.step} (nothing could be scheduled for "
                                    f"{len(remaining)} unfinished requests); the engine is stuck")
-            remaining = [r for r in remaining if not r.is_finished]
+            remaining = [r for r in remaining if not engine.is_finished(r)]
 
 
 def _prompt_list(prompts: object) -> list[Any]:

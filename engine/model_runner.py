@@ -47,6 +47,8 @@ class ModelRunner:
 
     def prepare(self, output: SchedulerOutput, requests: dict[str, Request],
                 kv: KVCacheManager) -> ForwardBatch:
+        """Copy-on-write copies first (the chunks below write into the copies), then the batch."""
+        self.copy_blocks([(c.src_block, c.dst_block) for c in output.copies])
         chunks, starts, slots, sample_flags = [], [], [], []
         for s in output.scheduled:
             r = requests[s.request_id]
@@ -56,6 +58,17 @@ class ModelRunner:
             slots.append(kv.slot_mapping(s.request_id, 0, end))
             sample_flags.append(not s.is_prefill)
         return build_forward_batch(chunks, starts, slots, sample_flags)
+
+    @torch.inference_mode()
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """KV of block src -> block dst, K and V of every layer (a real copy of the tensors)."""
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], dtype=torch.long)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.long)
+        for k, v in self.kv_caches:  # [num_blocks, block_size, kv_heads, head_dim]
+            k.index_copy_(0, dst, k.index_select(0, src))
+            v.index_copy_(0, dst, v.index_select(0, src))
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:

@@ -234,9 +234,38 @@ def check_snapshot(s: Snapshot) -> None:
                      f"block {block_id} does not list request {show(r.request_id)} among its owners")
     _known(s.waiting, known, "waiting")
     _known(s.running, known, "running")
+    _check_tree(s)
     metric_ids = [m.request_id for m in s.metrics]
     _unique(metric_ids, "metrics", "request id")
     _known(metric_ids, known, "metrics", ".request_id")
+
+
+def _check_tree(s: Snapshot) -> None:
+    """The radix tree: one root first, parents before children, whole blocks, and each node's
+    blocks marked cached in the pool, every cached block in exactly one node."""
+    if not s.prefix_tree:
+        _require(not any(b.cached for b in s.blocks), "blocks", "blocks are cached but prefix_tree is empty")
+        return
+    seen: set[int] = set()
+    in_tree: set[int] = set()
+    for i, node in enumerate(s.prefix_tree):
+        path = f"prefix_tree[{i}]"
+        _require(node.node_id not in seen, f"{path}.node_id", f"node id {node.node_id} appears twice")
+        if i == 0:
+            _require(node.parent_id is None and not node.token_ids, path, "the first node must be the empty root")
+        else:
+            _require(node.parent_id in seen, f"{path}.parent_id", "must name a node listed before it")
+        _require(len(node.token_ids) == len(node.block_ids) * s.block_size, f"{path}.token_ids",
+                 f"must hold block_size x {len(node.block_ids)} blocks = {len(node.block_ids) * s.block_size} "
+                 f"ids, got {len(node.token_ids)}")
+        _block_ids(node.block_ids, s.num_blocks, f"{path}.block_ids")
+        for j, b in enumerate(node.block_ids):
+            _require(b not in in_tree, f"{path}.block_ids[{j}]", f"block {b} is in two nodes")
+            _require(s.blocks[b].cached, f"{path}.block_ids[{j}]", f"block {b} is not marked cached")
+            in_tree.add(b)
+        seen.add(node.node_id)
+    stray = [b.block_id for b in s.blocks if b.cached and b.block_id not in in_tree]
+    _require(not stray, "blocks", f"blocks {stray[:5]} are marked cached but in no node")
 
 
 def check_trace(t: StepTrace, after: Snapshot) -> None:
@@ -251,9 +280,11 @@ def check_trace(t: StepTrace, after: Snapshot) -> None:
     _known([x.request_id for x in t.sampled], known, "sampled", ".request_id")
     _block_ids(t.blocks_allocated, after.num_blocks, "blocks_allocated")
     _block_ids(t.blocks_freed, after.num_blocks, "blocks_freed")
-    _require(t.num_free_blocks + t.num_used_blocks == after.num_blocks, "num_used_blocks",
-             f"num_free_blocks + num_used_blocks must be num_blocks = {after.num_blocks}, "
-             f"got {t.num_free_blocks} + {t.num_used_blocks}")
+    _require(t.num_free_blocks + t.num_used_blocks + t.num_evictable_blocks == after.num_blocks, "num_used_blocks",
+             f"num_free_blocks + num_used_blocks + num_evictable_blocks must be num_blocks = {after.num_blocks}, "
+             f"got {t.num_free_blocks} + {t.num_used_blocks} + {t.num_evictable_blocks}")
+    _require(t.num_evictable_blocks <= t.num_cached_blocks, "num_evictable_blocks",
+             f"must be <= num_cached_blocks = {t.num_cached_blocks}, got {t.num_evictable_blocks}")
     total = sum(c.num_tokens for c in t.scheduled)
     _require(t.num_batched_tokens == total, "num_batched_tokens",
              f"must be the scheduled chunks' sum ({total}), got {t.num_batched_tokens}")

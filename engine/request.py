@@ -41,6 +41,10 @@ class Request:
     stop_reason: str | None = None
     num_preemptions: int = 0
     generator: torch.Generator | None = None
+    seed: int = 0  # the seed of ``generator`` (parallel-sampling sequence i uses seed + i)
+    parent_id: str | None = None  # parallel sampling: the request this sequence belongs to
+    forked: bool = False  # parallel sampling: its n - 1 sibling sequences exist
+    num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache (first admission)
     output_text: str = ""
     error: str | None = None  # why the request finished with finish_reason "error"
     # Timing, in engine steps and in wall-clock seconds (perf_counter).
@@ -57,7 +61,8 @@ class Request:
         return RequestCheckpoint(
             status=self.status, num_computed_tokens=self.num_computed_tokens,
             num_output_tokens=len(self.output_token_ids), spec_token_ids=list(self.spec_token_ids),
-            num_preemptions=self.num_preemptions, finish_reason=self.finish_reason,
+            num_preemptions=self.num_preemptions, forked=self.forked,
+            num_cached_tokens=self.num_cached_tokens, finish_reason=self.finish_reason,
             stop_reason=self.stop_reason, output_text=self.output_text, error=self.error,
             arrival_time=self.arrival_time, first_scheduled_step=self.first_scheduled_step,
             first_token_step=self.first_token_step, first_token_time=self.first_token_time,
@@ -67,7 +72,8 @@ class Request:
         """Back to ``cp`` exactly (the inverse of ``checkpoint``)."""
         del self.output_token_ids[cp.num_output_tokens:]
         self.spec_token_ids = list(cp.spec_token_ids)
-        for name in ("status", "num_computed_tokens", "num_preemptions", "finish_reason", "stop_reason",
+        for name in ("status", "num_computed_tokens", "num_preemptions", "forked", "num_cached_tokens",
+                     "finish_reason", "stop_reason",
                      "output_text", "error", "arrival_time", "first_scheduled_step", "first_token_step",
                      "first_token_time", "finished_step", "finished_time"):
             setattr(self, name, getattr(cp, name))
@@ -93,6 +99,17 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
     @property
+    def needs_fork(self) -> bool:
+        """Parallel sampling: its first sample creates the n - 1 sibling sequences."""
+        return (self.sampling_params.n > 1 and self.parent_id is None and not self.forked
+                and self.status is not RequestStatus.FINISHED)
+
+    @property
+    def num_seats(self) -> int:
+        """Places in the running batch (max_num_seqs) this request takes or will take."""
+        return self.sampling_params.n if self.needs_fork else 1
+
+    @property
     def is_prefill(self) -> bool:
         """True while the request's next chunk has no token to sample from (prompt or recompute)."""
         return self.num_computed_tokens < self.num_tokens - 1
@@ -107,6 +124,8 @@ class RequestCheckpoint:
     num_output_tokens: int
     spec_token_ids: list[int]
     num_preemptions: int
+    forked: bool
+    num_cached_tokens: int | None
     finish_reason: str | None
     stop_reason: str | None
     output_text: str

@@ -7,22 +7,37 @@ prefill and decode share a step:
 
     budget 8 | r0 decode | r1 decode | r2 prefill chunk (6 of 20 tokens) |
 
-When a running request needs a block and none is free, the newest running request is
-preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
-(prompt + outputs so far) when it is admitted again.
+When a running request needs a block and none is free (after evicting unused prefix-cache
+blocks), the newest running request is preempted: its blocks are freed and it goes back to
+the front of the queue, to be recomputed (prompt + outputs so far) when it is admitted again;
+its cached prefix usually spares most of that.
+
+After the forward, ``postprocess`` owns the rest of the request lifecycle: newly full blocks
+go to the prefix cache, sampled tokens are appended, the stop rules are checked, finished
+requests release their blocks. Parallel sampling (``n > 1``) forks the sibling sequences at
+the request's first sample (``fork``).
 
 The ``static`` policy is the baseline that continuous batching improves on: a batch is formed
 only when nothing is running and no request joins until the whole batch has finished.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.kv_cache import KVCacheManager, cdiv
+import torch
+
+from engine.config import MAX_SEED, EngineConfig
+from engine.kv_cache import NO_BLOCKS, KVCacheBlocks, KVCacheManager, cdiv
 from engine.request import Request, RequestStatus
-from engine.trace import ChunkKind
+from engine.stop import check_stop
+from engine.trace import BlockCopy, ChunkKind, PrefixLookup
+
+
+# Defer an admission whose next tokens a running request is computing (SGLang uses 32).
+IN_BATCH_PREFIX_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,8 @@ class SchedulerOutput:
     scheduled: tuple[ScheduledRequest, ...]
     preempted: tuple[str, ...]
     num_batched_tokens: int
+    lookups: tuple[PrefixLookup, ...] = ()  # one per admission (prefix-cache hits)
+    copies: tuple[BlockCopy, ...] = ()  # copy-on-write: the runner copies before the forward
 
     @property
     def is_empty(self) -> bool:
@@ -52,12 +69,19 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int,
+                 eos_token_ids: frozenset[int] = frozenset(),
+                 decode: Callable[[Iterable[int]], str] = lambda ids: "") -> None:
         self.config = config
         self.kv = kv
         self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.decode = decode
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # Per-step scratch, reset by schedule(): prefix lookups and copy-on-write copies.
+        self._lookups: list[PrefixLookup] = []
+        self._copies: list[BlockCopy] = []
 
     # -- queue management ---------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -95,6 +119,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
+        self._lookups, self._copies = [], []
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -103,7 +128,7 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            while not self.kv.allocate_slots(request, n):
+            while not self._allocate(request, n):
                 victim = self.running.pop()  # newest first
                 self._preempt(victim)
                 preempted.append(victim.request_id)
@@ -120,7 +145,15 @@ class Scheduler:
             budget = self._admit(budget, scheduled)
 
         total = self.config.max_num_batched_tokens - budget
-        return SchedulerOutput(tuple(scheduled), tuple(preempted), total)
+        return SchedulerOutput(tuple(scheduled), tuple(preempted), total, tuple(self._lookups), tuple(self._copies))
+
+    def _allocate(self, request: Request, n: int, computed: KVCacheBlocks = NO_BLOCKS) -> bool:
+        """allocate_slots, keeping its copy-on-write copies for the runner."""
+        allocation = self.kv.allocate_slots(request, n, computed)
+        if allocation is None:
+            return False
+        self._copies.extend(BlockCopy(request.request_id, src, dst) for src, dst in allocation.copies)
+        return True
 
     def _may_admit(self) -> bool:
         return self.config.policy == "continuous" or not self.running
@@ -128,23 +161,57 @@ class Scheduler:
     def _admit(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
         """Admit waiting requests FCFS; stop at the first that does not fit (no overtaking)."""
         static = self.config.policy == "static"
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
+        seats = sum(r.num_seats for r in self.running)
+        while self.waiting and seats + self.waiting[0].num_seats <= self.config.max_num_seqs:
             request = self.waiting[0]
-            hits, num_hit = self.kv.get_computed_blocks(request)
-            n = self._chunk_size(request.num_tokens - num_hit, budget)
+            hit = self.kv.get_computed_blocks(request)
+            if self._prefix_in_flight(request, hit):
+                break
+            n = self._chunk_size(request.num_tokens - hit.num_tokens, budget)
             if n == 0 and not static:
                 break
-            if not self.kv.allocate_slots(request, n, computed_blocks=hits):
+            if not self._allocate(request, n, hit):
                 break
             self.waiting.popleft()
+            seats += request.num_seats
             resumed = request.status is RequestStatus.PREEMPTED
             request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_hit
+            request.num_computed_tokens = hit.num_tokens
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = hit.num_tokens
+            if self.kv.prefix_cache.enabled:
+                self._lookups.append(PrefixLookup(request.request_id, request.num_tokens, hit.num_tokens,
+                                                  tuple(n.node_id for n in hit.node.path()) if hit.node else ()))
             self.running.append(request)
             if n > 0:
                 scheduled.append(self._commit(request, n, resumed))
                 budget -= n
         return budget
+
+    def _prefix_in_flight(self, request: Request, hit: KVCacheBlocks) -> bool:
+        """True when at least ``IN_BATCH_PREFIX_TOKENS`` tokens of ``request`` past its cache hit
+        (whole blocks) are being computed right now by a running request and are not cached yet:
+        admitting it would compute the same KV a second time, so it waits a step or two and then
+        hits the cache (SGLang's in-batch prefix check, with SGLang's 32-token threshold so a
+        short common opening does not delay anyone). Only with prefix caching on."""
+        if not self.kv.prefix_cache.enabled:
+            return False
+        bs = self.kv.block_size
+        first = hit.num_tokens // bs  # the first block not served from the cache
+        full = (request.num_tokens - 1) // bs  # blocks that could be shared (last token recomputed)
+        need = cdiv(IN_BATCH_PREFIX_TOKENS, bs)
+        if full - first < need:
+            return False
+        ids = request.all_token_ids
+        for r in self.running:
+            cached = self.kv.cached_prefix.get(r.request_id)
+            start = cached.num_blocks if cached else 0
+            if start > first:
+                continue  # those blocks are cached already: the next admission pass hits them
+            end = min(full, cdiv(r.num_tokens, bs), first + need)
+            if end - first >= need and r.all_token_ids[first * bs:end * bs] == ids[first * bs:end * bs]:
+                return True
+        return False
 
     def _chunk_size(self, remaining: int, budget: int) -> int:
         """Tokens to schedule for a request with ``remaining`` uncomputed tokens.
@@ -169,6 +236,77 @@ class Scheduler:
             resumed=resumed,
             after_prompt=start >= request.num_prompt_tokens,
         )
+
+    # -- after the forward: the request lifecycle ---------------------------------------------
+    def fork(self, request: Request) -> list[Request]:
+        """Parallel sampling: create sequences 1 .. n-1 of ``request`` at its first sample. Each
+        starts as a copy of the request (tokens, computed KV, blocks shared: ref counts + 1)
+        with its own generator seeded ``seed + i``; they are placed right after it in the
+        running queue and sample their first token from the same logits row."""
+        children = []
+        for i in range(1, request.sampling_params.n):
+            seed = (request.seed + i) % (MAX_SEED + 1)
+            child = Request(f"{request.request_id}#{i}", request.prompt, list(request.prompt_token_ids),
+                            request.sampling_params, arrival_step=request.arrival_step,
+                            output_token_ids=list(request.output_token_ids),
+                            num_computed_tokens=request.num_computed_tokens, status=RequestStatus.RUNNING,
+                            generator=None if request.generator is None else torch.Generator().manual_seed(seed),
+                            seed=seed, parent_id=request.request_id, num_cached_tokens=request.num_cached_tokens,
+                            arrival_time=request.arrival_time, first_scheduled_step=request.first_scheduled_step)
+            self.kv.fork(request, child)
+            children.append(child)
+        request.forked = True
+        at = self.running.index(request) + 1
+        self.running[at:at] = children
+        return children
+
+    def postprocess(self, output: SchedulerOutput, requests: Mapping[str, Request],
+                    sampled: list[tuple[Request, int]], failed: list[tuple[Request, str]],
+                    step: int) -> tuple[str, ...]:
+        """Everything after the forward (nano-vllm's ``Scheduler.postprocess``).
+
+        For every scheduled request: newly full blocks go to the prefix cache (not for a
+        request whose sampling failed: its logits, and so maybe its KV, are not to be trusted).
+        For every sampled one: append the token, apply the stop rules (``engine.stop``), free a
+        finished request's blocks. A failed request finishes with reason "error".
+        -> the ids of the requests that finished.
+        """
+        now = time.perf_counter()
+        bad = {id(r) for r, _ in failed}
+        for s in output.scheduled:
+            request = requests[s.request_id]
+            if request.first_scheduled_step is None:
+                request.first_scheduled_step = step
+            if id(request) not in bad:
+                self.kv.cache_blocks(request)
+        finished = []
+        for request, token in sampled:
+            request.output_token_ids.append(token)
+            if request.first_token_step is None:
+                request.first_token_step, request.first_token_time = step, now
+            decision = check_stop(request, token, self.eos_token_ids, self.max_model_len, self.decode)
+            if decision is not None:
+                request.stop_reason = decision.stop_string
+                if decision.output_text is not None:
+                    request.output_text = decision.output_text
+                self.finish(request, decision.finish_reason, step)
+                finished.append(request.request_id)
+        for request, reason in failed:
+            request.error = reason
+            self.finish(request, "error", step)
+            finished.append(request.request_id)
+        return tuple(finished)
+
+    def finish(self, request: Request, reason: str, step: int) -> None:
+        """Take ``request`` out of its queue, free its blocks (cached ones stay in the tree) and
+        mark it finished with ``reason``."""
+        self.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finished_step, request.finished_time = step, time.perf_counter()
+        request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
+        if request.stop_reason is None:
+            request.output_text = self.decode(request.output_token_ids)
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)

@@ -64,13 +64,14 @@ def test_free_appends_to_the_back_so_a_reversed_table_reuses_tail_blocks_first()
     pool.check_integrity()
 
 
-def test_touch_revives_a_free_block_and_shares_a_used_one():
+def test_touch_revives_an_evictable_cached_block_and_shares_a_used_one():
     pool = BlockPool(4)
     a = pool.allocate(2)  # [0, 1]
-    pool.free([a[1]])  # block 1 back in the queue (at the back)
-    assert list(pool.free_queue) == [2, 3, 1]
-    pool.touch([1])  # revived: out of the free queue, ref 1
-    assert 1 not in pool.free_queue and pool.blocks[1].ref_count == 1
+    pool.mark_cached([a[1]])
+    pool.free([a[1]])  # cached, unused: evictable, not in the free queue
+    assert list(pool.free_queue) == [2, 3] and pool.num_evictable == 1
+    pool.touch([1])  # revived: ref 1, no longer evictable
+    assert pool.blocks[1].ref_count == 1 and pool.num_evictable == 0
     pool.touch([0])  # shared: ref 2
     assert pool.blocks[0].ref_count == 2
     pool.check_integrity()
@@ -82,14 +83,23 @@ def test_touch_revives_a_free_block_and_shares_a_used_one():
     pool.check_integrity()
 
 
-def test_allocating_a_block_clears_its_cached_hash():
+def test_a_free_uncached_block_cannot_be_shared():
     pool = BlockPool(2)
     (b,) = pool.allocate(1)
-    pool.blocks[b].block_hash = b"some-prefix"
     pool.free([b])
-    assert pool.blocks[b].block_hash == b"some-prefix"  # lazily kept while free
-    pool.allocate(2)
-    assert pool.blocks[b].block_hash is None
+    with pytest.raises(RuntimeError, match="nothing to share"):
+        pool.touch([b])
+
+
+def test_evicting_a_cached_block_returns_it_to_the_back_of_the_free_queue():
+    pool = BlockPool(3)
+    (b,) = pool.allocate(1)
+    pool.mark_cached([b])
+    pool.free([b])
+    assert b not in pool.free_queue and pool.num_evictable == 1
+    pool.evict_cached([b])
+    assert list(pool.free_queue)[-1] == b and pool.num_evictable == 0 and not pool.blocks[b].cached
+    pool.check_integrity()
 
 
 def test_double_free_raises():
@@ -172,40 +182,52 @@ def test_allocate_slots_is_all_or_nothing():
     kv.check_integrity([a, b])
 
 
+def _cached_owner(kv: KVCacheManager, n: int) -> list[int]:
+    """A request that computed ``n`` tokens and handed its full blocks to the prefix cache."""
+    owner = make_request("owner", n)
+    assert kv.allocate_slots(owner, n)
+    owner.num_computed_tokens = n
+    kv.cache_blocks(owner)
+    return list(kv.block_tables["owner"])
+
+
 def test_allocate_slots_with_prefix_hits_covers_hit_tokens_plus_new_tokens():
     """Admission with a prefix hit: the table must cover the hit blocks' tokens plus the new
     chunk, ceil((hit_tokens + new) / block_size) blocks in all (engine.md 6.1 can_admit)."""
     bs = 4
-    kv = KVCacheManager(num_blocks=16, block_size=bs)
-    owner = make_request("owner", 8)
-    assert kv.allocate_slots(owner, 8)
-    hits = list(kv.block_tables["owner"])  # 2 full blocks = 8 tokens of shared prefix
+    kv = KVCacheManager(num_blocks=16, block_size=bs, enable_prefix_caching=True)
+    hits = _cached_owner(kv, 8)  # 2 full blocks = 8 tokens of shared prefix
     newcomer = make_request("new", 20, status=RequestStatus.WAITING)
-    num_hit = len(hits) * bs
-    n = newcomer.num_tokens - num_hit  # 12 tokens still to compute
-    assert kv.allocate_slots(newcomer, n, computed_blocks=hits)
+    newcomer.prompt_token_ids[:8] = list(range(8))  # make_request's tokens: the owner's prefix
+    hit = kv.get_computed_blocks(newcomer)
+    assert list(hit.block_ids) == hits and hit.num_tokens == 8
+    n = newcomer.num_tokens - hit.num_tokens  # 12 tokens still to compute
+    assert kv.allocate_slots(newcomer, n, hit)
     table = kv.block_tables["new"]
     assert table[:2] == hits
-    assert len(table) * bs >= num_hit + n, (
+    assert len(table) * bs >= hit.num_tokens + n, (
         f"table of {len(table)} blocks covers {len(table) * bs} tokens, "
-        f"but {num_hit} hit + {n} new tokens were scheduled")
-    assert len(table) == cdiv(num_hit + n, bs)
+        f"but {hit.num_tokens} hit + {n} new tokens were scheduled")
+    assert len(table) == cdiv(hit.num_tokens + n, bs)
+    assert all(kv.pool.blocks[b].ref_count == 2 for b in hits)
 
 
 def test_allocate_slots_revived_prefix_blocks_use_free_capacity():
     bs = 2
-    kv = KVCacheManager(num_blocks=3, block_size=bs)
+    kv = KVCacheManager(num_blocks=3, block_size=bs, enable_prefix_caching=True)
     owner = make_request("owner", 4)
-    assert kv.allocate_slots(owner, 4)
-    hits = list(kv.block_tables["owner"])
-    kv.free(owner)  # both hit blocks are free again (ref 0) but still hold the prefix
+    hits = _cached_owner(kv, 4)
+    kv.free(owner)  # both blocks unused (ref 0) but cached: evictable
+    assert kv.pool.num_evictable == 2 and kv.num_free_blocks == 1
     newcomer = make_request("new", 8, status=RequestStatus.WAITING)
+    hit = kv.get_computed_blocks(newcomer)
+    assert list(hit.block_ids) == hits
     # 4 hit tokens (2 revived blocks) + 4 new tokens need 4 blocks > 3: refused, nothing changes.
-    assert not kv.allocate_slots(newcomer, 4, computed_blocks=hits)
+    assert kv.allocate_slots(newcomer, 4, hit) is None
     assert "new" not in kv.block_tables
-    assert kv.num_free_blocks == 3
+    assert kv.num_free_blocks == 1 and kv.pool.num_evictable == 2
     assert all(kv.pool.blocks[b].ref_count == 0 for b in hits)
-    kv.pool.check_integrity()
+    kv.check_integrity()
 
 
 def test_free_releases_tail_first_and_records_events():
@@ -218,9 +240,9 @@ def test_free_releases_tail_first_and_records_events():
     assert released == [3, 2, 1, 0]
     assert "r" not in kv.block_tables
     assert list(kv.pool.free_queue) == [4, 5, 3, 2, 1, 0]
-    allocated, freed = kv.drain_events()
+    allocated, freed, _ = kv.drain_events()
     assert allocated == (0, 1, 2, 3) and freed == (3, 2, 1, 0)
-    assert kv.drain_events() == ((), ())
+    assert kv.drain_events()[:2] == ((), ())
     # Freeing a request that holds nothing is harmless.
     assert kv.free(make_request("ghost", 3)) == []
     kv.check_integrity()

@@ -49,7 +49,9 @@ END_KEYS: list[str] = [f"{name}@end" for name in STOPS]
 
 def _record(model: "SharedModel", name: str, stops: tuple[int, ...]) -> dict[str, RunView]:
     """Step scenario ``name`` to the end, checking invariants after every step; views at ``stops``."""
-    run = LiveRun.from_scenario(load_scenario(name), model)
+    # Prefix caching off: these tests pin the pool drawn without sharing (the prefix-cache
+    # states are covered by tests/test_prefix_visualizers.py).
+    run = LiveRun.from_scenario(load_scenario(name), model, enable_prefix_caching=False)
     run.engine.check_integrity()
     out: dict[str, RunView] = {}
     while not run.done:
@@ -172,7 +174,7 @@ def test_grid_has_exactly_one_marker_per_block_at_its_cell(view: RunView) -> Non
     free = snap.num_free_blocks
     fig = check(vk.kv_figure(snap, view.last_trace))
     assert fig.layout.meta == {"step": snap.step}
-    title = f"<b>Block pool: {snap.num_blocks - free} used, {free} free of {snap.num_blocks} "
+    title = f"<b>Block pool: {snap.num_blocks - free} used, 0 cached, {free} free of {snap.num_blocks} "
     assert any(a.text.startswith(title) for a in fig.layout.annotations)
     grid = _grid(view)
     ids = [bid for _, _, bid in grid_markers(grid)]

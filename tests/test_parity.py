@@ -51,10 +51,14 @@ def test_single_request(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_sixteen_concurrent_mixed_lengths(name: str) -> None:
-    engine = LLMEngine(name, max_num_seqs=16, max_num_batched_tokens=2048)
+@pytest.mark.parametrize("caching", [False, True])
+def test_sixteen_concurrent_mixed_lengths(name: str, caching: bool) -> None:
+    engine = LLMEngine(name, max_num_seqs=16, max_num_batched_tokens=2048,
+                       enable_prefix_caching=caching)
     outputs, traces = run_engine(engine, PROMPTS, MAX_TOKENS)
-    assert max(len(t.scheduled) for t in traces) == 16  # really all at once
+    # Really all at once; with caching on, a prompt that shares 32+ tokens with one being
+    # prefilled waits a step for those blocks (the in-batch prefix check) and reads them cached.
+    assert max(len(t.scheduled) for t in traces) >= (15 if caching else 16)
     assert_matches_hf(name, PROMPTS, outputs, MAX_TOKENS)
 
 

@@ -7,6 +7,8 @@ Each test here failed before its fix (see the commit that adds it).
 from __future__ import annotations
 
 import pytest
+
+import engine.scheduler as scheduler_module
 import torch
 
 import engine.limits as limits_module
@@ -86,7 +88,7 @@ def test_a_failed_step_leaves_every_request_as_before(tiny, monkeypatch, where, 
     assert [r.request_id for r in engine.pending] == ["late"]
     before = engine_state(engine)
     target = {"schedule": (engine.scheduler, "schedule"), "execute": (engine.runner, "execute"),
-              "update": (engine, "_check_stop")}[where]
+              "update": (scheduler_module, "check_stop")}[where]
     original = getattr(*target)
 
     def fail_once(*args, **kwargs):
@@ -103,19 +105,25 @@ def test_a_failed_step_leaves_every_request_as_before(tiny, monkeypatch, where, 
 
 
 def test_block_pool_rollback_restores_ref_counts_and_free_queue_order():
-    """allocate / touch (reviving a free block, as a prefix hit does) / free, then rollback."""
+    """allocate / cache / touch (reviving an evictable cached block, as a prefix hit does) /
+    evict / free, then rollback: ref counts, cached flags and the free queue's order as before."""
     from engine.block_pool import BlockPool
 
     pool = BlockPool(8)
-    held = pool.allocate(3)
-    pool.free([held[1]])
-    before = ([b.ref_count for b in pool.blocks], list(pool.free_queue))
+    held = pool.allocate(4)
+    pool.mark_cached([held[1], held[3]])
+    pool.free([held[1], held[3]])  # both evictable now
+    state = lambda: ([b.ref_count for b in pool.blocks], [b.cached for b in pool.blocks],  # noqa: E731
+                     list(pool.free_queue), pool.num_evictable)
+    before = state()
     pool.begin()
     new = pool.allocate(2)
-    pool.touch([held[1], held[0]])  # held[1] is revived from the middle of the free queue
+    pool.touch([held[1], held[0]])  # held[1] is revived from the evictable set
+    pool.evict_cached([held[3]])  # back to the free queue
+    pool.mark_cached([new[0]])
     pool.free([held[2], *new, held[0]])
     pool.rollback()
-    assert ([b.ref_count for b in pool.blocks], list(pool.free_queue)) == before
+    assert state() == before
     pool.check_integrity()
     assert pool.journal is None
 
@@ -140,7 +148,7 @@ def test_a_sampling_failure_finishes_only_that_request_with_error(tiny, monkeypa
     assert any(seeded in t.finished for t in traces)
     assert engine.get_output(greedy).outputs[0].token_ids == expected[greedy]
     assert engine.get_output("late").outputs[0].token_ids == expected["late"]
-    assert engine.kv.num_free_blocks == engine.config.num_blocks
+    assert engine.kv.pool.num_used == 0
 
 
 def test_non_finite_logits_finish_the_request_with_error(tiny, monkeypatch):

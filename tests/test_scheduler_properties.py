@@ -50,6 +50,7 @@ def knobs(draw, max_blocks: int = 48):
         max_num_seqs=draw(st.integers(1, 6)),
         enable_chunked_prefill=draw(st.booleans()),
         policy=draw(st.sampled_from(["continuous", "static"])),
+        enable_prefix_caching=draw(st.booleans()),
     )
 
 
@@ -213,7 +214,7 @@ def test_control_plane_invariants_hold_every_step(cfg, workload, aborts):
         if r.finish_reason == "length":
             expected = min(r.sampling_params.max_tokens, cp.max_model_len - r.num_prompt_tokens)
             assert len(r.output_token_ids) == expected
-    assert cp.kv.num_free_blocks == cfg.num_blocks
+    assert cp.kv.pool.num_used == 0
     assert not cp.kv.block_tables
     cp.check()
 
@@ -233,7 +234,7 @@ def test_control_plane_preempts_newest_and_recomputes():
     assert not cp.scheduler.has_work()
     assert cp.preempted, "this pool is too small for three requests at once: expected preemption"
     assert all(len(r.output_token_ids) == 4 for r in cp.requests.values())
-    assert cp.kv.num_free_blocks == cfg.num_blocks
+    assert cp.kv.pool.num_used == 0
 
 
 # -- (b) the real engine on tiny-random -----------------------------------------------------
@@ -277,11 +278,15 @@ def check_trace(engine: LLMEngine, trace) -> None:
     assert len({c.request_id for c in trace.scheduled}) == len(trace.scheduled)
     assert all(c.num_tokens >= 1 for c in trace.scheduled)
     assert not set(trace.preempted) & {c.request_id for c in trace.scheduled}
-    # free + used == total, counted independently: used = blocks held by a table.
+    # free + used + cached-evictable == total, counted independently: used = blocks held by a
+    # table; only prefix-cache blocks may be in two tables.
     owned = [b for t in engine.kv.block_tables.values() for b in t]
-    assert len(owned) == len(set(owned)), "a block is in two block tables"
-    assert trace.num_used_blocks == len(owned)
-    assert trace.num_free_blocks + len(owned) == cfg.num_blocks
+    shared = {b for b in owned if owned.count(b) > 1}
+    assert all(engine.kv.pool.blocks[b].cached for b in shared), "an uncached block is in two block tables"
+    evictable = sum(1 for b in engine.kv.pool.blocks if b.cached and b.block_id not in set(owned))
+    assert trace.num_used_blocks == len(set(owned))
+    assert trace.num_evictable_blocks == evictable
+    assert trace.num_free_blocks + len(set(owned)) + evictable == cfg.num_blocks
     assert set(trace.finished) <= {r for r, q in engine.requests.items() if q.is_finished}
 
 
@@ -317,7 +322,7 @@ def test_engine_with_random_knobs_and_aborts_matches_reference(tiny, cfg, worklo
         steps += 1
         assert steps <= bound, "the workload did not finish: livelock or starvation"
 
-    assert engine.kv.num_free_blocks == engine.config.num_blocks
+    assert engine.kv.pool.num_used == 0
     assert not engine.kv.block_tables
     for i, s in specs_ok:
         out = engine.get_output(ids[i])
@@ -360,7 +365,7 @@ def test_greedy_outputs_do_not_depend_on_the_schedule(tiny, block_size, budget, 
             event("preempted")
         steps += 1
         assert steps <= 10_000
-    assert engine.kv.num_free_blocks == engine.config.num_blocks
+    assert engine.kv.pool.num_used == 0
     for i, s in ok:
         want, reason = expected_tokens(refs[s.prompt], len(s.prompt), s.max_tokens, engine.max_model_len,
                                        engine.eos_token_ids)
@@ -382,7 +387,7 @@ def test_preemption_is_exercised_and_outputs_still_match(tiny):
     for p, rid in zip(prompts, ids):
         want, _ = expected_tokens(refs[p], len(p), REF_MAX_TOKENS, engine.max_model_len, engine.eos_token_ids)
         assert engine.get_output(rid).outputs[0].token_ids == want
-    assert engine.kv.num_free_blocks == 12
+    assert engine.kv.pool.num_used == 0
 
 
 def test_static_policy_never_chunks_a_prompt_when_chunked_prefill_is_off(tiny):

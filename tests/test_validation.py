@@ -55,7 +55,7 @@ def assert_rejected_cleanly(tiny, bad_call, field: str, knobs: dict | None = Non
     engine.check_integrity()
     run_to_completion(engine)
     assert engine.get_output(rid).outputs[0].token_ids == clean_tokens(tiny, knobs, prompt, params)
-    assert engine.kv.num_free_blocks == engine.config.num_blocks
+    assert engine.kv.pool.num_used == 0
     return message
 
 

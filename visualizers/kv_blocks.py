@@ -25,9 +25,10 @@ FREED_OUTLINE = "#EE6677"
 
 
 def block_state(block: BlockState) -> str:
-    """free (ref 0), used (ref 1), shared (ref > 1)."""
+    """free (ref 0), cached (ref 0, kept by the prefix cache: evictable), used (ref 1),
+    shared (ref > 1: a prefix-cache hit or parallel-sampling sequences)."""
     if block.ref_count == 0:
-        return "free"
+        return "cached" if block.cached else "free"
     return "shared" if block.ref_count > 1 else "used"
 
 
@@ -64,7 +65,8 @@ def _cells(snapshot: Snapshot) -> list[_Cell]:
 def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None) -> Panel:
     """The physical block pool: one square per block, row-major, block 0 top left.
 
-    Traces: "free", one per owning request (ref count 1, in the request's colour) and
+    Traces: "free", "cached (evictable)" (no request holds it; the prefix cache keeps its KV
+    until LRU eviction), one per owning request (ref count 1, in the request's colour) and
     "shared (ref>1)". Opacity = how full the block is. Blocks allocated in ``trace`` get a
     dark outline, blocks freed in it a red one. With ``focus`` set, other requests fade.
     Block ids are in the hover (printing them in the squares is costly to redraw each step).
@@ -78,7 +80,8 @@ def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | 
         state = block_state(c.block)
         key = c.block.owners[0] if state == "used" else state
         groups.setdefault(key, []).append(c)
-    order = ["free"] + sorted((k for k in groups if k not in ("free", "shared")), key=request_sort_key) + ["shared"]
+    order = ["free", "cached"] + sorted((k for k in groups if k not in ("free", "cached", "shared")),
+                                        key=request_sort_key) + ["shared"]
     data = []
     for key in order:
         group = groups.get(key)
@@ -86,6 +89,9 @@ def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | 
             continue
         if key == "free":
             name, color = "free", BLOCK_STATE_COLORS["free"]
+            opacity = [1.0] * len(group)
+        elif key == "cached":
+            name, color = "cached (evictable)", BLOCK_STATE_COLORS["cached"]
             opacity = [1.0] * len(group)
         elif key == "shared":
             name, color = "shared (ref>1)", BLOCK_STATE_COLORS["shared"]
@@ -108,12 +114,13 @@ def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | 
         ))
     cols = grid_columns(snapshot.num_blocks)
     rows = math.ceil(snapshot.num_blocks / cols)
-    used = snapshot.num_blocks - snapshot.num_free_blocks
+    cached = snapshot.num_evictable_blocks
+    used = snapshot.num_blocks - snapshot.num_free_blocks - cached
     return Panel(data, height=rows * CELL_PX,
                  xaxis=dict(visible=False, range=[-0.7, cols - 0.3], fixedrange=True),
                  yaxis=dict(visible=False, range=[rows - 0.3, -0.7], fixedrange=True),
-                 title=f"Block pool: {used} used, {snapshot.num_free_blocks} free of {snapshot.num_blocks} "
-                       f"(block size {bs})")
+                 title=f"Block pool: {used} used, {cached} cached, {snapshot.num_free_blocks} free of "
+                       f"{snapshot.num_blocks} (block size {bs})")
 
 
 def running_tables(snapshot: Snapshot) -> list[RequestState]:

@@ -12,7 +12,7 @@ from engine.trace import StepTrace
 from visualizers.theme import request_label
 
 STEP_COLUMNS = ["step", "requests", "prefill tokens", "decode tokens", "batched tokens", "token budget",
-                "blocks in use", "free blocks", "waiting", "running", "preempted", "finished", "sampled",
+                "blocks in use", "free blocks", "cached blocks", "waiting", "running", "preempted", "finished", "sampled",
                 "schedule ms", "forward ms", "sample ms", "total ms"]
 
 
@@ -35,6 +35,7 @@ def step_table(traces: Sequence[StepTrace]) -> pd.DataFrame:
             "token budget": t.token_budget,
             "blocks in use": t.num_used_blocks,
             "free blocks": t.num_free_blocks,
+            "cached blocks": t.num_cached_blocks,
             "waiting": t.num_waiting,
             "running": t.num_running,
             "preempted": ", ".join(request_label(r) for r in t.preempted),

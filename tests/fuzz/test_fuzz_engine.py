@@ -16,6 +16,7 @@ import pytest
 
 import engine.limits as limits_module
 import engine.sampling as sampling_module
+import engine.scheduler as scheduler_module
 from engine.config import (MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS, MAX_NUM_SEQS,
                            MAX_SEED, MAX_TOKENS, EngineConfig, SamplingParams)
 from engine.engine import LLM, MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS, LLMEngine
@@ -344,7 +345,9 @@ FAILURES = {
     "forward KeyboardInterrupt": (lambda e: (e.runner, "execute"), KeyboardInterrupt("stop"), "stop"),
     "prepare ValueError": (lambda e: (e.runner, "prepare"), ValueError("bad batch"), "bad batch"),
     "schedule RuntimeError": (lambda e: (e.scheduler, "schedule"), RuntimeError("sched boom"), "sched boom"),
-    "stop check RuntimeError": (lambda e: (e, "_check_stop"), RuntimeError("stop boom"), "stop boom"),
+    "stop check RuntimeError": (lambda e: (scheduler_module, "check_stop"), RuntimeError("stop boom"), "stop boom"),
+    # after the radix tree took this step's full blocks (insert, then lock the new node)
+    "prefix lock RuntimeError": (lambda e: (e.kv.prefix_cache, "lock"), RuntimeError("lock boom"), "lock boom"),
     "trace RuntimeError": (lambda e: (e, "_build_trace"), RuntimeError("trace boom"), "trace boom"),
 }
 
@@ -386,7 +389,7 @@ def test_sampling_failure_is_an_error_finish(tiny, monkeypatch) -> None:
         [PROMPT, "x"], [GREEDY, SamplingParams(temperature=1.0, seed=9, max_tokens=6)]), seconds=10)
     assert outs[1].outputs[0].finish_reason == "error" and "sampler boom" in (outs[1].outputs[0].error or "")
     assert outs[0].outputs[0].finish_reason == "length"
-    assert llm.llm_engine.kv.num_free_blocks == llm.llm_engine.config.num_blocks
+    assert llm.llm_engine.kv.pool.num_used == 0
 
 
 def test_generate_after_a_failed_generate_works(tiny, monkeypatch, greedy_tokens) -> None:
