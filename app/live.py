@@ -16,6 +16,7 @@ import streamlit as st
 
 from app import charts, state, timing
 from engine.run import RunView
+from engine.trace import RequestStatus
 from visualizers.steps import step_table_csv
 from visualizers.text import escape_markdown
 
@@ -127,10 +128,10 @@ def status(view: RunView, style: Style) -> None:
     statuses = [r.status for r in snap.requests]
     cols = st.columns(7)
     cols[0].metric("Steps done", view.step)
-    cols[1].metric("Running", statuses.count("running"))
-    cols[2].metric("Waiting", statuses.count("waiting") + statuses.count("preempted"),
+    cols[1].metric("Running", statuses.count(RequestStatus.RUNNING))
+    cols[2].metric("Waiting", statuses.count(RequestStatus.WAITING) + statuses.count(RequestStatus.PREEMPTED),
                    help="Arrived and queued (including preempted requests); not-yet-arrived ones are not counted.")
-    cols[3].metric("Finished", f"{statuses.count('finished')} / {len(statuses)}")
+    cols[3].metric("Finished", f"{statuses.count(RequestStatus.FINISHED)} / {len(statuses)}")
     cols[4].metric("Free blocks", f"{snap.num_free_blocks} / {snap.num_blocks}")
     cols[5].metric("Cached blocks", f"{sum(1 for b in snap.blocks if b.cached)}",
                    help="Blocks the prefix cache holds; of them, those no running request uses "

@@ -490,7 +490,7 @@ class LLMEngine:
 
     def _request_state(self, r: Request) -> RequestState:
         return RequestState(
-            request_id=r.request_id, status=r.status.value, arrival_step=r.arrival_step,
+            request_id=r.request_id, status=r.status, arrival_step=r.arrival_step,
             num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=len(r.output_token_ids),
             num_computed_tokens=r.num_computed_tokens, max_tokens=r.sampling_params.max_tokens,
             block_table=tuple(self.kv.block_tables.get(r.request_id, ())),

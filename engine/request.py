@@ -10,20 +10,12 @@ a chunk at a time; decode is simply a gap of one.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.config import SamplingParams
-
-
-class RequestStatus(enum.Enum):
-    PENDING = "pending"  # added, its arrival step has not come yet
-    WAITING = "waiting"
-    RUNNING = "running"
-    PREEMPTED = "preempted"  # waiting again, its KV dropped, to be recomputed
-    FINISHED = "finished"
+from engine.trace import RequestStatus as RequestStatus  # re-exported: the vocabulary lives with the records
 
 
 @dataclass(slots=True, eq=False)

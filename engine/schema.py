@@ -10,6 +10,7 @@ Rules, one per annotation (anything else is a bug in the record definition: Type
     bool               true or false
     str                a string
     Literal[a, b]      exactly one of the listed values
+    an Enum subclass   one of its members' values (decoded to the member)
     X | None           null, or an X
     tuple[X, ...]      an array whose every item is an X (decoded to a tuple)
     Mapping[str, X]    an object whose every value is an X (decoded to a dict)
@@ -27,6 +28,7 @@ valid file costs no string formatting.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import json
 import math
@@ -180,6 +182,8 @@ def describe(tp: Any) -> str:
         return _BASIC[tp][1]
     if origin is typing.Literal:
         return "one of " + ", ".join(json.dumps(v) for v in args)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of " + ", ".join(json.dumps(m.value) for m in tp)
     if origin in (Union, types.UnionType):
         return " or ".join(sorted(("null" if a is type(None) else describe(a) for a in args), key=lambda d: d != "null"))
     if origin is tuple:
@@ -204,6 +208,8 @@ def decoder(tp: Any, tagged: frozenset[type] = frozenset()) -> Decoder:
         return _BASIC[tp][0]
     if origin is typing.Literal:
         return _literal(args, describe(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum(tp, describe(tp))
     if origin in (Union, types.UnionType):
         return _optional(tp, args, tagged)
     if origin is tuple:
@@ -240,6 +246,17 @@ def _literal(values: tuple[Any, ...], expected: str) -> Decoder:
             raise _fail(expected, value)
         return value
     return decode_literal
+
+
+def _enum(cls: type[enum.Enum], expected: str) -> Decoder:
+    members = {(type(m.value), m.value): m for m in cls}  # keyed by type too: true is not 1
+
+    def decode_enum(value: Any) -> Any:
+        try:
+            return members[(type(value), value)]
+        except (KeyError, TypeError):  # TypeError: an unhashable value (an array, an object)
+            raise _fail(expected, value) from None
+    return decode_enum
 
 
 def _optional(tp: Any, args: tuple[Any, ...], tagged: frozenset[type]) -> Decoder:

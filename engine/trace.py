@@ -5,10 +5,11 @@ replay without the model.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from engine.schema import Length, OneOf, Range
+from engine.schema import Length, Range
 
 # Field types with the range each value must lie in: they are the replay file's schema too
 # (engine.schema reads these annotations when a recording is loaded).
@@ -19,8 +20,17 @@ BlockId = Annotated[int, Range(0)]  # also < the pool's num_blocks (checked per 
 TokenId = Annotated[int, Range(0, 2**31 - 1)]
 Millis = Annotated[float, Range(0.0)]  # a measured duration: finite, >= 0
 RequestId = Annotated[str, Length(1, 256)]
-RequestStatusName = Annotated[str, OneOf(("pending", "waiting", "running", "preempted", "finished"))]
 FinishReason = Annotated[str, Length(1, 64)]
+
+
+class RequestStatus(str, enum.Enum):
+    """Where a request is in its life; a replay file spells it by value ("running")."""
+
+    PENDING = "pending"  # added, its arrival step has not come yet
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # waiting again, its KV dropped, to be recomputed
+    FINISHED = "finished"
 
 
 @dataclass(frozen=True)
@@ -148,7 +158,7 @@ class BlockState:
 @dataclass(frozen=True)
 class RequestState:
     request_id: RequestId
-    status: RequestStatusName  # pending / waiting / running / preempted / finished
+    status: RequestStatus
     arrival_step: Count
     num_prompt_tokens: Count
     num_output_tokens: Count
@@ -222,4 +232,6 @@ def to_dict(record: Any) -> Any:
         return out
     if isinstance(record, (tuple, list)):
         return [to_dict(x) for x in record]
+    if isinstance(record, enum.Enum):
+        return record.value
     return record

@@ -21,7 +21,7 @@ import pytest
 
 from engine.run import LiveRun, PolicyRun, RunView, compare_policies
 from engine.scenario import load_scenario
-from engine.trace import BlockState, RequestState, Snapshot, StepTrace
+from engine.trace import BlockState, RequestState, RequestStatus, Snapshot, StepTrace
 from visualizers import batching as vb
 from visualizers import comparison as vc
 from visualizers import kv_blocks as vk
@@ -575,10 +575,10 @@ def test_latency_frame_one_row_per_request_consistent_with_metrics(view: RunView
     assert list(frame["request"]) == [request_label(m.request_id) for m in metrics]
     for (_, row), m in zip(frame.iterrows(), metrics):
         r = states[m.request_id]
-        assert row["status"] == r.status
+        assert row["status"] == r.status.value
         assert row["output tokens"] == m.num_output_tokens == r.num_output_tokens
         assert row["preemptions"] == m.num_preemptions == r.num_preemptions
-        if r.status == "finished":
+        if r.status is RequestStatus.FINISHED:
             latency = m.finished_step - m.arrival_step + 1
             assert row["latency (steps)"] == latency >= row["TTFT (steps)"] == m.ttft_steps >= 1
             assert row["TTFT (ms)"] == pytest.approx(m.ttft_ms)
@@ -588,7 +588,7 @@ def test_latency_frame_one_row_per_request_consistent_with_metrics(view: RunView
         else:
             assert pd.isna(row["latency (steps)"]) and pd.isna(row["E2E (ms)"])
     if view.done:
-        assert set(frame["status"]) == {"finished"} and len(frame) == len(snap.requests)
+        assert set(frame["status"]) == {RequestStatus.FINISHED.value} and len(frame) == len(snap.requests)
     fig = check(vb.latency_figure(snap))
     ttft, tpot = fig.data
     with_ttft = [m for m in metrics if m.ttft_ms is not None]
@@ -632,7 +632,7 @@ def test_policy_summary_rows_steps_and_idle_slots(policy_runs: dict[str, dict[st
         assert row["tokens / step"] == pytest.approx(out / len(run.traces))
         assert (row["idle slots"], row["idle slots while requests waited"]) == \
             vc.idle_slots(run, max_num_seqs) == _idle_slots_by_hand(run, max_num_seqs)
-        assert all(r.status == "finished" for r in run.final.requests)
+        assert all(r.status is RequestStatus.FINISHED for r in run.final.requests)
         latencies = [m.finished_step - m.arrival_step + 1 for m in run.final.metrics]
         assert row["max latency (steps)"] == max(latencies)
         assert row["mean latency (steps)"] == pytest.approx(sum(latencies) / len(latencies))

@@ -8,7 +8,9 @@ message, and the live run is untouched. A valid recording still loads to identic
 """
 from __future__ import annotations
 
+import enum
 import re
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -46,12 +48,15 @@ def test_a_complete_run_loads_back_identically(scenario: str, steps: int) -> Non
     assert from_json(original.encode()) == loaded
 
 
-def test_status_names_are_the_engines() -> None:
-    from engine.request import RequestStatus
-    from engine.trace import RequestStatusName
-    from typing import get_args
+def test_status_is_the_engines_enum() -> None:
+    """One vocabulary: the engine's RequestStatus is the records' (a replay loads members, not strings)."""
+    import engine.request
+    from engine.trace import RequestState, RequestStatus
 
-    assert set(get_args(RequestStatusName)[1].values) == {s.value for s in RequestStatus}
+    assert engine.request.RequestStatus is RequestStatus
+    assert typing.get_type_hints(RequestState)["status"] is RequestStatus
+    loaded = from_json(record_json(steps=3))
+    assert all(type(r.status) is RequestStatus for s in loaded.snapshots for r in s.requests)
 
 
 # -- the defects found --------------------------------------------------------------------------
@@ -166,3 +171,31 @@ def test_schema_decodes_by_annotation() -> None:
         assert str(info.value) == message
     with pytest.raises(TypeError):
         decode(set[int], [1])  # an annotation the schema has no rule for is a bug, not bad data
+
+
+class Colour(str, enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Level(enum.Enum):
+    ONE = 1
+
+
+def test_schema_decodes_an_enum_by_value() -> None:
+    """An Enum annotation: the JSON value of a member -> the member; anything else names the path."""
+    assert decode(Colour, "red") is Colour.RED
+    assert decode(Colour | None, None) is None and decode(Colour | None, "blue") is Colour.BLUE
+    assert decode(tuple[Colour, ...], ["blue", "red"]) == (Colour.BLUE, Colour.RED)
+    assert decode(Level, 1) is Level.ONE
+    for tp, value, message in [
+        (Colour, "RED", 'must be one of "red", "blue", got "RED"'),  # the value, not the member name
+        (Colour, ["red"], 'must be one of "red", "blue", got an array'),  # unhashable: still a SchemaError
+        (Colour | None, 3, 'must be null or one of "red", "blue", got 3'),
+        (tuple[Colour, ...], ["red", {}], '[1]: must be one of "red", "blue", got an object'),
+        (Level, True, "must be one of 1, got true"),  # true == 1 in Python, but not in the schema
+        (Level, 1.0, "must be one of 1, got 1.0"),
+    ]:
+        with pytest.raises(SchemaError) as info:
+            decode(tp, value)
+        assert str(info.value) == message

@@ -234,7 +234,7 @@ def timeline_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = Non
 
 def latency_frame(snapshot: Snapshot) -> pd.DataFrame:
     """Per request: arrival, TTFT (steps and ms), time per output token, end-to-end, preemptions."""
-    status = {r.request_id: r.status for r in snapshot.requests}
+    status = {r.request_id: r.status.value for r in snapshot.requests}  # the label shown
     rows = []
     for m in sorted(snapshot.metrics, key=lambda m: request_sort_key(m.request_id)):
         latency_steps = None if m.finished_step is None else m.finished_step - m.arrival_step + 1

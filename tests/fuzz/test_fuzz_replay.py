@@ -113,7 +113,7 @@ def _rule_cases() -> list[Case]:
 
     return [
         Case("kind", f"{CHUNK}.kind", "chunk", re.escape(f"{CHUNK}.kind") + r': must be one of "prefill", "decode"'),
-        Case("status", f"{REQUEST}.status", "done", re.escape(f"{REQUEST}.status") + ": must be a string one of"),
+        Case("status", f"{REQUEST}.status", "done", re.escape(f"{REQUEST}.status") + r': must be one of "pending", "waiting", "running", "preempted", "finished", got "done"'),
         Case("finish_reason", f"{REQUEST}.finish_reason", ""),
         Case("token_id", f"{SAMPLED}.token_id", 2**31),
         Case("type tag", f"{TRACE}._type", "Snapshot", re.escape(f"{TRACE}._type") + r': must be tagged "_type": "StepTrace"'),
