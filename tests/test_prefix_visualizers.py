@@ -3,24 +3,33 @@ checked on their data.
 
 The first part uses small hand-made trees (tests/prefix_records.py) whose drawing is worked out
 by hand here: LRU order, owners, the leaf-counting layout, ghosts of evicted nodes, folding of
-cold subtrees, escaping. Every figure also passes Plotly's full validation.
+cold subtrees, escaping. The last part uses real runs of the engine on ``tiny-random``: the LRU
+rank against the engine's own eviction, owners against the pool, the caching on/off tables
+against the traces, and a replayed recording against the live run. Every figure also passes
+Plotly's full validation.
 """
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 import pytest
 
+from engine.recording import from_json, record, to_json
+from engine.run import LiveRun, ReplayRun, compare_prefix_caching
+from engine.scenario import load_scenario
 from engine.trace import BlockCopy, PrefixCacheEvents, PrefixLookup
 from tests.prefix_records import BLOCK_SIZE, Req, Tree, node, root, snapshot, trace
 from visualizers import kv_blocks as vk
 from visualizers import prefix_stats as ps
 from visualizers import prefix_tree as pt
 from visualizers.figures import validated
-from visualizers.theme import BLOCK_STATE_COLORS, PREFIX_NODE_COLORS, PREFIX_NODE_LABELS, request_color
+from visualizers.theme import BLOCK_STATE_COLORS, PREFIX_NODE_COLORS, PREFIX_NODE_LABELS, request_color, request_label
+
+if TYPE_CHECKING:
+    from engine.engine import SharedModel
 
 NASTY = "<img src=x onerror=alert(1)> & <b>bold</b>\nline two"
 
@@ -388,3 +397,96 @@ def test_allocated_and_freed_outlines_win_over_the_cache_outline() -> None:
     assert line[3] == vk.ALLOCATED_OUTLINE
     line = {int(cd[0]): c for cd, c in zip(cached.customdata, cached.marker.line.color)}
     assert line[5] == vk.FREED_OUTLINE and line[6] == BLOCK_STATE_COLORS["cached outline"]
+
+
+# -- real runs (tiny-random) ------------------------------------------------------------------
+
+def run_live(model: "SharedModel", name: str, steps: int | None = None, **knobs: Any) -> LiveRun:
+    run = LiveRun.from_scenario(load_scenario(name), model, **knobs)
+    run.step(10_000 if steps is None else steps)
+    return run
+
+
+@pytest.mark.parametrize("name, steps", [("cache-pressure", 20), ("multi-turn", 30), ("shared-prefix", None)])
+def test_lru_rank_is_the_order_the_engine_evicts_in(tiny: "SharedModel", torch_single_thread: None, name: str,
+                                                    steps: int | None) -> None:
+    """Ask the engine's own cache to evict everything it can (mid-run, with some nodes locked, or
+    after the last request): the nodes go in ``lru_order``, locked ones never."""
+    run = run_live(tiny, name, steps)
+    snap = run.engine.snapshot()
+    expected = pt.lru_order(snap.prefix_tree)
+    assert expected, "the scenario has unlocked nodes at this step"
+    locked = [n.node_id for n in snap.prefix_tree if n.lock_count and n.parent_id is not None]
+    assert bool(locked) == (steps is not None), "mid-run some nodes are locked; at the end none"
+    cache = run.engine.kv.prefix_cache
+    cache.drain_events()
+    cache.evict(snap.num_blocks)
+    assert [n.node_id for n in cache.drain_events().evicted] == expected
+
+
+def test_real_tree_every_node_drawn_with_the_pools_owners(tiny: "SharedModel", torch_single_thread: None) -> None:
+    run = LiveRun.from_scenario(load_scenario("shared-prefix"), tiny)
+    for _ in range(12):
+        run.step(1)
+        v = run.view()
+        snap = v.snapshot
+        layout = pt.tree_layout(snap, v.last_trace, v.traces, max_nodes=1000, max_slots=1000)
+        live_ids = {n.node_id for n in snap.prefix_tree}
+        assert {b.node_id for b in layout.boxes if b.state != "evicted"} == live_ids
+        pool = {b.block_id: b for b in snap.blocks}
+        running = set(snap.running)
+        for n in snap.prefix_tree:
+            holders = {o for b in n.block_ids for o in pool[b].owners if o in running}
+            assert set(pt.node_owners(snap)[n.node_id]) == holders
+            assert all(pool[b].cached for b in n.block_ids)
+            assert n.lock_count == 0 or holders, "a locked node's blocks are in running block tables"
+        check(pt.tree_figure(snap, v.last_trace, v.traces))
+        check(ps.cache_figure(v.traces, snap))
+    assert pt.tree_layout(snap).num_nodes > 8, "eight questions behind one prefix: a branch each"
+
+
+def test_caching_on_vs_off_tables_follow_the_traces(tiny: "SharedModel", torch_single_thread: None) -> None:
+    runs = compare_prefix_caching(load_scenario("shared-prefix"), tiny)
+    assert list(runs) == ["caching on", "caching off"]
+    summary = ps.caching_summary(runs).set_index("run")
+    for name, run in runs.items():
+        assert summary.loc[name, "prefill tokens computed"] == sum(t.num_prefill_tokens for t in run.traces)
+        assert summary.loc[name, "steps"] == len(run.traces)
+    assert summary.loc["caching off", "tokens from cache"] == 0 and not runs["caching off"].final.prefix_tree
+    assert 0 < summary.loc["caching on", "prefill tokens computed"] < summary.loc["caching off", "prefill tokens computed"]
+    frame = ps.caching_requests_frame(runs).set_index("request")
+    assert len(frame) == 8
+    for side in ("on", "off"):
+        run = runs[f"caching {side}"]
+        metrics = {request_label(m.request_id): m for m in run.final.metrics}
+        assert frame[f"prefill computed ({side})"].sum() == sum(t.num_prefill_tokens for t in run.traces)
+        for label, row in frame.iterrows():
+            assert row[f"TTFT steps ({side})"] == metrics[label].ttft_steps
+            if side == "on":
+                assert row["from cache"] == metrics[label].num_cached_tokens
+    assert frame["from cache"].iloc[0] == 0 and (frame["from cache"].iloc[1:] > 0).all()
+    fig = check(ps.caching_comparison_figure(runs))
+    bars = [t for t in fig.data if t.name == "caching on"]
+    assert list(bars[0].y) == list(frame["prefill computed (on)"])
+
+
+@pytest.mark.parametrize("name", ["multi-turn", "cache-pressure"])
+def test_a_replayed_recording_draws_the_same_figures_at_every_step(tiny: "SharedModel", torch_single_thread: None,
+                                                                   name: str) -> None:
+    """Record a real run, load the JSON back (no model), step the replay: at every step the tree
+    and the cache panels are the live run's, number for number."""
+    run = LiveRun.from_scenario(load_scenario(name), tiny)
+    live = []
+    while not run.done:
+        run.step(1)
+        v = run.view()
+        live.append((pt.tree_figure(v.snapshot, v.last_trace, v.traces).to_dict(),
+                     ps.cache_figure(v.traces, v.snapshot).to_dict()))
+    assert any(t.prefix.evicted for t in run.traces) or name != "cache-pressure"
+    replay = ReplayRun(from_json(to_json(record(run))))
+    for tree, stats in live:
+        replay.step(1)
+        v = replay.view()
+        assert pt.tree_figure(v.snapshot, v.last_trace, v.traces).to_dict() == tree
+        assert ps.cache_figure(v.traces, v.snapshot).to_dict() == stats
+    assert replay.done

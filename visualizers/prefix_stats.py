@@ -22,7 +22,8 @@ from engine.run import PolicyRun
 from engine.trace import Snapshot, StepTrace
 from visualizers.figures import Panel, live_layout, stack
 from visualizers.kv_blocks import CACHED_IN_USE, CELL_PX, STATE_TRACES, grid_columns, grid_panel
-from visualizers.theme import BLOCK_STATE_COLORS, CACHING_COLORS, CHUNK_KIND_COLORS, plot_label, request_sort_key
+from visualizers.text import escape_plotly
+from visualizers.theme import BLOCK_STATE_COLORS, CACHING_COLORS, CHUNK_KIND_COLORS, request_label, request_sort_key
 
 STATS_COLUMNS = ["step", "lookup tokens", "cached tokens", "hit rate", "cumulative hit rate", "prefill tokens",
                  "cached blocks", "evictable blocks", "evicted blocks", "evicted nodes", "copies"]
@@ -49,6 +50,12 @@ def cache_stats_frame(traces: Sequence[StepTrace]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=STATS_COLUMNS)
 
 
+def values(column: pd.Series) -> list:
+    """A frame column as plain Python values, None for a missing one (JSON-ready without Plotly's
+    slow per-value cleaning of numpy scalars and NaN)."""
+    return [None if v != v else v for v in column.tolist()]
+
+
 def hit_rate(traces: Sequence[StepTrace]) -> float | None:
     """Tokens served from the cache / prompt tokens looked up, over all steps so far."""
     looked = sum(t.prefix.num_lookup_tokens for t in traces)
@@ -61,11 +68,11 @@ def _xaxis(title: bool) -> dict:
 
 
 def hit_panel(frame: pd.DataFrame) -> Panel:
-    steps = list(frame["step"])
-    data = [dict(type="scatter", mode="lines+markers", x=steps, y=list(frame["cumulative hit rate"]),
+    steps = values(frame["step"])
+    data = [dict(type="scatter", mode="lines+markers", x=steps, y=values(frame["cumulative hit rate"]),
                  name="hit rate, so far", line=dict(color=HIT_COLOR, width=2.5), marker=dict(size=4),
                  connectgaps=False, hovertemplate="step %{x}: %{y:.0%} of looked-up tokens so far<extra></extra>"),
-            dict(type="scatter", mode="markers", x=steps, y=list(frame["hit rate"]), name="hit rate, this step",
+            dict(type="scatter", mode="markers", x=steps, y=values(frame["hit rate"]), name="hit rate, this step",
                  marker=dict(color=HIT_COLOR, symbol="circle-open", size=7),
                  hovertemplate="step %{x}: %{y:.0%} of this step's lookups<extra></extra>")]
     return Panel(data, height=120, xaxis=dict(fixedrange=True, rangemode="tozero"),
@@ -75,11 +82,11 @@ def hit_panel(frame: pd.DataFrame) -> Panel:
 
 def tokens_panel(frame: pd.DataFrame) -> Panel:
     """Prefill tokens computed in each step, with the prompt tokens admissions found cached stacked on top."""
-    steps = list(frame["step"])
-    data = [dict(type="bar", x=steps, y=list(frame["prefill tokens"]), name="prefill tokens computed",
+    steps = values(frame["step"])
+    data = [dict(type="bar", x=steps, y=values(frame["prefill tokens"]), name="prefill tokens computed",
                  marker=dict(color=CHUNK_KIND_COLORS["prefill"]),
                  hovertemplate="step %{x}: %{y} prefill tokens computed<extra></extra>"),
-            dict(type="bar", x=steps, y=list(frame["cached tokens"]), name="prefill tokens saved (from cache)",
+            dict(type="bar", x=steps, y=values(frame["cached tokens"]), name="prefill tokens saved (from cache)",
                  marker=dict(color=CACHING_COLORS["caching on"]),
                  hovertemplate="step %{x}: %{y} prompt tokens served from the cache<extra></extra>")]
     return Panel(data, height=110, xaxis=_xaxis(False), yaxis=dict(title=dict(text="tokens"), fixedrange=True),
@@ -87,14 +94,14 @@ def tokens_panel(frame: pd.DataFrame) -> Panel:
 
 
 def blocks_panel(frame: pd.DataFrame) -> Panel:
-    steps = list(frame["step"])
-    data = [dict(type="scatter", mode="lines", x=steps, y=list(frame["cached blocks"]), name="blocks in the tree",
+    steps = values(frame["step"])
+    data = [dict(type="scatter", mode="lines", x=steps, y=values(frame["cached blocks"]), name="blocks in the tree",
                  line=dict(color=BLOCK_STATE_COLORS["cached outline"], width=2),
                  hovertemplate="step %{x}: %{y} blocks held by the tree<extra></extra>"),
-            dict(type="scatter", mode="lines", x=steps, y=list(frame["evictable blocks"]),
+            dict(type="scatter", mode="lines", x=steps, y=values(frame["evictable blocks"]),
                  name="of those, evictable", line=dict(color=BLOCK_STATE_COLORS["cached outline"], dash="dot"),
                  hovertemplate="step %{x}: %{y} evictable blocks<extra></extra>"),
-            dict(type="bar", x=steps, y=list(frame["evicted blocks"]), name="blocks evicted (LRU)",
+            dict(type="bar", x=steps, y=values(frame["evicted blocks"]), name="blocks evicted (LRU)",
                  marker=dict(color="#EE6677"), hovertemplate="step %{x}: %{y} blocks evicted<extra></extra>")]
     return Panel(data, height=110, xaxis=_xaxis(True), yaxis=dict(title=dict(text="blocks"), fixedrange=True),
                  title="Cached blocks, and evictions")
@@ -166,7 +173,7 @@ def caching_requests_frame(runs: Mapping[str, PolicyRun]) -> pd.DataFrame:
     for r in sorted(on.final.requests, key=lambda r: request_sort_key(r.request_id)):
         m_on, m_off = metrics["caching on"].get(r.request_id), metrics["caching off"].get(r.request_id)
         rows.append({
-            "request": r.request_id, "prompt tokens": r.num_prompt_tokens,
+            "request": request_label(r.request_id), "prompt tokens": r.num_prompt_tokens,
             "from cache": m_on.num_cached_tokens if m_on else r.num_cached_tokens,
             "prefill computed (on)": prefill["caching on"].get(r.request_id, 0),
             "prefill computed (off)": prefill["caching off"].get(r.request_id, 0),
@@ -179,12 +186,12 @@ def caching_requests_frame(runs: Mapping[str, PolicyRun]) -> pd.DataFrame:
 def caching_comparison_figure(runs: Mapping[str, PolicyRun], font_size: int = 12) -> go.Figure:
     """Per request, caching on beside caching off: prefill tokens computed, TTFT in steps, TTFT in ms."""
     frame = caching_requests_frame(runs)
-    labels = [plot_label(r) for r in frame["request"]]
+    labels = [escape_plotly(r) for r in frame["request"]]
     panels = []
     for column, title, unit in (("prefill computed", "Prefill tokens computed per request", "tokens"),
                                 ("TTFT steps", "Time to first token (engine steps from arrival)", "steps"),
                                 ("TTFT ms", "Time to first token (ms, measured)", "ms")):
-        data = [dict(type="bar", x=labels, y=list(frame[f"{column} ({side})"]), name=f"caching {side}",
+        data = [dict(type="bar", x=labels, y=values(frame[f"{column} ({side})"]), name=f"caching {side}",
                      marker=dict(color=CACHING_COLORS[f"caching {side}"]), legendgroup=side,
                      showlegend=column == "prefill computed", offsetgroup=side,
                      hovertemplate=f"%{{x}}, caching {side}: %{{y:.4~g}} {unit}<extra></extra>")
