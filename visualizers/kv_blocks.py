@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -98,7 +99,7 @@ def _group_style(key: str, group: list[_Cell], block_size: int, focus: str | Non
                                                  for c in group]
 
 
-def _cached_in_use_legend() -> dict:
+def _cached_in_use_legend() -> dict[str, Any]:
     """Legend-only entry for the outline a block in use gets when a prefix-cache node holds it."""
     return dict(type="scatter", x=[None], y=[None], mode="markers", name=CACHED_IN_USE, hoverinfo="skip",
                 marker=dict(symbol="square", size=CELL_PX - 8, color="#FFFFFF",

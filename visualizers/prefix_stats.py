@@ -13,7 +13,7 @@ Pure functions of StepTraces, Snapshots and PolicyRuns.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -50,7 +50,7 @@ def cache_stats_frame(traces: Sequence[StepTrace]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=STATS_COLUMNS)
 
 
-def values(column: pd.Series) -> list:
+def values(column: pd.Series) -> list[Any]:
     """A frame column as plain Python values, None for a missing one (JSON-ready without Plotly's
     slow per-value cleaning of numpy scalars and NaN)."""
     return [None if v != v else v for v in column.tolist()]
@@ -62,19 +62,20 @@ def hit_rate(traces: Sequence[StepTrace]) -> float | None:
     return sum(t.prefix.num_cached_tokens for t in traces) / looked if looked else None
 
 
-def _xaxis(title: bool) -> dict:
+def _xaxis(title: bool) -> dict[str, Any]:
     return dict(title=dict(text="engine step") if title else None, fixedrange=True, matches="x2",
                 rangemode="tozero")
 
 
 def hit_panel(frame: pd.DataFrame) -> Panel:
     steps = values(frame["step"])
-    data = [dict(type="scatter", mode="lines+markers", x=steps, y=values(frame["cumulative hit rate"]),
-                 name="hit rate, so far", line=dict(color=HIT_COLOR, width=2.5), marker=dict(size=4),
-                 connectgaps=False, hovertemplate="step %{x}: %{y:.0%} of looked-up tokens so far<extra></extra>"),
-            dict(type="scatter", mode="markers", x=steps, y=values(frame["hit rate"]), name="hit rate, this step",
-                 marker=dict(color=HIT_COLOR, symbol="circle-open", size=7),
-                 hovertemplate="step %{x}: %{y:.0%} of this step's lookups<extra></extra>")]
+    data: list[dict[str, Any]] = [
+        dict(type="scatter", mode="lines+markers", x=steps, y=values(frame["cumulative hit rate"]),
+             name="hit rate, so far", line=dict(color=HIT_COLOR, width=2.5), marker=dict(size=4),
+             connectgaps=False, hovertemplate="step %{x}: %{y:.0%} of looked-up tokens so far<extra></extra>"),
+        dict(type="scatter", mode="markers", x=steps, y=values(frame["hit rate"]), name="hit rate, this step",
+             marker=dict(color=HIT_COLOR, symbol="circle-open", size=7),
+             hovertemplate="step %{x}: %{y:.0%} of this step's lookups<extra></extra>")]
     return Panel(data, height=120, xaxis=dict(fixedrange=True, rangemode="tozero"),
                  yaxis=dict(title=dict(text="hit rate"), range=[0, 1.05], tickformat=".0%", fixedrange=True),
                  title="Hit rate: prompt tokens served from the cache / looked up")
@@ -83,26 +84,28 @@ def hit_panel(frame: pd.DataFrame) -> Panel:
 def tokens_panel(frame: pd.DataFrame) -> Panel:
     """Prefill tokens computed in each step, with the prompt tokens admissions found cached stacked on top."""
     steps = values(frame["step"])
-    data = [dict(type="bar", x=steps, y=values(frame["prefill tokens"]), name="prefill tokens computed",
-                 marker=dict(color=CHUNK_KIND_COLORS["prefill"]),
-                 hovertemplate="step %{x}: %{y} prefill tokens computed<extra></extra>"),
-            dict(type="bar", x=steps, y=values(frame["cached tokens"]), name="prefill tokens saved (from cache)",
-                 marker=dict(color=CACHING_COLORS["caching on"]),
-                 hovertemplate="step %{x}: %{y} prompt tokens served from the cache<extra></extra>")]
+    data: list[dict[str, Any]] = [
+        dict(type="bar", x=steps, y=values(frame["prefill tokens"]), name="prefill tokens computed",
+             marker=dict(color=CHUNK_KIND_COLORS["prefill"]),
+             hovertemplate="step %{x}: %{y} prefill tokens computed<extra></extra>"),
+        dict(type="bar", x=steps, y=values(frame["cached tokens"]), name="prefill tokens saved (from cache)",
+             marker=dict(color=CACHING_COLORS["caching on"]),
+             hovertemplate="step %{x}: %{y} prompt tokens served from the cache<extra></extra>")]
     return Panel(data, height=110, xaxis=_xaxis(False), yaxis=dict(title=dict(text="tokens"), fixedrange=True),
                  title="Prefill tokens per step: computed, and saved by the cache")
 
 
 def blocks_panel(frame: pd.DataFrame) -> Panel:
     steps = values(frame["step"])
-    data = [dict(type="scatter", mode="lines", x=steps, y=values(frame["cached blocks"]), name="blocks in the tree",
-                 line=dict(color=BLOCK_STATE_COLORS["cached outline"], width=2),
-                 hovertemplate="step %{x}: %{y} blocks held by the tree<extra></extra>"),
-            dict(type="scatter", mode="lines", x=steps, y=values(frame["evictable blocks"]),
-                 name="of those, evictable", line=dict(color=BLOCK_STATE_COLORS["cached outline"], dash="dot"),
-                 hovertemplate="step %{x}: %{y} evictable blocks<extra></extra>"),
-            dict(type="bar", x=steps, y=values(frame["evicted blocks"]), name="blocks evicted (LRU)",
-                 marker=dict(color="#EE6677"), hovertemplate="step %{x}: %{y} blocks evicted<extra></extra>")]
+    data: list[dict[str, Any]] = [
+        dict(type="scatter", mode="lines", x=steps, y=values(frame["cached blocks"]), name="blocks in the tree",
+             line=dict(color=BLOCK_STATE_COLORS["cached outline"], width=2),
+             hovertemplate="step %{x}: %{y} blocks held by the tree<extra></extra>"),
+        dict(type="scatter", mode="lines", x=steps, y=values(frame["evictable blocks"]),
+             name="of those, evictable", line=dict(color=BLOCK_STATE_COLORS["cached outline"], dash="dot"),
+             hovertemplate="step %{x}: %{y} evictable blocks<extra></extra>"),
+        dict(type="bar", x=steps, y=values(frame["evicted blocks"]), name="blocks evicted (LRU)",
+             marker=dict(color="#EE6677"), hovertemplate="step %{x}: %{y} blocks evicted<extra></extra>")]
     return Panel(data, height=110, xaxis=_xaxis(True), yaxis=dict(title=dict(text="blocks"), fixedrange=True),
                  title="Cached blocks, and evictions")
 
@@ -150,7 +153,7 @@ def caching_summary(runs: Mapping[str, PolicyRun]) -> pd.DataFrame:
             "prompt tokens": sum(r.num_prompt_tokens for r in run.final.requests if r.parent_id is None),
             "prefill tokens computed": sum(t.num_prefill_tokens for t in run.traces),
             "tokens from cache": sum(t.prefix.num_cached_tokens for t in run.traces),
-            "hit rate": hit_rate(run.traces),
+            "hit rate": hit_rate(run.traces) or 0.0,  # caching off: nothing looked up, nothing served
             "mean TTFT (steps)": _mean([m.ttft_steps for m in ms if m.ttft_steps is not None]),
             "mean TTFT (ms)": _mean([m.ttft_ms for m in ms if m.ttft_ms is not None]),
             "engine time (ms)": sum(t.total_ms for t in run.traces),
@@ -177,7 +180,8 @@ def caching_requests_frame(runs: Mapping[str, PolicyRun]) -> pd.DataFrame:
             "from cache": m_on.num_cached_tokens if m_on else r.num_cached_tokens,
             "prefill computed (on)": prefill["caching on"].get(r.request_id, 0),
             "prefill computed (off)": prefill["caching off"].get(r.request_id, 0),
-            "TTFT steps (on)": m_on.ttft_steps if m_on else None, "TTFT steps (off)": m_off.ttft_steps if m_off else None,
+            "TTFT steps (on)": m_on.ttft_steps if m_on else None,
+            "TTFT steps (off)": m_off.ttft_steps if m_off else None,
             "TTFT ms (on)": m_on.ttft_ms if m_on else None, "TTFT ms (off)": m_off.ttft_ms if m_off else None,
         })
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
@@ -191,11 +195,12 @@ def caching_comparison_figure(runs: Mapping[str, PolicyRun], font_size: int = 12
     for column, title, unit in (("prefill computed", "Prefill tokens computed per request", "tokens"),
                                 ("TTFT steps", "Time to first token (engine steps from arrival)", "steps"),
                                 ("TTFT ms", "Time to first token (ms, measured)", "ms")):
-        data = [dict(type="bar", x=labels, y=values(frame[f"{column} ({side})"]), name=f"caching {side}",
-                     marker=dict(color=CACHING_COLORS[f"caching {side}"]), legendgroup=side,
-                     showlegend=column == "prefill computed", offsetgroup=side,
-                     hovertemplate=f"%{{x}}, caching {side}: %{{y:.4~g}} {unit}<extra></extra>")
-                for side in ("on", "off")]
+        data: list[dict[str, Any]] = [
+            dict(type="bar", x=labels, y=values(frame[f"{column} ({side})"]), name=f"caching {side}",
+                 marker=dict(color=CACHING_COLORS[f"caching {side}"]), legendgroup=side,
+                 showlegend=column == "prefill computed", offsetgroup=side,
+                 hovertemplate=f"%{{x}}, caching {side}: %{{y:.4~g}} {unit}<extra></extra>")
+            for side in ("on", "off")]
         panels.append(Panel(data, height=150, xaxis=dict(type="category", fixedrange=True),
                             yaxis=dict(title=dict(text=unit), fixedrange=True, rangemode="tozero"), title=title))
     layout = live_layout("Prefix caching on vs off: the same scenario run twice", None, font_size,

@@ -8,9 +8,10 @@ split sand, evicted red, drawn faded where it was).
 
 Layout: leaf counting (each leaf gets the next slot across, a parent sits centred over its
 children), depth downwards. Siblings are ordered by their tokens, so a node keeps its place
-from step to step and an evicted node's ghost appears where it was. Past ``max_nodes`` boxes,
-cold subtrees (no lock, not touched in the last ``cold_steps`` steps) fold into one
-"+k nodes" box each, coldest first; drag to zoom, double-click to reset.
+from step to step and an evicted node's ghost appears where it was. Past ``max_nodes`` boxes
+or ``max_slots`` leaves across, the cold children of a node (subtrees with no lock, not
+touched in the last ``cold_steps`` steps) fold into one "+k nodes" box, coldest group first;
+the figure zooms by dragging (double-click resets).
 
 Pure functions of engine records (Snapshot, StepTrace) -> plotly Figure / pandas DataFrame.
 Records may come from a shared recording: a malformed tree (missing parents, cycles) draws
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -127,7 +128,8 @@ def lru_order(nodes: Sequence[PrefixNode]) -> list[int]:
     by_id = {n.node_id: n for n in tree}
     remaining = {n.node_id: 0 for n in tree}
     for n in tree[1:]:
-        remaining[n.parent_id] += 1  # type: ignore[index]  # reachable: the parent is in the tree
+        assert n.parent_id is not None  # reachable: every node but the root has its parent in the tree
+        remaining[n.parent_id] += 1
     heap = [(n.last_access, n.node_id) for n in tree[1:] if n.lock_count == 0 and remaining[n.node_id] == 0]
     heapq.heapify(heap)
     order = []
@@ -258,20 +260,20 @@ def fold_plan(tree: Sequence[PrefixNode], hot: set[int], max_nodes: int = MAX_NO
 class _Draft:
     """A box before its x position is known."""
 
-    box: dict
+    box: dict[str, Any]
     children: list[str]
-    order: tuple  # sibling order: by tokens, then node id; a fold last
+    order: tuple[Any, ...]  # sibling order: by tokens, then node id; a fold last
 
 
 def _node_box(n: PrefixNode, parent_key: str | None, state: str, depth: int, rank: int | None,
-              owners: tuple[str, ...], key: str | None = None) -> dict:
+              owners: tuple[str, ...], key: str | None = None) -> dict[str, Any]:
     return dict(key=key or f"n{n.node_id}", node_id=n.node_id, parent_key=parent_key, state=state, depth=depth,
                 text=n.text, num_tokens=len(n.token_ids), block_ids=tuple(n.block_ids), lock_count=n.lock_count,
                 hit_count=n.hit_count, last_access=n.last_access, lru_rank=rank, owners=owners)
 
 
 def _fold_box(fold: Fold, by_id: Mapping[int, PrefixNode], parent_key: str, depth: int,
-              ranks: Mapping[int, int]) -> dict:
+              ranks: Mapping[int, int]) -> dict[str, Any]:
     members = [by_id[i] for i in fold.node_ids]
     member_ranks = [ranks[i] for i in fold.node_ids if i in ranks]
     return dict(key=f"c{fold.parent_id}", node_id=fold.top_ids[0], parent_key=parent_key, state="collapsed",
@@ -467,7 +469,7 @@ def _outline(boxes: Sequence[Box]) -> tuple[list[float | None], list[float | Non
     return xs, ys
 
 
-def _edges(boxes: Sequence[Box], ghosts: bool) -> dict:
+def _edges(boxes: Sequence[Box], ghosts: bool) -> dict[str, Any]:
     by_key = {b.key: b for b in boxes}
     xs: list[float | None] = []
     ys: list[float | None] = []
@@ -483,7 +485,7 @@ def _edges(boxes: Sequence[Box], ghosts: bool) -> dict:
                 line=dict(color=color, width=1.5, dash="dash" if ghosts else "solid"))
 
 
-def _state_trace(state: str, boxes: Sequence[Box]) -> dict:
+def _state_trace(state: str, boxes: Sequence[Box]) -> dict[str, Any]:
     xs, ys = _outline(boxes)
     return dict(type="scatter", mode="lines", x=xs or [None], y=ys or [None], fill="toself",
                 fillcolor=PREFIX_NODE_COLORS[state], name=PREFIX_NODE_LABELS[state], legendgroup=state,
@@ -492,7 +494,7 @@ def _state_trace(state: str, boxes: Sequence[Box]) -> dict:
                           dash=LINE_DASH.get(state, "solid")))
 
 
-def _owner_dots(boxes: Sequence[Box]) -> dict:
+def _owner_dots(boxes: Sequence[Box]) -> dict[str, Any]:
     """A small square per owner just under each box, in the owner's request colour."""
     xs, ys, colors, names = [], [], [], []
     for b in boxes:
@@ -509,7 +511,7 @@ def _owner_dots(boxes: Sequence[Box]) -> dict:
                 customdata=names, hovertemplate="held by %{customdata}<extra></extra>")
 
 
-def _hover_trace(boxes: Sequence[Box]) -> dict:
+def _hover_trace(boxes: Sequence[Box]) -> dict[str, Any]:
     return dict(type="scatter", mode="markers", x=[b.x for b in boxes], y=[b.depth for b in boxes],
                 name="nodes", showlegend=False, marker=dict(size=26, opacity=0),
                 customdata=[[b.node_id, b.key] for b in boxes], hovertext=[hover_text(b) for b in boxes],
@@ -574,7 +576,8 @@ def tree_frame(snapshot: Snapshot) -> pd.DataFrame:
         rows.append({"node": n.node_id, "parent": n.parent_id, "depth": depth[n.node_id],
                      "tokens": len(n.token_ids), "blocks": ", ".join(str(b) for b in n.block_ids),
                      "lock count": n.lock_count, "hits": n.hit_count, "last access": n.last_access,
-                     "LRU rank": ranks.get(n.node_id), "held by": ", ".join(request_label(r) for r in owners[n.node_id]),
+                     "LRU rank": ranks.get(n.node_id),
+                     "held by": ", ".join(request_label(r) for r in owners[n.node_id]),
                      "text": n.text})
     return pd.DataFrame(rows, columns=["node", "parent", "depth", "tokens", "blocks", "lock count", "hits",
                                        "last access", "LRU rank", "held by", "text"])
