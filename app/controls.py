@@ -85,6 +85,10 @@ def _knobs() -> None:
                             help=help_text, persist_state="session", disabled=disabled)
         st.toggle("Chunked prefill", key=K.knob + "enable_chunked_prefill", persist_state="session",
                   disabled=disabled, help="Split prompts larger than the remaining budget across steps.")
+        st.toggle("Prefix caching", key=K.knob + "enable_prefix_caching", persist_state="session",
+                  disabled=disabled, help="enable_prefix_caching: keep the full KV blocks of computed prompts in a "
+                                          "radix tree and reuse them for later prompts that start the same way "
+                                          "(on by default, as in vLLM).")
         st.segmented_control("Policy", ["continuous", "static"], key=K.knob + "policy", required=True,
                              persist_state="session", disabled=disabled,
                              help="continuous: refill free slots every step; static: a batch runs until its "

@@ -39,17 +39,19 @@ class Style:
         return cls(font_size=19 if present else 12, explain=not present)
 
 
-def chart_config(name: str) -> dict:
-    """Plotly's own toolbar gives the PNG export (camera icon), drawn by the browser."""
+def chart_config(name: str, zoom: bool = False) -> dict:
+    """Plotly's own toolbar gives the PNG export (camera icon), drawn by the browser; ``zoom``
+    keeps its zoom, pan and reset buttons (the figure's own dragmode decides what a drag does)."""
+    removed = ["select2d", "lasso2d"] + ([] if zoom else ["zoom2d", "pan2d", "autoScale2d"])
     return {"displaylogo": False, "scrollZoom": False,
             "toImageButtonOptions": {"format": "png", "filename": f"inferscope-{name}", "scale": 2},
-            "modeBarButtonsToRemove": ["zoom2d", "pan2d", "select2d", "lasso2d", "autoScale2d"]}
+            "modeBarButtonsToRemove": removed}
 
 
-def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch") -> None:
+def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch", zoom: bool = False) -> None:
     """A figure, plus (outside presentation mode) an HTML export of it."""
     with timing.phase(f"send {name}"):
-        charts.live_chart(fig, key=f"chart_{name}", config=chart_config(name), width=width)
+        charts.live_chart(fig, key=f"chart_{name}", config=chart_config(name, zoom), width=width)
     if style.explain:
         st.download_button(f"Figure as HTML", data=lambda: fig.to_html(include_plotlyjs=True, full_html=True),
                            file_name=f"inferscope-{name}.html", mime="text/html", on_click="ignore",

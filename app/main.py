@@ -19,13 +19,14 @@ st.set_page_config(page_title="InferScope", page_icon="🔬", layout="wide")
 GENERATE = st.Page("app_pages/generate.py", title="Generate", icon="💬", default=True)
 KV_CACHE = st.Page("app_pages/kv_cache.py", title="Paged KV cache", icon="🧱", url_path="kv-cache")
 BATCHING = st.Page("app_pages/batching.py", title="Batch composition", icon="📊", url_path="batching")
+PREFIX_CACHE = st.Page("app_pages/prefix_cache.py", title="Prefix cache", icon="🌳", url_path="prefix-cache")
 PAGES = {
-    "Engine": [GENERATE, KV_CACHE, BATCHING],
+    "Engine": [GENERATE, KV_CACHE, BATCHING, PREFIX_CACHE],
     "Sizing": [
         st.Page("app_pages/fit.py", title="Will it fit?", icon="📐", url_path="fit"),
     ],
 }
-LIVE_PAGES = (KV_CACHE.url_path, BATCHING.url_path)
+LIVE_PAGES = (KV_CACHE.url_path, BATCHING.url_path, PREFIX_CACHE.url_path)
 
 with timing.phase("script"):
     page = st.navigation(PAGES, position="top")

@@ -22,13 +22,14 @@ from streamlit.errors import StreamlitAPIException
 from app import step_queue, timing
 from engine.config import EngineConfig
 from engine.recording import Recording, from_json, record, to_json
-from engine.run import LiveRun, PolicyRun, ReplayRun, RunView, compare_policies
+from engine.run import LiveRun, PolicyRun, ReplayRun, RunView, compare_policies, compare_prefix_caching
 from engine.scenario import Scenario, list_scenarios, load_scenario
 
 MODELS = ("smollm2-135m", "tiny-random")
 VIEWS_FRAGMENT = "views"  # @st.fragment key of the live views (app/live.py)
 DEFAULT_SCENARIO = "chat-burst"
-KNOBS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "policy")
+KNOBS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "policy",
+         "enable_prefix_caching")
 
 
 class K:
@@ -51,6 +52,7 @@ class K:
     pending = "_pending_steps"
     stop_play = "_stop_play"
     generate = "_generate_result"
+    caching_runs = "_caching_runs"  # (RunSpec, runs): the prefix-caching on/off comparison
     step_queue = "step_queue"  # the browser's Step-press counter (app/step_queue.py)
     steps_applied = "_step_presses_applied"
     epoch = "_session_epoch"
@@ -382,6 +384,36 @@ def run_comparison(progress: Callable[[str, int], None] | None = None) -> None:
         return
     with current.lock:
         current.comparison.update(runs)
+
+
+# -- prefix caching on vs off ------------------------------------------------------------------
+
+def caching_comparison() -> dict[str, PolicyRun]:
+    """The caching on/off runs of the current live set-up (same model, scenario and knobs), if run.
+
+    Not part of a recording (engine/recording.py accepts only the two scheduling policies as
+    comparison runs), so a replay has none.
+    """
+    ss = st.session_state
+    stored = ss.get(K.caching_runs)
+    if is_replay() or stored is None or stored[0] != ss.get(K.run_spec):
+        return {}
+    return dict(stored[1])
+
+
+def run_caching_comparison(progress: Callable[[str, int], None] | None = None) -> None:
+    """Run the current scenario to the end with prefix caching on and off (live runs only)."""
+    ss = st.session_state
+    spec = ss.get(K.run_spec)
+    if run() is None or is_replay() or spec is None:
+        return
+    try:
+        runs = compare_prefix_caching(scenario(spec.scenario), load_model(spec.model), dict(spec.knobs),
+                                      on_step=progress)
+    except (ValueError, RuntimeError) as e:
+        ss[K.error] = f"comparison failed: {e}"
+        return
+    ss[K.caching_runs] = (spec, runs)
 
 
 # -- presentation -----------------------------------------------------------------------------

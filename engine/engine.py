@@ -354,7 +354,8 @@ class LLMEngine:
                     sampled.append((r, result))
         else:
             t2 = t1
-        finished = self.scheduler.postprocess(output, self.requests, sampled, failed, self.step_count)
+        finished = self.scheduler.postprocess(output, self.requests, sampled, failed, cp.forked,
+                                              self.step_count)
         t3 = time.perf_counter()
         trace = self._build_trace(output, arrived, finished, sampled, cp.forked,
                                   (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)

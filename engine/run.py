@@ -163,3 +163,21 @@ def compare_policies(scenario: Scenario, model: Any, knob_overrides: Mapping[str
         traces = run_to_end(engine, on_step=callback)
         out[policy] = PolicyRun(policy, tuple(traces), engine.snapshot())
     return out
+
+
+CACHING_RUNS: tuple[tuple[str, bool], ...] = (("caching on", True), ("caching off", False))
+
+
+def compare_prefix_caching(scenario: Scenario, model: Any, knob_overrides: Mapping[str, Any] | None = None,
+                           on_step: Callable[[str, int], None] | None = None) -> dict[str, PolicyRun]:
+    """Run the same scenario to the end with prefix caching on and off, every other knob equal.
+
+    -> {"caching on": run, "caching off": run}; each run's ``policy`` is the scheduling policy used.
+    """
+    out = {}
+    for name, enabled in CACHING_RUNS:
+        engine = build_engine(scenario, model, **{**(knob_overrides or {}), "enable_prefix_caching": enabled})
+        callback = None if on_step is None else (lambda n, label=name: on_step(label, n))
+        traces = run_to_end(engine, on_step=callback)
+        out[name] = PolicyRun(engine.config.policy, tuple(traces), engine.snapshot())
+    return out

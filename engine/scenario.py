@@ -6,7 +6,7 @@ A scenario is data in ``presets/scenarios/<name>.json``::
      "chat_template": true,
      "knobs": {"block_size": 16, "num_blocks": 96, "max_num_batched_tokens": 256, ...},
      "requests": [{"prompt": "...", "arrival_step": 0, "max_tokens": 32,
-                   "temperature": 0, "seed": null, "ignore_eos": false}, ...]}
+                   "temperature": 0, "seed": null, "ignore_eos": false, "n": 1}, ...]}
 
 Requests are greedy by default (or seeded), so a scenario replays identically every time:
 the same knobs give the same batches, the same blocks and the same tokens.
@@ -27,8 +27,7 @@ if TYPE_CHECKING:
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "presets" / "scenarios"
 KNOB_NAMES = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs",
               "enable_chunked_prefill", "policy", "max_model_len", "dtype", "seed", "enable_prefix_caching")
-_REQUEST_FIELDS = {"prompt", "arrival_step", "max_tokens", "temperature", "seed", "ignore_eos", "top_k", "top_p",
-                   "n"}
+_REQUEST_FIELDS = {"prompt", "arrival_step", "max_tokens", "temperature", "seed", "ignore_eos", "top_k", "top_p", "n"}
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class ScenarioRequest:
     ignore_eos: bool = False
     top_k: int = 0
     top_p: float = 1.0
-    n: int = 1  # parallel sampling: sequences from one prompt
+    n: int = 1  # parallel sampling: sequences drawn from the one prompt
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -240,9 +240,10 @@ class Scheduler:
     # -- after the forward: the request lifecycle ---------------------------------------------
     def fork(self, request: Request) -> list[Request]:
         """Parallel sampling: create sequences 1 .. n-1 of ``request`` at its first sample. Each
-        starts as a copy of the request (tokens, computed KV, blocks shared: ref counts + 1)
-        with its own generator seeded ``seed + i``; they are placed right after it in the
-        running queue and sample their first token from the same logits row."""
+        starts as a copy of the request (tokens, computed KV) with its own generator seeded
+        ``seed + i``; they are placed right after it in the running queue and sample their first
+        token from the same logits row. They take the request's blocks in ``postprocess``, once
+        its full blocks are in the prefix cache, so they share the cached ones too."""
         children = []
         for i in range(1, request.sampling_params.n):
             seed = (request.seed + i) % (MAX_SEED + 1)
@@ -253,7 +254,6 @@ class Scheduler:
                             generator=None if request.generator is None else torch.Generator().manual_seed(seed),
                             seed=seed, parent_id=request.request_id, num_cached_tokens=request.num_cached_tokens,
                             arrival_time=request.arrival_time, first_scheduled_step=request.first_scheduled_step)
-            self.kv.fork(request, child)
             children.append(child)
         request.forked = True
         at = self.running.index(request) + 1
@@ -262,12 +262,13 @@ class Scheduler:
 
     def postprocess(self, output: SchedulerOutput, requests: Mapping[str, Request],
                     sampled: list[tuple[Request, int]], failed: list[tuple[Request, str]],
-                    step: int) -> tuple[str, ...]:
+                    forked: Sequence[Request], step: int) -> tuple[str, ...]:
         """Everything after the forward (nano-vllm's ``Scheduler.postprocess``).
 
         For every scheduled request: newly full blocks go to the prefix cache (not for a
         request whose sampling failed: its logits, and so maybe its KV, are not to be trusted).
-        For every sampled one: append the token, apply the stop rules (``engine.stop``), free a
+        Sequences ``forked`` this step then share their parent's blocks (ref counts + 1, the
+        parent's lock in the tree). For every sampled one: append the token, apply the stop rules (``engine.stop``), free a
         finished request's blocks. A failed request finishes with reason "error".
         -> the ids of the requests that finished.
         """
@@ -279,6 +280,9 @@ class Scheduler:
                 request.first_scheduled_step = step
             if id(request) not in bad:
                 self.kv.cache_blocks(request)
+        for child in forked:
+            assert child.parent_id is not None
+            self.kv.fork(requests[child.parent_id], child)
         finished = []
         for request, token in sampled:
             request.output_token_ids.append(token)

@@ -174,7 +174,8 @@ def test_grid_has_exactly_one_marker_per_block_at_its_cell(view: RunView) -> Non
     free = snap.num_free_blocks
     fig = check(vk.kv_figure(snap, view.last_trace))
     assert fig.layout.meta == {"step": snap.step}
-    title = f"<b>Block pool: {snap.num_blocks - free} used, 0 cached, {free} free of {snap.num_blocks} "
+    title = f"<b>{vk.pool_title(snap)}"
+    assert vk.pool_title(snap).startswith(f"Block pool: {snap.num_blocks - free} used, {free} free of ")
     assert any(a.text.startswith(title) for a in fig.layout.annotations)
     grid = _grid(view)
     ids = [bid for _, _, bid in grid_markers(grid)]
@@ -235,7 +236,8 @@ def test_grid_puts_blocks_with_ref_count_above_one_in_the_shared_trace(recorded:
     shared = grid[-1]
     assert shared.marker.color == BLOCK_STATE_COLORS["shared"]
     assert seq(shared.customdata) == [[shared_id, f"{request_label(a.request_id)}, {request_label(b.request_id)}",
-                                       2, blocks[shared_id].num_tokens, seq(shared.customdata)[0][4]]]
+                                       2, blocks[shared_id].num_tokens, seq(shared.customdata)[0][4],
+                                       vk.cache_note(blocks[shared_id])]]
     owner = next(t for t in grid if t.name == request_label(a.request_id))
     assert shared_id not in {int(cd[0]) for cd in seq(owner.customdata)}
     assert sum(len(seq(t.x)) for t in grid) == snap.num_blocks
@@ -734,6 +736,7 @@ def test_every_scenario_gets_one_colour_per_request() -> None:
     from visualizers.theme import BLOCK_STATE_COLORS
 
     assert len(set(REQUEST_COLORS)) == len(REQUEST_COLORS)
-    assert not set(REQUEST_COLORS) & {BLOCK_STATE_COLORS["free"], BLOCK_STATE_COLORS["shared"]}
+    assert not set(REQUEST_COLORS) & {BLOCK_STATE_COLORS["free"], BLOCK_STATE_COLORS["shared"],
+                                      BLOCK_STATE_COLORS["cached"]}
     for name in list_scenarios():
         assert len(load_scenario(name).requests) <= len(REQUEST_COLORS), name

@@ -214,6 +214,21 @@ def test_batching_page_escapes_a_replay(nasty_recording: bytes) -> None:
     assert_no_injection(at)
 
 
+def test_prefix_cache_page_escapes_a_replay(nasty_recording: bytes) -> None:
+    """Request ids in the lookups and the payloads as the radix-tree nodes' text."""
+    data = json.loads(nasty_recording)
+    for snap in [data["initial"], *(s["snapshot"] for s in data["steps"])]:
+        for i, node in enumerate(snap["prefix_tree"]):
+            node["text"] = PAYLOADS[i % len(PAYLOADS)]
+    at = open_replay("app_pages/prefix_cache.py", json.dumps(data).encode())
+    at.button(key="step").click().run()
+    strings = assert_no_injection(at, shown=(":blue[model]",))
+    assert sum(" admitted: " in s for s in strings) == 1  # one Markdown list with a line per lookup
+    at.session_state["prefix_tab"] = "Caching on vs off"
+    at.run()
+    assert_no_injection(at)
+
+
 def test_bad_recording_error_quoting_a_payload_is_escaped(nasty_recording: bytes) -> None:
     data = json.loads(nasty_recording)
     data["steps"][0]["trace"]["arrived"][0] = "![x](https://example.com/ghost.png)"

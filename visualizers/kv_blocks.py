@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -25,11 +26,20 @@ FREED_OUTLINE = "#EE6677"
 
 
 def block_state(block: BlockState) -> str:
-    """free (ref 0), cached (ref 0, kept by the prefix cache: evictable), used (ref 1),
-    shared (ref > 1: a prefix-cache hit or parallel-sampling sequences)."""
+    """free (ref 0), cached (ref 0, held by a prefix-cache node: evictable), used (ref 1),
+    shared (ref > 1)."""
     if block.ref_count == 0:
         return "cached" if block.cached else "free"
     return "shared" if block.ref_count > 1 else "used"
+
+
+def cache_note(block: BlockState) -> str:
+    """The block's prefix-cache state, for its hover."""
+    if not block.cached:
+        return "not in the prefix cache"
+    if block.ref_count == 0:
+        return "prefix cache: cached, evictable (no request uses it; LRU eviction may reuse it)"
+    return "prefix cache: cached and in use (a tree node holds it too)"
 
 
 def grid_columns(num_blocks: int) -> int:
@@ -62,65 +72,96 @@ def _cells(snapshot: Snapshot) -> list[_Cell]:
     return [_Cell(b, b.block_id % cols, b.block_id // cols) for b in snapshot.blocks]
 
 
+STATE_TRACES = {"free": "free", "cached": "cached, evictable", "shared": "shared (ref>1)"}
+CACHED_IN_USE = "cached, in use (outline)"
+
+
+def _outline(block: BlockState, allocated: set[int], freed: set[int]) -> tuple[str, float]:
+    """(colour, width) of a block's outline: allocated in the last step (dark), freed in it (red),
+    else held by the prefix cache (the cache's outline), else none."""
+    if block.block_id in allocated:
+        return ALLOCATED_OUTLINE, 3.0
+    if block.block_id in freed:
+        return FREED_OUTLINE, 3.0
+    if block.cached:
+        return BLOCK_STATE_COLORS["cached outline"], 2.0
+    return "rgba(0,0,0,0)", 0.0
+
+
+def _group_style(key: str, group: list[_Cell], block_size: int, focus: str | None) -> tuple[str, str, list[float]]:
+    """(trace name, colour, opacity per block) of one grid trace."""
+    if key in ("free", "cached"):
+        return STATE_TRACES[key], BLOCK_STATE_COLORS[key], [1.0] * len(group)
+    if key == "shared":
+        return STATE_TRACES[key], BLOCK_STATE_COLORS[key], [_fill_opacity(c.block.num_tokens, block_size) for c in group]
+    faded = focus is not None and key != focus
+    return plot_label(key), request_color(key), [0.12 if faded else _fill_opacity(c.block.num_tokens, block_size)
+                                                 for c in group]
+
+
+def _cached_in_use_legend() -> dict[str, Any]:
+    """Legend-only entry for the outline a block in use gets when a prefix-cache node holds it."""
+    return dict(type="scatter", x=[None], y=[None], mode="markers", name=CACHED_IN_USE, hoverinfo="skip",
+                marker=dict(symbol="square", size=CELL_PX - 8, color="#FFFFFF",
+                            line=dict(color=BLOCK_STATE_COLORS["cached outline"], width=2)))
+
+
 def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None) -> Panel:
     """The physical block pool: one square per block, row-major, block 0 top left.
 
-    Traces: "free", "cached (evictable)" (no request holds it; the prefix cache keeps its KV
-    until LRU eviction), one per owning request (ref count 1, in the request's colour) and
-    "shared (ref>1)". Opacity = how full the block is. Blocks allocated in ``trace`` get a
-    dark outline, blocks freed in it a red one. With ``focus`` set, other requests fade.
-    Block ids are in the hover (printing them in the squares is costly to redraw each step).
+    Traces: "free", "cached, evictable" (ref count 0, held by a prefix-cache node), one per owning
+    request (ref count 1, in the request's colour) and "shared (ref>1)". Opacity = how full the
+    block is. Blocks allocated in ``trace`` get a dark outline, blocks freed in it a red one,
+    other blocks a prefix-cache node holds the cache's outline (plus a legend-only entry for it).
+    With ``focus`` set, other requests fade. Block ids are in the hover (printing them in the
+    squares is costly to redraw each step).
     """
     bs = snapshot.block_size
     allocated = set(trace.blocks_allocated) if trace else set()
     freed = set(trace.blocks_freed) if trace else set()
-    changed = allocated | freed
     groups: dict[str, list[_Cell]] = {}
     for c in _cells(snapshot):
         state = block_state(c.block)
         key = c.block.owners[0] if state == "used" else state
         groups.setdefault(key, []).append(c)
-    order = ["free", "cached"] + sorted((k for k in groups if k not in ("free", "cached", "shared")),
-                                        key=request_sort_key) + ["shared"]
+    fixed = ("free", "cached", "shared")
+    order = ["free", "cached"] + sorted((k for k in groups if k not in fixed), key=request_sort_key) + ["shared"]
     data = []
     for key in order:
         group = groups.get(key)
         if not group:
             continue
-        if key == "free":
-            name, color = "free", BLOCK_STATE_COLORS["free"]
-            opacity = [1.0] * len(group)
-        elif key == "cached":
-            name, color = "cached (evictable)", BLOCK_STATE_COLORS["cached"]
-            opacity = [1.0] * len(group)
-        elif key == "shared":
-            name, color = "shared (ref>1)", BLOCK_STATE_COLORS["shared"]
-            opacity = [_fill_opacity(c.block.num_tokens, bs) for c in group]
-        else:
-            name, color = plot_label(key), request_color(key)
-            faded = focus is not None and key != focus
-            opacity = [0.12 if faded else _fill_opacity(c.block.num_tokens, bs) for c in group]
-        outline = [ALLOCATED_OUTLINE if c.block.block_id in allocated else
-                   FREED_OUTLINE if c.block.block_id in freed else "rgba(0,0,0,0)" for c in group]
+        name, color, opacity = _group_style(key, group, bs, focus)
+        outlines = [_outline(c.block, allocated, freed) for c in group]
         data.append(dict(
             type="scatter", x=[c.x for c in group], y=[c.y for c in group],
             mode="markers", name=name, legendgroup=name,
             marker=dict(symbol="square", size=CELL_PX - 4, color=color, opacity=opacity,
-                        line=dict(color=outline, width=[3 if c.block.block_id in changed else 0 for c in group])),
+                        line=dict(color=[o[0] for o in outlines], width=[o[1] for o in outlines])),
             customdata=[[c.block.block_id, ", ".join(plot_label(o) for o in c.block.owners) or "—",
-                         c.block.ref_count, c.block.num_tokens, _hover_text(c.block.text)] for c in group],
+                         c.block.ref_count, c.block.num_tokens, _hover_text(c.block.text), cache_note(c.block)]
+                        for c in group],
             hovertemplate=("block %{customdata[0]}<br>owner: %{customdata[1]}<br>ref count: %{customdata[2]}"
-                           f"<br>tokens: %{{customdata[3]}}/{bs}<br>%{{customdata[4]}}<extra></extra>"),
+                           f"<br>tokens: %{{customdata[3]}}/{bs}<br>%{{customdata[4]}}<br>%{{customdata[5]}}"
+                           "<extra></extra>"),
         ))
+    if any(b.cached and b.ref_count > 0 for b in snapshot.blocks):
+        data.append(_cached_in_use_legend())
     cols = grid_columns(snapshot.num_blocks)
     rows = math.ceil(snapshot.num_blocks / cols)
-    cached = snapshot.num_evictable_blocks
-    used = snapshot.num_blocks - snapshot.num_free_blocks - cached
     return Panel(data, height=rows * CELL_PX,
                  xaxis=dict(visible=False, range=[-0.7, cols - 0.3], fixedrange=True),
                  yaxis=dict(visible=False, range=[rows - 0.3, -0.7], fixedrange=True),
-                 title=f"Block pool: {used} used, {cached} cached, {snapshot.num_free_blocks} free of "
-                       f"{snapshot.num_blocks} (block size {bs})")
+                 title=pool_title(snapshot))
+
+
+def pool_title(snapshot: Snapshot) -> str:
+    """"Block pool: U used, F free of N (block size B)", with the evictable cached blocks when any."""
+    evictable = snapshot.num_evictable_blocks
+    used = snapshot.num_blocks - snapshot.num_free_blocks - evictable
+    cached = f", {evictable} cached (evictable)" if evictable else ""
+    return (f"Block pool: {used} used, {snapshot.num_free_blocks} free{cached} of {snapshot.num_blocks} "
+            f"(block size {snapshot.block_size})")
 
 
 def running_tables(snapshot: Snapshot) -> list[RequestState]:

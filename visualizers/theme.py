@@ -38,12 +38,24 @@ REQUEST_COLORS: tuple[str, ...] = (
 )
 
 
+SEQUENCE_COLOR_STRIDE = 7  # parallel sampling: sequence i of request p takes colour p + 7 i (7 is coprime to 24)
+
+
+def _sequence(request_id: str) -> tuple[int, int] | None:
+    """The engine's ids as (request, sequence): "3" -> (3, 0); parallel sampling's "3#2" -> (3, 2)."""
+    head, sep, tail = str(request_id).partition("#")
+    if head.isdigit() and (not sep or tail.isdigit()):
+        return int(head), int(tail) if sep else 0
+    return None
+
+
 def request_color(request_id: int | str) -> str:
-    """Stable colour for a request id (ints map in order; strings through a stable hash)."""
+    """Stable colour for a request id (engine ids map in order, parallel-sampling sequences
+    "p#i" a stride away from request p's; other strings through a stable hash)."""
     if isinstance(request_id, int):
         index = request_id
-    elif str(request_id).isdigit():  # the engine's own ids ("0", "1", ...) keep arrival order
-        index = int(request_id)
+    elif (seq := _sequence(request_id)) is not None:  # the engine's own ids ("0", "1", "0#1") keep arrival order
+        index = seq[0] + SEQUENCE_COLOR_STRIDE * seq[1]
     else:
         index = sum((i + 1) * ord(c) for i, c in enumerate(str(request_id)))
     return REQUEST_COLORS[index % len(REQUEST_COLORS)]
@@ -53,10 +65,42 @@ def request_color(request_id: int | str) -> str:
 BLOCK_STATE_COLORS: dict[str, str] = {
     "free": "#E8E8E8",
     "used": "#4477AA",
-    "cached": "#66CCEE",  # evictable: in the prefix cache, no running request holds it
+    # Prefix cache: a block a radix-tree node holds. Evictable (ref count 0) = pale fill with the
+    # cache's outline; in use = the owner's colour with the same outline. An outline, not only a
+    # fill, because a request's colour at low fill opacity can come close to any pale colour.
+    "cached": "#CDEFF4",
+    "cached outline": "#117788",
     "shared": "#000000",  # ref count > 1 (black: no request has it)
     "reserved": "#BBBBBB",
 }
+
+# Prefix cache (radix tree): what a node is, and what the last step did to it. Locked nodes
+# are in use; evictable ones share the cyan of cached-evictable blocks in the pool grid; the
+# last step's marks follow SGLang's figure (green new, blue hit, red evicted).
+PREFIX_NODE_STATES: tuple[str, ...] = ("root", "in use", "evictable", "hit", "new", "split", "evicted",
+                                       "collapsed")
+PREFIX_NODE_COLORS: dict[str, str] = {
+    "root": "#FFFFFF",
+    "in use": "#DDDDDD",  # locked: a running sequence's cached prefix runs through it
+    "evictable": BLOCK_STATE_COLORS["cached"],  # lock 0: LRU eviction may take it
+    "hit": "#77AADD",  # matched by a request admitted in the last step
+    "new": "#A6D96A",  # inserted in the last step
+    "split": "#DDCC77",  # the head part of a node split in the last step
+    "evicted": "#EE6677",  # evicted in the last step (drawn faded where it was)
+    "collapsed": "#F4F4F4",  # cold subtrees folded into one box
+}
+PREFIX_NODE_LABELS: dict[str, str] = {
+    "root": "root",
+    "in use": "in use (locked)",
+    "evictable": "cached, evictable (lock 0)",
+    "hit": "hit this step",
+    "new": "inserted this step",
+    "split": "split this step (head part)",
+    "evicted": "evicted this step",
+    "collapsed": "cold subtree, collapsed",
+}
+# Caching on / off side by side.
+CACHING_COLORS: dict[str, str] = {"caching on": "#228833", "caching off": "#BBBBBB"}
 
 # Hardware-fit calculator: components of device memory.
 MEMORY_COLORS: dict[str, str] = {
@@ -124,10 +168,13 @@ def plot_label(request_id: str) -> str:
 
 
 def request_label(request_id: str) -> str:
-    """How a request is named in every view: "r3" for the engine's id "3", else the id itself."""
-    return f"r{request_id}" if str(request_id).isdigit() else str(request_id)
+    """How a request is named in every view: "r3" for the engine's id "3" ("r3#1" for its second
+    parallel-sampling sequence "3#1"), else the id itself."""
+    return f"r{request_id}" if _sequence(request_id) is not None else str(request_id)
 
 
-def request_sort_key(request_id: str) -> tuple[int, int | str]:
-    """Engine ids sort numerically ("2" before "10"); other ids after them, alphabetically."""
-    return (0, int(request_id)) if str(request_id).isdigit() else (1, str(request_id))
+def request_sort_key(request_id: str) -> tuple[int, int | str, int]:
+    """Engine ids sort numerically ("2" before "10", "2#1" right after "2"); other ids after
+    them, alphabetically."""
+    seq = _sequence(request_id)
+    return (0, seq[0], seq[1]) if seq is not None else (1, str(request_id), 0)

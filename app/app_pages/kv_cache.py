@@ -13,8 +13,9 @@ from visualizers.theme import request_label
 
 INTRO = ("Top: every square is one physical KV block; its colour is the request that owns it (the same colour in "
          "every view), its opacity how full it is; a dark outline marks a block allocated in the last step, a red "
-         "one a block freed. Below: each running request's block table, logical block → physical block. Hover "
-         "a block for its id, owner, ref count and the tokens it holds.")
+         "one a block freed, a teal one a block the prefix cache holds (pale fill: cached but unused, evictable). "
+         "Below: each running request's block table, logical block → physical block. Hover a block for its id, "
+         "owner, ref count, the tokens it holds and its prefix-cache state.")
 
 
 def render(view: RunView, style: live.Style) -> None:

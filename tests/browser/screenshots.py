@@ -3,7 +3,8 @@
     .venv/bin/python -m tests.browser.screenshots [OUT_DIR]     (default docs/img)
 
 Starts `make run`'s server, steps the chat-burst scenario on SmolLM2-135M as a viewer would
-(clicks), and saves one PNG per view.
+(clicks), and saves one PNG per view; the Prefix cache page steps its own scenarios
+(shared-prefix, and cache-pressure for LRU eviction).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.browser.server import (ROOT, click, launch_chromium, load, open_page,
 
 VIEWPORT = {"width": 1500, "height": 1250}
 MODEL, SCENARIO, STEPS = "smollm2-135m", "chat-burst", 12
+PREFIX_SHOTS = (("prefix-cache", "shared-prefix", 9), ("prefix-cache-eviction", "cache-pressure", 12))
 
 
 def _shoot(page, out: Path, name: str) -> None:
@@ -28,6 +30,13 @@ def _tab(page, title: str) -> None:
     wait_for_app(page)
 
 
+def _step_to(page, steps: int) -> None:
+    for step in range(1, steps + 1):
+        click(page, "step")
+        wait_for_views_at_step(page, step, timeout=120_000)
+        wait_for_app(page)
+
+
 def main(out: Path) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -36,10 +45,7 @@ def main(out: Path) -> None:
         browser = launch_chromium(p)
         page = browser.new_page(viewport=VIEWPORT)
         load(page, f"{url}/kv-cache?live_model={MODEL}&live_scenario={SCENARIO}", timeout=300_000)
-        for step in range(1, STEPS + 1):
-            click(page, "step")
-            wait_for_views_at_step(page, step, timeout=120_000)
-            wait_for_app(page)
+        _step_to(page, STEPS)
         _shoot(page, out, "kv-cache")
         open_page(page, url, "Batch composition")
         _shoot(page, out, "batching")
@@ -55,6 +61,18 @@ def main(out: Path) -> None:
         _shoot(page, out, "generate")
         load(page, f"{url}/fit?model=internvl2-8b&hw=atlas-300v-pro")
         _shoot(page, out, "fit")
+        for name, scenario, steps in PREFIX_SHOTS:
+            context = browser.new_context(viewport=VIEWPORT)  # a fresh session: the scenario comes from the URL
+            fresh = context.new_page()
+            load(fresh, f"{url}/prefix-cache?live_model={MODEL}&live_scenario={scenario}", timeout=300_000)
+            _step_to(fresh, steps)
+            _shoot(fresh, out, name)
+            if scenario == "shared-prefix":
+                _tab(fresh, "Caching on vs off")
+                click(fresh, "run_caching_comparison")
+                wait_for_app(fresh, timeout=300_000)
+                _shoot(fresh, out, "prefix-cache-comparison")
+            context.close()
         browser.close()
 
 

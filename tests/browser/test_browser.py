@@ -43,8 +43,10 @@ POOL_MARKERS_JS = """
   const pool = [...document.querySelectorAll('.js-plotly-plot')]
     .find(p => (p.layout.title.text || '').startsWith('Paged KV cache'));
   if (!pool) return null;
-  // markers on the pool grid's axes (the block tables panel sits on other axes)
-  return pool.data.filter(t => (t.xaxis || 'x') === 'x').reduce((n, t) => n + t.x.length, 0);
+  // markers on the pool grid's axes (the block tables panel sits on other axes; a legend-only
+  // entry has one null point)
+  return pool.data.filter(t => (t.xaxis || 'x') === 'x')
+    .reduce((n, t) => n + t.x.filter(v => v !== null).length, 0);
 }
 """
 
