@@ -165,8 +165,8 @@ class Scheduler:
         while self.waiting and seats + self.waiting[0].num_seats <= self.config.max_num_seqs:
             request = self.waiting[0]
             hit = self.kv.get_computed_blocks(request)
-            if self._prefix_in_flight(request, hit):
-                break
+            if not static and self._prefix_in_flight(request, hit):
+                break  # (a static batch would make it wait for the whole batch instead)
             n = self._chunk_size(request.num_tokens - hit.num_tokens, budget)
             if n == 0 and not static:
                 break
@@ -193,7 +193,8 @@ class Scheduler:
         (whole blocks) are being computed right now by a running request and are not cached yet:
         admitting it would compute the same KV a second time, so it waits a step or two and then
         hits the cache (SGLang's in-batch prefix check, with SGLang's 32-token threshold so a
-        short common opening does not delay anyone). Only with prefix caching on."""
+        short common opening does not delay anyone). Only with prefix caching on, and only for
+        the continuous policy."""
         if not self.kv.prefix_cache.enabled:
             return False
         bs = self.kv.block_size
