@@ -248,8 +248,13 @@ class RadixCache:
 
     def drop_blocks(self, block_ids: set[int]) -> None:
         """Remove every node holding one of ``block_ids``, with its subtree (after a failed step
-        whose forward may have overwritten those blocks: their KV is no longer trusted)."""
-        doomed = [n for n in self.nodes() if n is not self.root and block_ids.intersection(n.block_ids)]
+        whose forward may have overwritten those blocks: their KV is no longer trusted).
+
+        A locked node stays: the rollback gave it back to a sequence that held it before the
+        step (one the step had preempted), whose restored block table holds those blocks too,
+        as it was; the step's redo preempts and evicts it the same way."""
+        doomed = [n for n in self.nodes() if n is not self.root and n.lock_count == 0
+                  and block_ids.intersection(n.block_ids)]
         for node in doomed:
             if node.parent is not None and node.parent.children.get(self._page(node.key)) is node:
                 for sub in reversed(list(_subtree(node))):
@@ -356,11 +361,19 @@ class RadixCache:
         parent = node.parent
         assert parent is not None and not node.children and node.lock_count == 0
         page = self._page(node.key)
+        order = list(parent.children) if self._undo is not None else []
         del parent.children[page]
         self.pool.evict_cached(node.block_ids)
         self.events.evicted.append(RadixNode(node.node_id, list(node.key), list(node.block_ids), parent,
                                              lock_count=0, last_access=node.last_access, hit_count=node.hit_count))
-        self._journal(lambda: parent.children.__setitem__(page, node))
+
+        def undo() -> None:  # back in its place among its siblings, so the tree lists as before
+            children = dict(parent.children)
+            children[page] = node
+            parent.children.clear()
+            parent.children.update((k, children.pop(k)) for k in order if k in children)
+            parent.children.update(children)
+        self._journal(undo)
         return list(node.block_ids)
 
     def _evictable(self, node: RadixNode) -> bool:

@@ -17,8 +17,8 @@ import pytest
 import engine.limits as limits_module
 import engine.sampling as sampling_module
 import engine.scheduler as scheduler_module
-from engine.config import (MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS, MAX_NUM_SEQS,
-                           MAX_SEED, MAX_TOKENS, EngineConfig, SamplingParams)
+from engine.config import (MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_N, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS,
+                           MAX_NUM_SEQS, MAX_SEED, MAX_TOKENS, EngineConfig, SamplingParams)
 from engine.engine import LLM, MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS, LLMEngine
 from tests.conftest import run_to_completion
 from tests.fuzz.harness import expect_accepted, expect_rejected
@@ -87,6 +87,8 @@ OTHER_KNOBS = [
     ("kv_cache_dtype", "fp4"), ("kv_cache_dtype", 8), ("kv_cache_dtype", ["float32"]),
     ("enable_chunked_prefill", "yes"), ("enable_chunked_prefill", 1), ("enable_chunked_prefill", None),
     ("seed", -1), ("seed", MAX_SEED + 1), ("seed", 1.5), ("seed", "0"), ("seed", True), ("seed", None),
+    ("enable_prefix_caching", "yes"), ("enable_prefix_caching", 1), ("enable_prefix_caching", 0),
+    ("enable_prefix_caching", None), ("enable_prefix_caching", "False"), ("enable_prefix_caching", [True]),
 ]
 
 
@@ -168,6 +170,15 @@ def test_sampling_param_rejected(field: str, value: object) -> None:
     expect_rejected(lambda: SamplingParams(**{field: value}), field, seconds=2)
 
 
+BAD_N = [0, -1, MAX_N + 1, 10 ** 30, "4", 2.5, 4.0, True, None, NAN, INF, [4]]
+
+
+@pytest.mark.parametrize("value", BAD_N, ids=[f"n={v!r}" for v in BAD_N])
+def test_n_rejected(value: object) -> None:
+    """``n`` (parallel sequences): an int in 1 .. MAX_N; the message starts with the field."""
+    expect_rejected(lambda: SamplingParams(n=value), r"^n: ", seconds=2)
+
+
 def _tokens(llm: LLM, params: SamplingParams, prompt: str = PROMPT) -> tuple[int, ...]:
     (out,) = llm.generate([prompt], params)
     assert out.finished
@@ -246,6 +257,9 @@ BAD_ADD = {
     "arrival 10**18": (lambda e: e.add_request("hi", arrival_step=10 ** 18), "arrival_step"),
     "arrival past horizon": (lambda e: e.add_request("hi", arrival_step=e.step_count + MAX_ARRIVAL_HORIZON + 1),
                              "arrival_step"),
+    "n > max_num_seqs": (lambda e: e.add_request("hi", SamplingParams(n=e.config.max_num_seqs + 1)),
+                         r"^n: .*max_num_seqs"),
+    "n = MAX_N > max_num_seqs": (lambda e: e.add_request("hi", SamplingParams(n=MAX_N)), r"^n: .*max_num_seqs"),
     "params dict": (lambda e: e.add_request("hi", {"max_tokens": 3}), "sampling_params"),
     "params str": (lambda e: e.add_request("hi", "greedy"), "sampling_params"),
     "abort list id": (lambda e: e.abort_request(["a"]), "request_id"),
@@ -261,6 +275,23 @@ BAD_ADD = {
 def test_add_request_rejected_leaving_the_engine_unchanged(shared: LLMEngine, case: str) -> None:
     call, field = BAD_ADD[case]
     rejected_without_change(shared, lambda: call(shared), field)
+
+
+def test_sequence_id_taken_rejected(tiny) -> None:
+    """Sequence i of request "x" is "x#i": an id already in use there is refused up front."""
+    engine = LLMEngine(tiny)
+    engine.add_request("hi", GREEDY, request_id="x#2")
+    rejected_without_change(engine, lambda: engine.add_request("hi", SamplingParams(n=3), request_id="x"),
+                            r"^request_id: .*x#2")
+    expect_accepted(lambda: engine.add_request("hi", SamplingParams(n=2), request_id="x"), seconds=5)  # x#1 is free
+
+
+def test_n_at_its_cap_accepted(tiny) -> None:
+    llm = LLM(tiny, max_num_seqs=MAX_N)
+    (out,) = expect_accepted(lambda: llm.generate([PROMPT], SamplingParams(temperature=0, n=MAX_N, max_tokens=3,
+                                                                           ignore_eos=True)), seconds=20)
+    assert len(out.outputs) == MAX_N and len({c.token_ids for c in out.outputs}) == 1
+    assert llm.llm_engine.kv.pool.num_used == 0
 
 
 def test_arrival_at_the_horizon_accepted(tiny) -> None:
