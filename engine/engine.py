@@ -92,6 +92,7 @@ class RequestOutput:
     outputs: tuple[CompletionOutput, ...]
     finished: bool
     metrics: RequestMetrics
+    num_cached_tokens: int | None = None  # prompt tokens served by the prefix cache (vLLM's name)
 
 
 @dataclass(frozen=True)
@@ -502,15 +503,17 @@ class LLMEngine:
 
     def get_output(self, request_id: str) -> RequestOutput:
         """The request's output: one CompletionOutput per sequence (n of them, in index order;
-        a sequence not forked yet is empty). ``finished`` once every sequence is."""
+        a sequence not forked yet is empty, and ends as the request did when the request ended
+        before its first sample: aborted or failed). ``finished`` once every sequence is."""
         with self.lock:
             r = self._lookup(request_id)
             seqs = self._sequences(r)
             outputs = [self._completion(i, seq) for i, seq in enumerate(seqs)]
             if r.parent_id is None:
-                outputs += [CompletionOutput(i, "", (), None) for i in range(len(seqs), r.sampling_params.n)]
+                outputs += [CompletionOutput(i, "", (), r.finish_reason, None, r.error)
+                            for i in range(len(seqs), r.sampling_params.n)]
             return RequestOutput(r.request_id, r.prompt, tuple(r.prompt_token_ids), tuple(outputs),
-                                 self.is_finished(r), self.metrics(r))
+                                 self.is_finished(r), self.metrics(r), r.num_cached_tokens)
 
     def _completion(self, index: int, r: Request) -> CompletionOutput:
         text = r.output_text if r.is_finished else self._decode(r.output_token_ids)

@@ -79,7 +79,8 @@ class Session:
             assert out.finished
             for c in out.outputs:
                 assert c.finish_reason in ("stop", "length"), c
-            self.done[rid] = (out.prompt_token_ids, out.outputs[0].token_ids, out.metrics.num_cached_tokens)
+            assert out.num_cached_tokens == out.metrics.num_cached_tokens
+            self.done[rid] = (out.prompt_token_ids, out.outputs[0].token_ids, out.num_cached_tokens)
         return ids
 
     def output(self, rid: str) -> tuple[int, ...]:
