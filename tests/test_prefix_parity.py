@@ -177,13 +177,11 @@ def test_multi_turn_conversation(name: str) -> None:
         assert cached == aligned(min(computed, len(prompt) - 1), bs), "a turn missed the previous turn's blocks"
 
 
-@pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("order", ["short first", "long first"])
+@pytest.mark.parametrize(("name", "order"), [("tiny-random", "short first"), ("tiny-random", "long first"),
+                                             ("smollm2-135m", "long first")])  # one SmolLM2 case per path
 def test_prompt_that_is_a_prefix_of_another(name: str, order: str) -> None:
     """A = the first tokens of B. Short first: B reuses A's whole blocks. Long first: A's match
     ends inside B's prompt node, which is split there; A still recomputes its last token."""
-    if name == "smollm2-135m" and order == "short first":
-        pytest.skip("one SmolLM2 case per path")
     bs = 4
     long = encode(name, STORY)
     short = halves(long)
