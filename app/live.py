@@ -149,3 +149,17 @@ def exports(view: RunView) -> None:
     st.download_button("Step table (CSV)", data=lambda: step_table_csv(view.traces),
                        file_name=f"inferscope-{view.meta.scenario}-steps.csv", mime="text/csv",
                        on_click="ignore", key="csv_steps", icon=":material/table:")
+
+
+def comparison_button(label: str, key: str, caption: str, style: Style,
+                      run: Callable[[Callable[[str, int], None]], None]) -> bool:
+    """A button that runs the scenario to the end twice on the real engine (``run``, given a
+    progress callback), with a progress bar meanwhile. -> True when it ran this time."""
+    if style.explain:
+        st.caption(caption)
+    if not st.button(label, key=key, icon=":material/compare_arrows:"):
+        return False
+    bar = st.progress(0.0, text="Running…")
+    run(lambda name, n: bar.progress(min(n / 400, 1.0), text=f"{name}: step {n}"))
+    bar.empty()
+    return True

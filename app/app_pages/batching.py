@@ -37,13 +37,9 @@ def render(view: RunView, style: live.Style) -> None:
 def comparison(view: RunView, style: live.Style) -> None:
     runs = view.comparison
     if not runs and not view.is_replay:
-        if style.explain:
-            st.caption("Runs the scenario to the end twice on the real engine, once per policy, every other knob "
-                       "equal.")
-        if st.button("Run both policies", key="run_comparison", icon=":material/compare_arrows:"):
-            bar = st.progress(0.0, text="Running…")
-            state.run_comparison(lambda policy, n: bar.progress(min(n / 400, 1.0), text=f"{policy}: step {n}"))
-            bar.empty()
+        if live.comparison_button("Run both policies", "run_comparison",
+                                  "Runs the scenario to the end twice on the real engine, once per policy, "
+                                  "every other knob equal.", style, state.run_comparison):
             runs = state.comparison()
     if not runs:
         if view.is_replay:

@@ -69,13 +69,9 @@ def comparison(view: RunView, style: live.Style) -> None:
         st.info("Recordings do not hold the caching comparison: run it on the live engine.")
         return
     if not runs:
-        if style.explain:
-            st.caption("Runs the scenario to the end twice on the real engine, with prefix caching on and off, "
-                       "every other knob equal.")
-        if st.button("Run with caching on and off", key="run_caching_comparison", icon=":material/compare_arrows:"):
-            bar = st.progress(0.0, text="Running…")
-            state.run_caching_comparison(lambda name, n: bar.progress(min(n / 400, 1.0), text=f"{name}: step {n}"))
-            bar.empty()
+        if live.comparison_button("Run with caching on and off", "run_caching_comparison",
+                                  "Runs the scenario to the end twice on the real engine, with prefix caching on "
+                                  "and off, every other knob equal.", style, state.run_caching_comparison):
             runs = state.caching_comparison()
     if not runs:
         return
