@@ -14,6 +14,8 @@ from engine.hf_config import ENGINE_DTYPES
 
 Policy = Literal["continuous", "static"]
 DTYPES = ENGINE_DTYPES  # the one dtype vocabulary (engine/hf_config.py): float32, bfloat16, float16
+# KV-cache dtypes: the float ones, or quantized with per-token-head fp32 scales (engine/kv_quant.py)
+KV_CACHE_DTYPES: tuple[str, ...] = (*DTYPES, "int8", "fp8")
 
 # Hard caps that need no model (the model-dependent memory check is in LLMEngine.__init__).
 # They keep one engine small enough to build in about a second on a laptop CPU: the block pool
@@ -76,7 +78,9 @@ class EngineConfig:
     policy                  "continuous" (refill every step) or "static" (a fixed batch that
                             waits for its longest member)
     max_model_len           context limit; None = the model's own limit
-    dtype / kv_cache_dtype  weights and KV tensors; kv defaults to the weights' dtype
+    dtype / kv_cache_dtype  weights and KV tensors; kv defaults to the weights' dtype; kv may also
+                            be "int8" or "fp8" (e4m3): quantized on write with one fp32 absmax
+                            scale per token and KV head, dequantized on read (engine/kv_quant.py)
     seed                    seeds requests that carry no seed of their own
     enable_prefix_caching   share the KV of common prompt prefixes through a radix tree (on by
                             default, as in vLLM)
@@ -111,8 +115,8 @@ class EngineConfig:
         if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {DTYPES}, got {_short(self.dtype)}")
         if self.kv_cache_dtype is not None and (not isinstance(self.kv_cache_dtype, str)
-                                                or self.kv_cache_dtype not in DTYPES):
-            raise ValueError(f"kv_cache_dtype: must be one of {DTYPES}, got {_short(self.kv_cache_dtype)}")
+                                                or self.kv_cache_dtype not in KV_CACHE_DTYPES):
+            raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES}, got {_short(self.kv_cache_dtype)}")
         _require_int("seed", self.seed, 0, MAX_SEED)
 
     @property

@@ -131,7 +131,7 @@ class LLMEngine:
         model_limit = min(mc.max_position_embeddings, self.config.max_model_len or mc.max_position_embeddings)
         self.model_max_len = model_limit
         self.max_model_len = min(model_limit, self.config.pool_tokens)
-        kv_dtype = DTYPES[self.config.kv_cache_dtype or self.config.dtype]
+        kv_dtype = self.config.kv_cache_dtype or self.config.dtype  # a name: float, "int8" or "fp8"
         self.memory_need = estimate_memory(self.config, mc, self.max_model_len,
                                            kv_cache_bytes_per_token(mc, kv_dtype))
         limits.check_memory(self.config, self.memory_need, limits.available_memory_bytes())

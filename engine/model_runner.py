@@ -1,15 +1,19 @@
 """Owns the KV tensors of one engine and runs one flattened forward per step.
 
 The weights (``LlamaModel``) are shared read-only between engines; each engine has its own
-pool: per layer, K and V of shape ``[num_blocks, block_size, kv_heads, head_dim]``.
+pool: per layer, K and V of shape ``[num_blocks, block_size, kv_heads, head_dim]``; with a
+quantized ``kv_cache_dtype`` ("int8", "fp8") each also carries fp32 scales
+``[num_blocks, block_size, kv_heads]`` (engine/kv_quant.py).
 """
 from __future__ import annotations
 
 import torch
 
+from engine import kv_quant
 from engine.forward_batch import ForwardBatch, build_forward_batch
 from engine.hf_config import ENGINE_DTYPES
 from engine.kv_cache import KVCacheManager
+from engine.kv_quant import KVCache, QuantizedKV
 from engine.models.llama import LlamaModel, ModelConfig
 from engine.request import Request
 from engine.scheduler import SchedulerOutput
@@ -18,23 +22,46 @@ from engine.scheduler import SchedulerOutput
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in ENGINE_DTYPES}
 
 
-def kv_cache_bytes_per_token(config: ModelConfig, kv_cache_dtype: torch.dtype) -> int:
-    """K and V, every layer, one token: 2 * layers * kv_heads * head_dim * bytes."""
-    elem = torch.empty((), dtype=kv_cache_dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * elem
+def kv_dtype_name(kv_cache_dtype: str | torch.dtype) -> str:
+    """A KV dtype as the engine's name: "float32" / "bfloat16" / "float16" / "int8" / "fp8"."""
+    if isinstance(kv_cache_dtype, torch.dtype):
+        for name, dtype in DTYPES.items():
+            if dtype == kv_cache_dtype:
+                return name
+        raise ValueError(f"kv_cache_dtype: must be one of {(*DTYPES, *kv_quant.KV_QUANT_DTYPES)}, "
+                         f"got {kv_cache_dtype}")
+    if kv_cache_dtype not in DTYPES and kv_cache_dtype not in kv_quant.KV_QUANT_DTYPES:
+        raise ValueError(f"kv_cache_dtype: must be one of {(*DTYPES, *kv_quant.KV_QUANT_DTYPES)}, "
+                         f"got {kv_cache_dtype!r}")
+    return kv_cache_dtype
+
+
+def kv_cache_bytes_per_token(config: ModelConfig, kv_cache_dtype: str | torch.dtype) -> int:
+    """K and V, every layer, one token: 2 * layers * kv_heads * (head_dim * bytes + scale bytes),
+    scale bytes = 4 (one fp32 scale per token-head) for "int8"/"fp8", else 0. The one function
+    the engine sizes its pool by; equals engine.memory.kv_bytes_per_token for the same dtype."""
+    name = kv_dtype_name(kv_cache_dtype)
+    if name in kv_quant.KV_QUANT_DTYPES:
+        elem = torch.empty((), dtype=kv_quant.KV_QUANT_DTYPES[name][0]).element_size()
+        extra = kv_quant.SCALE_BYTES
+    else:
+        elem, extra = torch.empty((), dtype=DTYPES[name]).element_size(), 0
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * (config.head_dim * elem + extra)
 
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
-                 kv_cache_dtype: torch.dtype) -> None:
+                 kv_cache_dtype: str | torch.dtype) -> None:
         self.model = model
         c = model.config
+        name = kv_dtype_name(kv_cache_dtype)
         shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=kv_cache_dtype), torch.zeros(shape, dtype=kv_cache_dtype))
+        float_dtype = DTYPES.get(name)
+        self.kv_caches: list[tuple[KVCache, KVCache]] = [
+            (kv_quant.allocate(shape, name, float_dtype), kv_quant.allocate(shape, name, float_dtype))
             for _ in range(c.num_hidden_layers)
         ]
-        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_cache_dtype = name
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
@@ -43,7 +70,7 @@ class ModelRunner:
 
     @property
     def kv_cache_total_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv_caches)
+        return sum(_nbytes(k) + _nbytes(v) for k, v in self.kv_caches)
 
     def prepare(self, output: SchedulerOutput, requests: dict[str, Request],
                 kv: KVCacheManager) -> ForwardBatch:
@@ -61,16 +88,26 @@ class ModelRunner:
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """KV of block src -> block dst, K and V of every layer (a real copy of the tensors)."""
+        """KV of block src -> block dst, K and V of every layer (a real copy of the tensors; a
+        quantized cache copies its scales too)."""
         if not copies:
             return
         src = torch.tensor([s for s, _ in copies], dtype=torch.long)
         dst = torch.tensor([d for _, d in copies], dtype=torch.long)
-        for k, v in self.kv_caches:  # [num_blocks, block_size, kv_heads, head_dim]
-            k.index_copy_(0, dst, k.index_select(0, src))
-            v.index_copy_(0, dst, v.index_select(0, src))
+        for layer in self.kv_caches:  # [num_blocks, block_size, kv_heads, head_dim]
+            for cache in layer:
+                if isinstance(cache, QuantizedKV):
+                    kv_quant.copy_blocks(cache, src, dst)
+                else:
+                    cache.index_copy_(0, dst, cache.index_select(0, src))
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """-> logits [S, V] fp32 for the rows in batch.logits_indices."""
         return self.model.forward(batch, self.kv_caches)
+
+
+def _nbytes(cache: KVCache) -> int:
+    if isinstance(cache, QuantizedKV):
+        return cache.nbytes
+    return cache.numel() * cache.element_size()

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import paged_attention, write_kv
+from engine.kv_quant import KVCache
 from engine.forward_batch import ForwardBatch
 from engine.models.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.models.weights import check_tensors
@@ -101,7 +102,7 @@ class LlamaModel:
         return self.embed_tokens[batch.input_ids]  # [T, h]
 
     def run_layers(self, hidden: torch.Tensor, batch: ForwardBatch,
-                   kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                   kv_caches: list[tuple[KVCache, KVCache]],
                    start: int = 0, end: int | None = None) -> torch.Tensor:
         """Layers [start, end) over the batch; kv_caches is indexed by absolute layer."""
         c = self.config
@@ -135,7 +136,7 @@ class LlamaModel:
         return F.linear(h, self.lm_head).float()
 
     def forward(self, batch: ForwardBatch,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+                kv_caches: list[tuple[KVCache, KVCache]]) -> torch.Tensor:
         hidden = self.run_layers(self.embed(batch), batch, kv_caches)
         return self.compute_logits(hidden, batch)
 

@@ -118,6 +118,8 @@ KV_DTYPES: dict[str, KVDtype] = {
         KVDtype("fp16", "FP16", F(2), 0, "auto", "auto"),
         KVDtype("fp8", "FP8", F(1), 0, "fp8", "fp8_e4m3"),
         KVDtype("int8", "INT8 (per-token-head scales)", F(1), 4, "int8", None),
+        # InferScope's own engine (engine/kv_quant.py): fp8 with an fp32 scale per token-head
+        KVDtype("fp8_token", "FP8 E4M3 (per-token-head scales)", F(1), 4, None, None),
         KVDtype("int4", "INT4 (per-token-head scales)", F(1, 2), 4, None, None),
         KVDtype("q8_0", "GGUF Q8_0 (llama.cpp cache)", F(34, 32), 0, None, None),
         KVDtype("q4_0", "GGUF Q4_0 (llama.cpp cache)", F(18, 32), 0, None, None),
