@@ -5,6 +5,8 @@ Contract with the engine (engine/): ``engine.LLM(model="smollm2-135m")`` exposes
 dtype) and ``kv_cache_total_bytes`` (the allocated pool), with ``num_blocks``/``block_size`` in
 ``llm.llm_engine.config``. SmolLM2-135M: 30 layers x 3 KV heads x head_dim 64, fp32 by default.
 """
+import pytest
+
 from engine.memory import kv_bytes_per_token
 
 
@@ -23,3 +25,26 @@ def test_engine_kv_pool_matches_calculator():
     assert engine.kv_cache_bytes_per_token == predicted
     config = engine.config
     assert engine.kv_cache_total_bytes == config.num_blocks * config.block_size * predicted
+
+
+def test_calculator_counts_quantized_kv_scales():
+    # int8 / fp8 with one fp32 scale per token, KV head and K|V: 2 x 30 x 3 x (64 x 1 + 4)
+    from engine.kv_quant import SIZING_KV_DTYPES
+
+    assert kv_bytes_per_token("smollm2-135m", SIZING_KV_DTYPES["int8"]) == 2 * 30 * 3 * (64 + 4) == 12240
+    assert kv_bytes_per_token("smollm2-135m", SIZING_KV_DTYPES["fp8"]) == 12240
+    # the calculator's own "fp8" is vLLM's: per-tensor scale, no per-token bytes
+    assert kv_bytes_per_token("smollm2-135m", "fp8") == 2 * 30 * 3 * 64 == 11520
+
+
+@pytest.mark.parametrize("kv", ["float32", "bfloat16", "int8", "fp8"])
+def test_engine_kv_pool_matches_calculator_per_dtype(kv):
+    """The engine's bytes per token (which also sizes its memory estimate) equals the calculator's
+    for the same dtype, and the allocated pool (scales included) is exactly that per slot."""
+    from engine import LLMEngine
+    from engine.kv_quant import SIZING_KV_DTYPES
+
+    engine = LLMEngine("smollm2-135m", kv_cache_dtype=kv, num_blocks=8, block_size=16)
+    predicted = kv_bytes_per_token("smollm2-135m", SIZING_KV_DTYPES[kv])
+    assert engine.kv_cache_bytes_per_token == predicted == engine.snapshot().kv_bytes_per_token
+    assert engine.kv_cache_total_bytes == 8 * 16 * predicted == engine.memory_need.kv_cache

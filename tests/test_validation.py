@@ -154,6 +154,8 @@ BAD_KNOBS = [
     ({"policy": "fifo"}, "policy"),
     ({"dtype": "int3"}, "dtype"),
     ({"kv_cache_dtype": "fp4"}, "kv_cache_dtype"),
+    ({"kv_cache_dtype": "int4"}, "kv_cache_dtype"),
+    ({"kv_cache_dtype": 3}, "kv_cache_dtype"),
     ({"enable_chunked_prefill": "yes"}, "enable_chunked_prefill"),
     ({"seed": -1}, "seed"),
     ({"blok_size": 4}, "blok_size"),  # unknown knob name

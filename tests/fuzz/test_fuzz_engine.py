@@ -85,6 +85,8 @@ OTHER_KNOBS = [
     ("policy", "fifo"), ("policy", ""), ("policy", None), ("policy", ["static"]), ("policy", 1),
     ("dtype", "int3"), ("dtype", None), ("dtype", 32), ("dtype", "FLOAT32"),
     ("kv_cache_dtype", "fp4"), ("kv_cache_dtype", 8), ("kv_cache_dtype", ["float32"]),
+    ("kv_cache_dtype", "int4"), ("kv_cache_dtype", 3), ("kv_cache_dtype", "INT8"), ("kv_cache_dtype", "fp8_e5m2"),
+    ("kv_cache_dtype", "float8_e4m3fn"), ("kv_cache_dtype", "uint8"), ("kv_cache_dtype", ""), ("kv_cache_dtype", b"int8"),
     ("enable_chunked_prefill", "yes"), ("enable_chunked_prefill", 1), ("enable_chunked_prefill", None),
     ("seed", -1), ("seed", MAX_SEED + 1), ("seed", 1.5), ("seed", "0"), ("seed", True), ("seed", None),
     ("enable_prefix_caching", "yes"), ("enable_prefix_caching", 1), ("enable_prefix_caching", 0),
@@ -95,6 +97,18 @@ OTHER_KNOBS = [
 @pytest.mark.parametrize("knob, value", OTHER_KNOBS, ids=[f"{k}={v!r}" for k, v in OTHER_KNOBS])
 def test_other_knob_rejected(knob: str, value: object) -> None:
     expect_rejected(lambda: EngineConfig(**{knob: value}), knob, seconds=2)
+
+
+@pytest.mark.parametrize("kv", [None, "int8", "fp8"])
+def test_kv_cache_dtype_none_and_quantized_accepted(tiny, kv: object) -> None:
+    """None keeps today's meaning (the weights' dtype); "int8"/"fp8" build a quantized pool that
+    generates (a short greedy run, every block free afterwards)."""
+    engine = expect_accepted(lambda: LLMEngine(tiny, kv_cache_dtype=kv, num_blocks=16, block_size=4), seconds=5)
+    engine.add_request([5, 6, 7, 8, 9], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_integrity()
+    assert engine.kv_cache_bytes_per_token == (512 if kv is None else 160)
 
 
 @pytest.mark.parametrize("knob", list(INT_KNOB_CAPS))
