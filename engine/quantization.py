@@ -70,8 +70,13 @@ class QuantConfig:
 
 
 def check_group_size(config: QuantConfig, in_features: dict[str, int]) -> None:
-    """int4 groups run along K: every input dimension must be a multiple of the group size
+    """Every input dimension K must be a multiple of 32 (torch's packed kernels; smaller odd
+    shapes crashed them), and for int4, whose groups run along K, of the group size
     (SmolLM2's hidden 576 allows 32 and 64, not 128 or 256)."""
+    for name, k in in_features.items():
+        if k % 32:  # in a probe, _weight_int8pack_mm segfaulted on [5, 8] and [3, 33] weights
+            raise ValueError(f"quantization: the quantized kernels need input dimensions that are multiples "
+                             f"of 32; the {name} input dimension is {k}")
     if config.scheme != "int4":
         return
     for name, k in in_features.items():

@@ -19,8 +19,8 @@ from engine.attention import paged_attention, write_kv
 from engine.forward_batch import ForwardBatch
 from engine.models.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.models.weights import check_tensors
-from engine.quantization import QuantConfig, QuantizedLinear, Weight, check_group_size, linear, quantize_table, \
-    quantize_weight
+from engine.quantization import QuantConfig, QuantizedLinear, Weight, check_group_size, is_linear_weight, is_table, \
+    linear, quantize_table, quantize_weight
 
 __all__ = ["FusedLayer", "LlamaModel", "ModelConfig", "SUPPORTED_ARCHITECTURES", "rms_norm", "rotate_half"]
 
@@ -87,7 +87,9 @@ class LlamaModel:
         self.config = config
         self.dtype = dtype
         self.quantization = quantization
-        w = {k: v.to(dtype) for k, v in weights.items()}
+        # Quantized: the tensors to quantize stay fp32 (quantized from the originals below).
+        w = {k: v if quantization is not None and (is_linear_weight(k) or is_table(k)) else v.to(dtype)
+             for k, v in weights.items()}
         self.embed_tokens: Weight = w["model.embed_tokens.weight"]  # [V, h]
         self.norm = w["model.norm.weight"]
         # Tied: the embedding is the head (as Hugging Face ties it), whatever else was passed.
@@ -98,7 +100,7 @@ class LlamaModel:
             c = config
             check_group_size(quantization, {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
                                             "o_proj (heads x head_dim)": c.num_attention_heads * c.head_dim})
-            full = {k: v.float() for k, v in weights.items()}  # quantize from the fp32 originals
+            full = {k: v.float() for k, v in w.items()}  # fp32 originals (no copy if already fp32)
             self.layers = [self._fuse_layer(full, i).quantized(quantization).with_dtype(dtype)
                            for i in range(c.num_hidden_layers)]
             self.embed_tokens = quantize_table(full["model.embed_tokens.weight"], quantization)
