@@ -172,7 +172,7 @@ LOGIT_TOL = {"int8": 0.03, "int4": 0.03, "fp8": 0.03, "w8a8": 0.10}
 # these prompts there are none, while a longer run would compare rounding noise, not the scheme.
 N_TOKENS = 8
 CASES = [("tiny-random", s) for s in SCHEMES] + [
-    ("smollm2-135m", s) for s in SCHEMES]
+    pytest.param("smollm2-135m", s, marks=pytest.mark.slow) for s in SCHEMES]  # ~30 s each on 2 cores
 
 
 @pytest.mark.parametrize("name, scheme", CASES)
