@@ -32,6 +32,28 @@ MAX_SEED = 2 ** 63 - 1  # seeds are 0 .. 2**63 - 1 (a torch.Generator seed, as v
 SAMPLING_EPS = 1e-5
 
 
+# Quantization knobs (the schemes themselves are in engine/quantization.py; kept here so this
+# module stays torch-free).
+QuantScheme = Literal["int8", "int4", "fp8", "w8a8"]
+SCHEMES: tuple[str, ...] = ("int8", "int4", "fp8", "w8a8")
+INT4_GROUP_SIZES: tuple[int, ...] = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu accepts
+DEFAULT_GROUP_SIZE = 32
+DEFAULT_OUTLIER_THRESHOLD = 6.0
+
+
+def check_quant_knobs(quantization: object, group_size: object, outlier_threshold: object) -> None:
+    """The three knobs, each a ValueError naming the field (``quantization=None`` is off)."""
+    if quantization is not None and (not isinstance(quantization, str) or quantization not in SCHEMES):
+        raise ValueError(f"quantization: must be one of {SCHEMES} or None, got {str(quantization)[:40]!r}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"quantization_group_size: must be one of {INT4_GROUP_SIZES} (the int4 kernel's "
+                         f"group sizes), got {str(group_size)[:40]!r}")
+    if (isinstance(outlier_threshold, bool) or not isinstance(outlier_threshold, (int, float))
+            or not 0 < outlier_threshold < math.inf):
+        raise ValueError(f"quantization_outlier_threshold: must be a finite number > 0, got "
+                         f"{str(outlier_threshold)[:40]!r}")
+
+
 def _is_number(value: object) -> bool:
     """An int or a float, not a bool (True would pass as 1)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -80,7 +102,16 @@ class EngineConfig:
     max_model_len           context limit; None = the model's own limit
     dtype / kv_cache_dtype  weights and KV tensors; kv defaults to the weights' dtype; kv may also
                             be "int8" or "fp8" (e4m3): quantized on write with one fp32 absmax
-                            scale per token and KV head, dequantized on read (engine/kv_quant.py)
+                            scale per token and KV head, dequantized on read (engine/kv_quant.py).
+                            dtype "auto" (the default, vLLM's word) resolves at construction to
+                            "float32", or "bfloat16" when quantization is set (the quantized
+                            kernels have SIMD paths only for bf16 activations); an explicit
+                            "float32" / "float16" with a quantization is a ValueError
+    quantization            None, "int8", "int4", "fp8" or "w8a8" (engine/quantization.py)
+    quantization_group_size int4 group along the input dim: 32 (default), 64, 128 or 256, and it
+                            must divide the model's input dims (checked at engine start)
+    quantization_outlier_threshold  w8a8: input columns with |x| above it stay in floating
+                            point (LLM.int8(), default 6.0); a finite number > 0
     seed                    seeds requests that carry no seed of their own
     enable_prefix_caching   share the KV of common prompt prefixes through a radix tree (on by
                             default, as in vLLM)
@@ -93,10 +124,13 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     policy: Policy = "continuous"
     max_model_len: int | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"
     kv_cache_dtype: str | None = None
     seed: int = 0
     enable_prefix_caching: bool = True
+    quantization: str | None = None
+    quantization_group_size: int = DEFAULT_GROUP_SIZE
+    quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD
 
     def __post_init__(self) -> None:
         """Every knob an int in its range (hard caps above); memory is checked by the engine."""
@@ -112,8 +146,15 @@ class EngineConfig:
             raise ValueError("enable_chunked_prefill: must be True or False")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError("enable_prefix_caching: must be True or False")
+        check_quant_knobs(self.quantization, self.quantization_group_size, self.quantization_outlier_threshold)
+        if self.dtype == "auto":
+            object.__setattr__(self, "dtype", "float32" if self.quantization is None else "bfloat16")
         if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
-            raise ValueError(f"dtype: must be one of {DTYPES}, got {_short(self.dtype)}")
+            raise ValueError(f"dtype: must be 'auto' or one of {DTYPES}, got {_short(self.dtype)}")
+        if self.quantization is not None and self.dtype != "bfloat16":
+            raise ValueError(f"dtype: quantization={self.quantization!r} computes in 'bfloat16' (torch's "
+                             f"quantized CPU kernels have SIMD paths only for bf16 activations); pass "
+                             f"dtype='bfloat16' or 'auto', got {_short(self.dtype)}")
         if self.kv_cache_dtype is not None and (not isinstance(self.kv_cache_dtype, str)
                                                 or self.kv_cache_dtype not in KV_CACHE_DTYPES):
             raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES}, got {_short(self.kv_cache_dtype)}")

@@ -45,6 +45,7 @@ from engine.request import Request, RequestCheckpoint, RequestStatus
 from engine.sampling import SamplingError, sample_rows
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.prefix_cache import RadixNode
+from engine.quantization import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, QuantConfig, check_quant_knobs
 from engine.trace import (BlockState, PrefixCacheEvents, PrefixNode, RequestMetrics, RequestState, SampledToken,
                           ScheduledChunk, Snapshot, StepTrace)
 
@@ -58,19 +59,28 @@ class SharedModel:
     tokenizer: Any
 
 
-def get_shared_model(model: str, dtype: str = "float32") -> SharedModel:
-    """The process-wide weights for ``model``; a bad name or dtype is a ValueError, checked
-    before the cache (an unhashable argument must not surface as lru_cache's TypeError)."""
+def get_shared_model(model: str, dtype: str = "auto", quantization: str | None = None,
+                     quantization_group_size: int = DEFAULT_GROUP_SIZE,
+                     quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD) -> SharedModel:
+    """The process-wide weights for ``model`` (one copy per model, dtype and quantization); a
+    bad name, dtype or quantization knob is a ValueError, checked before the cache (an
+    unhashable argument must not surface as lru_cache's TypeError). dtype "auto" is float32,
+    or bfloat16 when quantized (see EngineConfig)."""
     model = check_model_name(model)
+    check_quant_knobs(quantization, quantization_group_size, quantization_outlier_threshold)
+    if dtype == "auto":
+        dtype = "float32" if quantization is None else "bfloat16"
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise ValueError(f"dtype: must be one of {tuple(DTYPES)}, got {str(dtype)[:40]!r}")
-    return _shared_model(model, dtype)
+        raise ValueError(f"dtype: must be 'auto' or one of {tuple(DTYPES)}, got {str(dtype)[:40]!r}")
+    quant = None if quantization is None else QuantConfig(quantization, quantization_group_size,
+                                                          float(quantization_outlier_threshold))
+    return _shared_model(model, dtype, quant)
 
 
 @lru_cache(maxsize=4)
-def _shared_model(model: str, dtype: str) -> SharedModel:
+def _shared_model(model: str, dtype: str, quantization: QuantConfig | None = None) -> SharedModel:
     loaded = load_model(model)
-    return SharedModel(loaded.name, LlamaModel(loaded.config, loaded.weights, DTYPES[dtype]),
+    return SharedModel(loaded.name, LlamaModel(loaded.config, loaded.weights, DTYPES[dtype], quantization),
                        loaded.tokenizer)
 
 
@@ -125,7 +135,16 @@ class LLMEngine:
         self.config = config or EngineConfig(**knobs)
         if not isinstance(model, (str, SharedModel)):
             raise ValueError(f"model: must be a model name (a string), got {type(model).__name__}")
-        self.shared = model if isinstance(model, SharedModel) else get_shared_model(model, self.config.dtype)
+        c = self.config
+        self.shared = model if isinstance(model, SharedModel) else get_shared_model(
+            model, c.dtype, c.quantization, c.quantization_group_size, c.quantization_outlier_threshold)
+        quant = self.shared.model.quantization
+        if c.quantization is not None and (quant is None or (quant.scheme, quant.group_size, quant.outlier_threshold)
+                                           != (c.quantization, c.quantization_group_size,
+                                               c.quantization_outlier_threshold)):
+            raise ValueError(f"quantization: the SharedModel passed was loaded with {quant}, not "
+                             f"quantization={c.quantization!r}; pass the model name, or get_shared_model(..., "
+                             f"quantization=...)")
         mc = self.shared.model.config
         self.tokenizer = self.shared.tokenizer
         model_limit = min(mc.max_position_embeddings, self.config.max_model_len or mc.max_position_embeddings)

@@ -20,6 +20,8 @@ from engine.kv_quant import KVCache
 from engine.forward_batch import ForwardBatch
 from engine.models.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.models.weights import check_tensors
+from engine.quantization import QuantConfig, QuantizedLinear, Weight, check_group_size, is_linear_weight, is_table, \
+    linear, quantize_table, quantize_weight
 
 __all__ = ["FusedLayer", "LlamaModel", "ModelConfig", "SUPPORTED_ARCHITECTURES", "rms_norm", "rotate_half"]
 
@@ -39,37 +41,72 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class FusedLayer:
-    """One decoder layer's weights, with q|k|v and gate|up concatenated for one GEMM each."""
+    """One decoder layer's weights, with q|k|v and gate|up concatenated for one GEMM each.
+    The four projections are plain tensors, or ``QuantizedLinear`` in a quantized model."""
 
     input_layernorm: torch.Tensor
     post_attention_layernorm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: Weight
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    o: Weight
     o_bias: torch.Tensor | None
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Weight
+    down: Weight
 
-    def tensors(self) -> list[torch.Tensor]:
+    def tensors(self) -> list[Weight]:
         return [t for t in (self.input_layernorm, self.post_attention_layernorm, self.qkv,
                             self.qkv_bias, self.o, self.o_bias, self.gate_up, self.down)
                 if t is not None]
+
+    def with_dtype(self, dtype: torch.dtype) -> FusedLayer:
+        """Norms and biases (what stays 16 bit in a quantized model) cast to ``dtype``."""
+        def c(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(dtype)
+        def w(t: Weight) -> Weight:
+            return t.to(dtype) if isinstance(t, torch.Tensor) else t
+        return FusedLayer(self.input_layernorm.to(dtype), self.post_attention_layernorm.to(dtype), w(self.qkv),
+                          c(self.qkv_bias), w(self.o), c(self.o_bias), w(self.gate_up), w(self.down))
+
+    def quantized(self, config: QuantConfig) -> FusedLayer:
+        """The same layer with its four projections quantized (norms and biases stay as they are)."""
+        def q(w: Weight) -> Weight:
+            return quantize_weight(w, config) if isinstance(w, torch.Tensor) else w
+        return FusedLayer(self.input_layernorm, self.post_attention_layernorm, q(self.qkv), self.qkv_bias,
+                          q(self.o), self.o_bias, q(self.gate_up), q(self.down))
 
 
 class LlamaModel:
     """Holds the weights (read-only, shareable across engines) and runs the forward."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, quantization: QuantConfig | None = None) -> None:
+        """``quantization`` (engine/quantization.py) quantizes the projections from the fp32
+        ``weights`` and the embedding / LM head table; it computes in bfloat16 only."""
         check_tensors(config, {k: tuple(v.shape) for k, v in weights.items()}, "weights")
+        if quantization is not None and dtype != torch.bfloat16:
+            raise ValueError(f"dtype: quantization={quantization.scheme!r} computes in bfloat16, got {dtype}")
         self.config = config
         self.dtype = dtype
-        w = {k: v.to(dtype) for k, v in weights.items()}
-        self.embed_tokens = w["model.embed_tokens.weight"]  # [V, h]
+        self.quantization = quantization
+        # Quantized: the tensors to quantize stay fp32 (quantized from the originals below).
+        w = {k: v if quantization is not None and (is_linear_weight(k) or is_table(k)) else v.to(dtype)
+             for k, v in weights.items()}
+        self.embed_tokens: Weight = w["model.embed_tokens.weight"]  # [V, h]
         self.norm = w["model.norm.weight"]
         # Tied: the embedding is the head (as Hugging Face ties it), whatever else was passed.
-        self.lm_head = self.embed_tokens if config.tie_word_embeddings else w["lm_head.weight"]
-        self.layers = [self._fuse_layer(w, i) for i in range(config.num_hidden_layers)]
+        self.lm_head: Weight = self.embed_tokens if config.tie_word_embeddings else w["lm_head.weight"]
+        if quantization is None:
+            self.layers = [self._fuse_layer(w, i) for i in range(config.num_hidden_layers)]
+        else:
+            c = config
+            check_group_size(quantization, {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+                                            "o_proj (heads x head_dim)": c.num_attention_heads * c.head_dim})
+            full = {k: v.float() for k, v in w.items()}  # fp32 originals (no copy if already fp32)
+            self.layers = [self._fuse_layer(full, i).quantized(quantization).with_dtype(dtype)
+                           for i in range(c.num_hidden_layers)]
+            self.embed_tokens = quantize_table(full["model.embed_tokens.weight"], quantization)
+            self.lm_head = self.embed_tokens if c.tie_word_embeddings else \
+                quantize_table(full["lm_head.weight"], quantization)
         c = config
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
         self._inv_freq = inv_freq  # [head_dim / 2] fp32, the same arithmetic as HF
@@ -99,6 +136,8 @@ class LlamaModel:
         return emb.cos().to(self.dtype).unsqueeze(1), emb.sin().to(self.dtype).unsqueeze(1)  # [T,1,d]
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
+        if isinstance(self.embed_tokens, QuantizedLinear):
+            return self.embed_tokens.embed(batch.input_ids)  # [T, h] bf16, rows dequantized
         return self.embed_tokens[batch.input_ids]  # [T, h]
 
     def run_layers(self, hidden: torch.Tensor, batch: ForwardBatch,
@@ -115,7 +154,7 @@ class LlamaModel:
             layer = self.layers[i]
             k_cache, v_cache = kv_caches[i]
             x = rms_norm(hidden, layer.input_layernorm, c.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)  # [T, (nq + 2 nkv) d]
+            qkv = linear(x, layer.qkv, layer.qkv_bias)  # [T, (nq + 2 nkv) d]
             q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
             q = q.view(T, nq, d)
             k = k.view(T, nkv, d)
@@ -124,16 +163,16 @@ class LlamaModel:
             k = k * cos + rotate_half(k) * sin
             write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
             attn = paged_attention(q, k_cache, v_cache, batch, scale)  # [T, nq, d]
-            hidden = hidden + F.linear(attn.reshape(T, nq * d), layer.o, layer.o_bias)
+            hidden = hidden + linear(attn.reshape(T, nq * d), layer.o, layer.o_bias)
             x = rms_norm(hidden, layer.post_attention_layernorm, c.rms_norm_eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + linear(F.silu(gate) * up, layer.down)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Final norm and LM head for the sampled rows only: [S, V] fp32."""
         h = rms_norm(hidden[batch.logits_indices], self.norm, self.config.rms_norm_eps)
-        return F.linear(h, self.lm_head).float()
+        return linear(h, self.lm_head).float()
 
     def forward(self, batch: ForwardBatch,
                 kv_caches: list[tuple[KVCache, KVCache]]) -> torch.Tensor:
@@ -142,9 +181,10 @@ class LlamaModel:
 
     @property
     def weight_bytes(self) -> int:
-        tensors = [self.embed_tokens, self.norm]
+        """Bytes of every weight as stored (codes + scales for a quantized one)."""
+        tensors: list[Weight] = [self.embed_tokens, self.norm]
         if self.lm_head is not self.embed_tokens:
             tensors.append(self.lm_head)
         for layer in self.layers:
             tensors.extend(layer.tensors())
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.nbytes if isinstance(t, QuantizedLinear) else t.numel() * t.element_size() for t in tensors)

@@ -91,7 +91,42 @@ OTHER_KNOBS = [
     ("seed", -1), ("seed", MAX_SEED + 1), ("seed", 1.5), ("seed", "0"), ("seed", True), ("seed", None),
     ("enable_prefix_caching", "yes"), ("enable_prefix_caching", 1), ("enable_prefix_caching", 0),
     ("enable_prefix_caching", None), ("enable_prefix_caching", "False"), ("enable_prefix_caching", [True]),
+    ("quantization", "int3"), ("quantization", "INT8"), ("quantization", ""), ("quantization", 8),
+    ("quantization", ["int8"]), ("quantization", True),
+    ("quantization_group_size", 48), ("quantization_group_size", 0), ("quantization_group_size", -32),
+    ("quantization_group_size", 32.0), ("quantization_group_size", "32"), ("quantization_group_size", True),
+    ("quantization_group_size", 10 ** 30), ("quantization_group_size", None),
+    ("quantization_outlier_threshold", 0), ("quantization_outlier_threshold", -6.0),
+    ("quantization_outlier_threshold", NAN), ("quantization_outlier_threshold", INF),
+    ("quantization_outlier_threshold", "6"), ("quantization_outlier_threshold", True),
+    ("quantization_outlier_threshold", None),
 ]
+
+# A quantization needs bfloat16 (the kernels' SIMD paths): an explicit other dtype is refused.
+QUANT_DTYPE_CASES = [(q, d) for q in ("int8", "int4", "fp8", "w8a8") for d in ("float32", "float16")]
+
+
+@pytest.mark.parametrize("quantization, dtype", QUANT_DTYPE_CASES, ids=[f"{q}+{d}" for q, d in QUANT_DTYPE_CASES])
+def test_quantization_with_a_non_bf16_dtype_rejected(quantization: str, dtype: str) -> None:
+    expect_rejected(lambda: EngineConfig(quantization=quantization, dtype=dtype), "dtype", seconds=2)
+
+
+@pytest.mark.parametrize("group_size", [128, 256])
+def test_int4_group_size_not_dividing_the_model_rejected_at_start(group_size: int) -> None:
+    """tiny-random's hidden size is 64: groups of 128 or 256 do not fit its rows."""
+    expect_rejected(lambda: LLMEngine("tiny-random", quantization="int4", quantization_group_size=group_size),
+                    "quantization_group_size", seconds=10)
+
+
+@pytest.mark.parametrize("value", [1e-30, 1e30])
+def test_extreme_outlier_threshold_accepted(tiny, value: float) -> None:
+    """A tiny threshold sends every column through the float path, a huge one none: both run."""
+    from engine.engine import get_shared_model
+
+    shared = get_shared_model("tiny-random", quantization="w8a8", quantization_outlier_threshold=value)
+    llm = expect_accepted(lambda: LLM(shared, quantization="w8a8", quantization_outlier_threshold=value), seconds=10)
+    (out,) = expect_accepted(lambda: llm.generate([PROMPT], GREEDY), seconds=10)
+    assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
 
 
 @pytest.mark.parametrize("knob, value", OTHER_KNOBS, ids=[f"{k}={v!r}" for k, v in OTHER_KNOBS])
