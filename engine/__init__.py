@@ -11,11 +11,16 @@ from engine.config import EngineConfig, SamplingParams
 
 if TYPE_CHECKING:
     from engine.engine import LLM, LLMEngine, RequestOutput
+    from engine.evaluation import perplexity
 
 _LAZY = {"LLM", "LLMEngine", "RequestOutput", "CompletionOutput", "get_shared_model", "SharedModel"}
 
 
 def __getattr__(name: str) -> Any:
+    if name == "perplexity":
+        from engine.evaluation import perplexity
+
+        return perplexity
     if name in _LAZY:
         from engine import engine as _engine
 
@@ -23,4 +28,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput"]
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "perplexity"]

@@ -10,6 +10,7 @@ pipeline stage can run a layer range.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,12 @@ from engine.models.weights import check_tensors
 from engine.quantization import QuantConfig, QuantizedLinear, Weight, check_group_size, is_linear_weight, is_table, \
     linear, quantize_table, quantize_weight
 
-__all__ = ["FusedLayer", "LlamaModel", "ModelConfig", "SUPPORTED_ARCHITECTURES", "rms_norm", "rotate_half"]
+__all__ = ["FusedLayer", "LlamaModel", "ModelConfig", "Observer", "SUPPORTED_ARCHITECTURES", "rms_norm", "rotate_half"]
+
+#: Called as observer(layer_index, linear, x) with x, the input of one of a layer's four
+#: linear calls: "qkv" [T, h], "o" [T, nq * d], "gate_up" [T, h], "down" [T, intermediate].
+#: It must not modify x (engine/activations.py reads it; the forward's arithmetic is unchanged).
+Observer = Callable[[int, str, torch.Tensor], None]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -142,8 +148,12 @@ class LlamaModel:
 
     def run_layers(self, hidden: torch.Tensor, batch: ForwardBatch,
                    kv_caches: list[tuple[KVCache, KVCache]],
-                   start: int = 0, end: int | None = None) -> torch.Tensor:
-        """Layers [start, end) over the batch; kv_caches is indexed by absolute layer."""
+                   start: int = 0, end: int | None = None, observer: Observer | None = None) -> torch.Tensor:
+        """Layers [start, end) over the batch; kv_caches is indexed by absolute layer.
+
+        ``observer`` (see ``Observer``) sees the input of every linear call just before it;
+        when it is None nothing extra is computed, and either way the output is bit-identical.
+        """
         c = self.config
         end = c.num_hidden_layers if end is None else end
         cos, sin = self.rope(batch.positions)
@@ -154,6 +164,8 @@ class LlamaModel:
             layer = self.layers[i]
             k_cache, v_cache = kv_caches[i]
             x = rms_norm(hidden, layer.input_layernorm, c.rms_norm_eps)
+            if observer is not None:
+                observer(i, "qkv", x)
             qkv = linear(x, layer.qkv, layer.qkv_bias)  # [T, (nq + 2 nkv) d]
             q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
             q = q.view(T, nq, d)
@@ -163,10 +175,18 @@ class LlamaModel:
             k = k * cos + rotate_half(k) * sin
             write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
             attn = paged_attention(q, k_cache, v_cache, batch, scale)  # [T, nq, d]
-            hidden = hidden + linear(attn.reshape(T, nq * d), layer.o, layer.o_bias)
+            a = attn.reshape(T, nq * d)
+            if observer is not None:
+                observer(i, "o", a)
+            hidden = hidden + linear(a, layer.o, layer.o_bias)
             x = rms_norm(hidden, layer.post_attention_layernorm, c.rms_norm_eps)
+            if observer is not None:
+                observer(i, "gate_up", x)
             gate, up = linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + linear(F.silu(gate) * up, layer.down)
+            act = F.silu(gate) * up  # [T, intermediate]
+            if observer is not None:
+                observer(i, "down", act)
+            hidden = hidden + linear(act, layer.down)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

@@ -1,0 +1,205 @@
+"""Activation statistics of the inputs of every linear layer, from real prompts.
+
+One flattened prefill of the calibration prompts through the engine's own model, with the
+``observer`` seam of ``LlamaModel.run_layers`` seeing the input x [T, K] of each layer's four
+linear calls (T = every token of every prompt):
+
+    qkv      RMSNorm(hidden)              K = hidden
+    o        attention output, flattened  K = heads * head_dim
+    gate_up  RMSNorm(hidden)              K = hidden
+    down     silu(gate) * up              K = intermediate
+
+Recorded (frozen records, plain Python numbers so a page can draw them without torch):
+
+    absmax[linear][layer][k]  = max over tokens of |x[t, k]|          [L][K] per linear
+    outliers                  = every (layer, linear, k) with absmax > threshold
+                                (LLM.int8()'s rule: magnitude > 6.0 in a feature dimension)
+    histogram                 = counts of one chosen (layer, linear)'s T*K values in fixed bins
+
+The arithmetic of the forward is unchanged (the observer only reads), so the model's outputs
+are bit-identical with and without statistics.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.forward_batch import build_forward_batch
+from engine.model_runner import ModelRunner
+
+__all__ = ["ActivationHistogram", "ActivationStats", "LINEARS", "LinearAbsmax", "OutlierChannel",
+           "activation_stats", "calibration_prompts"]
+
+LINEARS = ("qkv", "o", "gate_up", "down")
+CALIBRATION_FILE = Path(__file__).resolve().parents[1] / "presets" / "calibration.json"
+DEFAULT_THRESHOLD = 6.0  # LLM.int8() (Dettmers et al., 2022): outlier features have |x| > 6
+DEFAULT_BINS = 64
+MAX_BINS = 1000
+MAX_PROMPTS = 256
+MAX_TOTAL_TOKENS = 16_384
+
+
+@dataclass(frozen=True)
+class LinearAbsmax:
+    """Per-input-channel absmax of one linear's input, every layer: absmax[layer][k]."""
+
+    linear: str
+    absmax: tuple[tuple[float, ...], ...]  # [L][K]
+
+    def layer_max(self) -> tuple[float, ...]:
+        """[L] the largest channel absmax of each layer."""
+        return tuple(max(row) for row in self.absmax)
+
+
+@dataclass(frozen=True)
+class OutlierChannel:
+    layer: int
+    linear: str
+    channel: int
+    absmax: float
+
+
+@dataclass(frozen=True)
+class ActivationHistogram:
+    """counts[i] = values in [edges[i], edges[i+1]) (the last bin closed); sum = num_values.
+
+    With the default range (the tensor's own absmax) no value lies outside; with a fixed
+    ``histogram_range`` values beyond it are counted in the end bins (clamped)."""
+
+    layer: int
+    linear: str
+    edges: tuple[float, ...]  # [bins + 1]
+    counts: tuple[int, ...]  # [bins]
+    num_values: int  # T * K
+    num_clamped: int  # values outside the range, counted in the end bins
+
+
+@dataclass(frozen=True)
+class ActivationStats:
+    prompts: tuple[str, ...]
+    num_tokens: int  # T, every prompt token
+    threshold: float
+    absmax: tuple[LinearAbsmax, ...]  # one per linear, in LINEARS order
+    outliers: tuple[OutlierChannel, ...]  # sorted by absmax, largest first
+    histogram: ActivationHistogram
+
+    def absmax_of(self, linear: str) -> tuple[tuple[float, ...], ...]:
+        """[L][K] of one linear ("qkv", "o", "gate_up" or "down")."""
+        for entry in self.absmax:
+            if entry.linear == linear:
+                return entry.absmax
+        raise ValueError(f"linear: must be one of {LINEARS}, got {linear!r}")
+
+
+def calibration_prompts(path: Path = CALIBRATION_FILE) -> tuple[str, ...]:
+    """The shipped calibration prompts (presets/calibration.json, written for InferScope)."""
+    data = json.loads(Path(path).read_text("utf-8"))
+    return _check_prompts(data.get("prompts") if isinstance(data, dict) else None)
+
+
+def _check_prompts(prompts: object) -> tuple[str, ...]:
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts: must be a list of strings, got {type(prompts).__name__}")
+    if not 1 <= len(prompts) <= MAX_PROMPTS:
+        raise ValueError(f"prompts: must hold 1 to {MAX_PROMPTS} prompts, got {len(prompts)}")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) or not p.strip():
+            raise ValueError(f"prompts: prompt {i} must be a non-empty string, got {str(p)[:40]!r}")
+    return tuple(prompts)
+
+
+def _engine_of(llm: Any) -> Any:
+    from engine.engine import LLM, LLMEngine
+
+    if isinstance(llm, LLM):
+        return llm.llm_engine
+    if isinstance(llm, LLMEngine):
+        return llm
+    raise ValueError(f"llm: must be an LLM or an LLMEngine, got {type(llm).__name__}")
+
+
+def _histogram(values: torch.Tensor, layer: int, linear: str, bins: int,
+               value_range: float | None) -> ActivationHistogram:
+    """Fixed, symmetric bins over [-r, r]: r = value_range, or the values' own absmax."""
+    flat = values.float().reshape(-1)  # [T * K]
+    r = value_range if value_range is not None else float(flat.abs().max()) if flat.numel() else 1.0
+    r = r if r > 0 else 1.0
+    clamped = int((flat.abs() > r).sum())
+    counts = torch.histc(flat.clamp(-r, r), bins=bins, min=-r, max=r)  # [bins], float counts
+    edges = [-r + 2 * r * i / bins for i in range(bins + 1)]
+    edges[-1] = r
+    return ActivationHistogram(layer, linear, tuple(edges), tuple(int(c) for c in counts.tolist()),
+                               int(flat.numel()), clamped)
+
+
+@torch.inference_mode()
+def activation_stats(llm: Any, prompts: Sequence[str] | None = None, threshold: float = DEFAULT_THRESHOLD,
+                     histogram_layer: int | None = None, histogram_linear: str = "qkv",
+                     bins: int = DEFAULT_BINS, histogram_range: float | None = None) -> ActivationStats:
+    """Statistics of every linear input over one prefill of ``prompts`` (module doc).
+
+    ``prompts`` defaults to ``calibration_prompts()``. The histogram is of
+    (histogram_layer, histogram_linear); histogram_layer None picks the layer whose input to
+    that linear holds the largest magnitude. Outliers: channels with absmax > threshold.
+    """
+    engine = _engine_of(llm)
+    prompt_list = calibration_prompts() if prompts is None else _check_prompts(prompts)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not (
+            math.isfinite(threshold) and threshold > 0):
+        raise ValueError(f"threshold: must be a finite number > 0, got {threshold!r}")
+    if histogram_linear not in LINEARS:
+        raise ValueError(f"histogram_linear: must be one of {LINEARS}, got {str(histogram_linear)[:40]!r}")
+    model = engine.runner.model
+    num_layers = model.config.num_hidden_layers
+    if histogram_layer is not None and (isinstance(histogram_layer, bool) or not isinstance(histogram_layer, int)
+                                        or not 0 <= histogram_layer < num_layers):
+        raise ValueError(f"histogram_layer: must be an integer in [0, {num_layers}), got {histogram_layer!r}")
+    if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= MAX_BINS:
+        raise ValueError(f"bins: must be an integer in [1, {MAX_BINS}], got {bins!r}")
+    if histogram_range is not None and (isinstance(histogram_range, bool)
+                                        or not isinstance(histogram_range, (int, float))
+                                        or not (math.isfinite(histogram_range) and histogram_range > 0)):
+        raise ValueError(f"histogram_range: must be a finite number > 0 or None, got {histogram_range!r}")
+
+    chunks = [list(engine.tokenizer(p, add_special_tokens=False).input_ids) for p in prompt_list]
+    for i, ids in enumerate(chunks):
+        if not 1 <= len(ids) <= engine.model_max_len:
+            raise ValueError(f"prompts: prompt {i} has {len(ids)} tokens; must have 1 to {engine.model_max_len}")
+    total = sum(len(c) for c in chunks)
+    if total > MAX_TOTAL_TOKENS:
+        raise ValueError(f"prompts: {total} tokens in all; at most {MAX_TOTAL_TOKENS}")
+
+    absmax: dict[tuple[int, str], torch.Tensor] = {}  # (layer, linear) -> [K]
+    kept: dict[int, torch.Tensor] = {}  # layer -> [T, K] input of histogram_linear
+
+    def observe(layer: int, linear: str, x: torch.Tensor) -> None:  # x [T, K], read only
+        absmax[(layer, linear)] = x.abs().amax(dim=0).float()  # one call per (layer, linear)
+        if linear == histogram_linear and histogram_layer in (None, layer):
+            kept[layer] = x.detach().clone()
+
+    block_size = engine.config.block_size
+    runner = ModelRunner(model, -(-total // block_size), block_size, engine.runner.kv_cache_dtype)
+    starts = [sum(len(c) for c in chunks[:i]) for i in range(len(chunks))]
+    slot_tables = [list(range(s, s + len(c))) for s, c in zip(starts, chunks)]  # a private pool
+    # Each prompt is a fresh request: positions from 0, its own slots (start 0, whole chunk).
+    batch = build_forward_batch(chunks, [0] * len(chunks), slot_tables, [False] * len(chunks))
+    model.run_layers(model.embed(batch), batch, runner.kv_caches, observer=observe)
+
+    per_linear = tuple(
+        LinearAbsmax(lin, tuple(tuple(absmax[(layer, lin)].tolist()) for layer in range(num_layers)))
+        for lin in LINEARS)
+    outliers = sorted(
+        (OutlierChannel(layer, entry.linear, k, v)
+         for entry in per_linear for layer, row in enumerate(entry.absmax) for k, v in enumerate(row)
+         if v > threshold),
+        key=lambda o: (-o.absmax, o.layer, LINEARS.index(o.linear), o.channel))
+    layer = histogram_layer if histogram_layer is not None else max(
+        range(num_layers), key=lambda i: (float(absmax[(i, histogram_linear)].max()), -i))
+    histogram = _histogram(kept[layer], layer, histogram_linear, bins, histogram_range)
+    return ActivationStats(prompt_list, total, float(threshold), per_linear, tuple(outliers), histogram)
