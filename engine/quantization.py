@@ -14,8 +14,12 @@ Schemes (``QuantConfig.scheme``; vLLM's knob name is ``quantization``):
            ``aten._weight_int4pack_mm_for_cpu(x_bf16, packed, g, scales_and_zeros bf16 [K/g,N,2])``
            multiplies.
     fp8    weight-only e4m3 (``torch.float8_e4m3fn``), per output channel: s[n] = absmax / 448
-           (rounded up to bf16); dequantized on the fly: y = F.linear(x, q.to(bf16)) * s (every
-           e4m3 value is exact in bf16, so only the GEMM and the final scaling round).
+           (rounded up to bf16); dequantized on the fly: y = F.linear(x, bf16(q)) * s (every
+           e4m3 value is exact in bf16, so only the GEMM and the final scaling round). bf16(q)
+           is a 256-entry table lookup on the codes' bit patterns (``fp8_to_bf16``), decoded in
+           pieces of 2^20 codes (``fp8_linear``), not ``q.to(bf16)`` of the whole weight: torch's
+           CPU fp8 conversion and the big temporaries were the cost; the table holds exactly the
+           values that conversion gives, so the output is bit-identical.
     w8a8   int8 weights as int8, plus dynamic per-token int8 activations (LLM.int8()): the input
            columns where any token has |x| > outlier_threshold (default 6.0, bitsandbytes'
            ``llm_int8_threshold``) stay in floating point,
@@ -172,6 +176,38 @@ def quantize_fp8(w: torch.Tensor) -> QuantizedTensor:
     return _with_error(out, w)
 
 
+#: bf16 value of every float8_e4m3fn bit pattern 0..255 (torch's own conversion, NaN codes included).
+FP8_TO_BF16_TABLE = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.bfloat16)  # [256]
+#: Codes decoded per piece by ``fp8_linear``: 2^20 codes make a 4 MiB index and a 2 MiB bf16 piece,
+#: small enough to be reused from the allocator's heap instead of fresh (page-faulting) mmaps.
+FP8_CHUNK_CODES = 1 << 20
+
+
+def fp8_to_bf16(q: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn [N, K] -> bf16 [N, K], bit-identical to ``q.to(torch.bfloat16)``: the codes'
+    bit patterns (a free uint8 view) index a 256-entry table. ``index_select`` with int32 indices
+    measured fastest of the gathers tried (advanced indexing, ``torch.take``, int64 indices, a
+    65,536-entry two-codes-at-once table, bit manipulation)."""
+    codes = q.view(torch.uint8).reshape(-1).to(torch.int32)  # [N*K]
+    return FP8_TO_BF16_TABLE.index_select(0, codes).view(q.shape)
+
+
+def fp8_linear(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """y = (x @ bf16(q)^T) * s for x bf16 [M, K], q float8_e4m3fn [N, K], s bf16 [N] -> bf16 [M, N].
+
+    Rule: the result is bit-identical to ``F.linear(x, q.to(torch.bfloat16)) * s`` (the decoded
+    weight holds the same values; each output element is one K-reduction, and splitting the N
+    rows into pieces does not change it: checked by tests/test_quantization.py). The weight is
+    decoded FP8_CHUNK_CODES codes at a time, never whole (the LM head alone would be a 57 MB
+    temporary per step)."""
+    n, k = q.shape
+    rows = max(1, FP8_CHUNK_CODES // max(k, 1))
+    if n <= rows:
+        return F.linear(x, fp8_to_bf16(q)) * scales
+    parts = [F.linear(x, fp8_to_bf16(q[a:a + rows])) for a in range(0, n, rows)]  # [M, rows] each
+    return torch.cat(parts, dim=1) * scales
+
+
 def _with_error(q: QuantizedTensor, w: torch.Tensor) -> QuantizedTensor:
     return QuantizedTensor(q.scheme, q.shape, q.data, q.scales, q.group_size, _error(w, dequantize(q)))
 
@@ -243,7 +279,7 @@ class QuantizedLinear:
             assert self.group_size is not None
             return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, self.group_size, self.scales)
         if self.scheme == "fp8":
-            return F.linear(x, self.weight.to(torch.bfloat16)) * self.scales
+            return fp8_linear(x, self.weight, self.scales)
         if self.scheme == "w8a8":
             return self._int8_int8(x)
         raise ValueError(f"quantization: unknown scheme {self.scheme!r}")
@@ -347,5 +383,5 @@ def dequantized_weights(weights: dict[str, torch.Tensor], config: QuantConfig) -
 
 __all__ = ["dequantized_weights", "is_linear_weight", "is_table", "DEFAULT_GROUP_SIZE", "DEFAULT_OUTLIER_THRESHOLD", "INT4_GROUP_SIZES", "SCHEMES", "QuantConfig",
            "QuantError", "QuantizedLinear", "QuantizedTensor", "Weight", "check_group_size", "check_quant_knobs",
-           "dequantize", "dequantize_linear", "int4_codes", "linear", "quantize_fp8", "quantize_int4",
+           "dequantize", "dequantize_linear", "fp8_linear", "fp8_to_bf16", "FP8_CHUNK_CODES", "FP8_TO_BF16_TABLE", "int4_codes", "linear", "quantize_fp8", "quantize_int4",
            "quantize_int8", "quantize_table", "quantize_weight"]

@@ -21,8 +21,8 @@ from engine.engine import get_shared_model
 from engine.forward_batch import build_forward_batch
 from engine.model_runner import ModelRunner
 from engine.models.loader import load_model
-from engine.quantization import (QuantConfig, QuantizedLinear, dequantize, dequantized_weights, linear,
-                                 quantize_fp8, quantize_int4, quantize_int8, quantize_weight)
+from engine.quantization import (FP8_CHUNK_CODES, QuantConfig, QuantizedLinear, dequantize, dequantized_weights,
+                                 fp8_to_bf16, linear, quantize_fp8, quantize_int4, quantize_int8, quantize_weight)
 from tests.parity import PROMPTS, run_engine
 
 SCHEMES = ["int8", "int4", "fp8", "w8a8"]
@@ -72,6 +72,24 @@ def test_fp8_round_trip_within_half_an_ulp() -> None:
     s = q.scales.float()[:, None]
     err = (w - dequantize(q)).abs()
     assert (err <= torch.maximum(w.abs() * 2 ** -4, 2 ** -10 * s) * (1 + EPS) + EPS).all()
+
+
+def test_fp8_table_decodes_every_code_like_torch() -> None:
+    """The 256-entry table is torch's own fp8 -> bf16 conversion, bit for bit (NaN codes too)."""
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).view(16, 16)
+    assert torch.equal(fp8_to_bf16(codes).view(torch.int16), codes.to(torch.bfloat16).view(torch.int16))
+
+
+@pytest.mark.parametrize("n, k, m", [(96, 128, 1), (96, 128, 7), (2000, 576, 1), (2000, 576, 33)])
+def test_fp8_linear_bit_identical_to_converting_the_weight(n: int, k: int, m: int) -> None:
+    """The fast fp8 path (table lookup, decoded in pieces: 2000 x 576 spans two pieces) gives
+    exactly the bits of the plain F.linear(x, q.to(bf16)) * s it replaces."""
+    assert (2000 * 576 > FP8_CHUNK_CODES) and (96 * 128 < FP8_CHUNK_CODES)  # one piece, two pieces
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n + m)) * 0.05
+    layer = quantize_weight(w, QuantConfig("fp8"))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    ref = torch.nn.functional.linear(x, layer.weight.to(torch.bfloat16)) * layer.scales
+    assert torch.equal(layer(x).view(torch.int16), ref.view(torch.int16))
 
 
 # -- 2. kernels against the dequantized reference --------------------------------------------
