@@ -38,11 +38,11 @@ int8 too (the int4pack layout is opaque, so a row gather cannot read it; bitsand
 leaves lm_head out of LLM.int8()). What stays 16 bit (bfloat16): the RMSNorm weights and any
 bias (qkv / o bias of Qwen2-style models).
 
-No disk cache (yet): the quantized tensors are rebuilt from the fp32 load (itself cached on
-disk) the first time a quantized model is asked for, then shared in-process by
-``get_shared_model``. Measured on the shared 2-core machine for SmolLM2 (quantize + error
-statistics): int8 3.4 s, w8a8 4.1 s, fp8 5.6-11 s, int4 8-11 s. That is above the ~3 s where a
-safetensors cache beside the GGUF conversion (engine/models/cache.py) would pay; it is left to do.
+Disk cache: the quantized tensors are stored (safetensors, keyed by the source weights' content,
+the scheme and the parameters that matter) by engine/models/quant_cache.py the first time a
+quantized model is built, and loaded from there afterwards; in-process, ``get_shared_model``
+shares them. Measured quantize times on the shared 2-core machine for SmolLM2 (quantize +
+error statistics): int8 3.4 s, w8a8 4.1 s, fp8 5.6-11 s, int4 8-11 s.
 
 Each quantized weight keeps what a future view needs: its scales and its error against the
 original (relative Frobenius error, max |error|), not the original itself (recoverable from the

@@ -11,7 +11,7 @@ pipeline stage can run a layer range.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from engine.attention import paged_attention, write_kv
 from engine.kv_quant import KVCache
 from engine.forward_batch import ForwardBatch
+from engine.models.quant_cache import cached_quantize
 from engine.models.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.models.weights import check_tensors
 from engine.quantization import QuantConfig, QuantizedLinear, Weight, check_group_size, is_linear_weight, is_table, \
@@ -81,6 +82,10 @@ class FusedLayer:
                           q(self.o), self.o_bias, q(self.gate_up), q(self.down))
 
 
+#: The four projections of a layer a scheme quantizes (FusedLayer field names).
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
 class LlamaModel:
     """Holds the weights (read-only, shareable across engines) and runs the forward."""
 
@@ -94,6 +99,7 @@ class LlamaModel:
         self.config = config
         self.dtype = dtype
         self.quantization = quantization
+        self.quant_cache_status = "none"  # quantized: "hit" / "miss" / "rebuilt" / "off" (quant_cache.py)
         # Quantized: the tensors to quantize stay fp32 (quantized from the originals below).
         w = {k: v if quantization is not None and (is_linear_weight(k) or is_table(k)) else v.to(dtype)
              for k, v in weights.items()}
@@ -108,11 +114,27 @@ class LlamaModel:
             check_group_size(quantization, {"hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
                                             "o_proj (heads x head_dim)": c.num_attention_heads * c.head_dim})
             full = {k: v.float() for k, v in w.items()}  # fp32 originals (no copy if already fp32)
-            self.layers = [self._fuse_layer(full, i).quantized(quantization).with_dtype(dtype)
-                           for i in range(c.num_hidden_layers)]
-            self.embed_tokens = quantize_table(full["model.embed_tokens.weight"], quantization)
-            self.lm_head = self.embed_tokens if c.tie_word_embeddings else \
-                quantize_table(full["lm_head.weight"], quantization)
+            fused = [self._fuse_layer(full, i) for i in range(c.num_hidden_layers)]
+
+            def build() -> dict[str, QuantizedLinear]:
+                out: dict[str, QuantizedLinear] = {}
+                for i, layer in enumerate(fused):
+                    for proj in PROJECTIONS:
+                        t = getattr(layer, proj)
+                        assert isinstance(t, torch.Tensor)
+                        out[f"layers.{i}.{proj}"] = quantize_weight(t, quantization)
+                out["embed_tokens"] = quantize_table(full["model.embed_tokens.weight"], quantization)
+                if not c.tie_word_embeddings:
+                    out["lm_head"] = quantize_table(full["lm_head.weight"], quantization)
+                return out
+
+            # The quantized tensors come from the disk cache when it has them (quant_cache.py).
+            q, self.quant_cache_status = cached_quantize(weights, quantization, build)
+            self.layers = [replace(layer, qkv=q[f"layers.{i}.qkv"], o=q[f"layers.{i}.o"],
+                                   gate_up=q[f"layers.{i}.gate_up"], down=q[f"layers.{i}.down"]).with_dtype(dtype)
+                           for i, layer in enumerate(fused)]
+            self.embed_tokens = q["embed_tokens"]
+            self.lm_head = self.embed_tokens if c.tie_word_embeddings else q["lm_head"]
         c = config
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
         self._inv_freq = inv_freq  # [head_dim / 2] fp32, the same arithmetic as HF
