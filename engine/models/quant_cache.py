@@ -45,7 +45,7 @@ def weights_digest(weights: Mapping[str, torch.Tensor]) -> str:
         t = weights[name].detach().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
         if t.numel():
-            h.update(memoryview(t.view(torch.uint8).reshape(-1).numpy()))  # no copy
+            h.update(t.view(torch.uint8).reshape(-1).numpy().data)  # a memoryview, no copy
     return h.hexdigest()
 
 
