@@ -54,6 +54,16 @@ def check_quant_knobs(quantization: object, group_size: object, outlier_threshol
                          f"{str(outlier_threshold)[:40]!r}")
 
 
+# Weight sparsity patterns (engine/sparsity.py): 2 nonzeros in every 4 consecutive input weights.
+SPARSITY_PATTERNS: tuple[str, ...] = ("2:4",)
+
+
+def check_sparsity(sparsity: object) -> None:
+    """``sparsity`` is None (dense) or one of SPARSITY_PATTERNS; anything else a ValueError."""
+    if sparsity is not None and (not isinstance(sparsity, str) or sparsity not in SPARSITY_PATTERNS):
+        raise ValueError(f"sparsity: must be None or one of {SPARSITY_PATTERNS}, got {str(sparsity)[:40]!r}")
+
+
 def _is_number(value: object) -> bool:
     """An int or a float, not a bool (True would pass as 1)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -110,6 +120,9 @@ class EngineConfig:
     quantization            None, "int8", "int4", "fp8" or "w8a8" (engine/quantization.py)
     quantization_group_size int4 group along the input dim: 32 (default), 64, 128 or 256, and it
                             must divide the model's input dims (checked at engine start)
+    sparsity                None, or "2:4": the decoder layers' projections magnitude-pruned to 2
+                            nonzeros in every 4 input weights (engine/sparsity.py), before any
+                            quantization; dense storage, so no speedup on CPU
     quantization_outlier_threshold  w8a8: input columns with |x| above it stay in floating
                             point (LLM.int8(), default 6.0); a finite number > 0
     seed                    seeds requests that carry no seed of their own
@@ -131,6 +144,7 @@ class EngineConfig:
     quantization: str | None = None
     quantization_group_size: int = DEFAULT_GROUP_SIZE
     quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD
+    sparsity: str | None = None
 
     def __post_init__(self) -> None:
         """Every knob an int in its range (hard caps above); memory is checked by the engine."""
@@ -147,6 +161,7 @@ class EngineConfig:
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError("enable_prefix_caching: must be True or False")
         check_quant_knobs(self.quantization, self.quantization_group_size, self.quantization_outlier_threshold)
+        check_sparsity(self.sparsity)
         if self.dtype == "auto":
             object.__setattr__(self, "dtype", "float32" if self.quantization is None else "bfloat16")
         if not isinstance(self.dtype, str) or self.dtype not in DTYPES:

@@ -45,6 +45,7 @@ from engine.request import Request, RequestCheckpoint, RequestStatus
 from engine.sampling import SamplingError, sample_rows
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.prefix_cache import RadixNode
+from engine.sparsity import check_sparsity, sparsified_weights
 from engine.quantization import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, QuantConfig, check_quant_knobs
 from engine.trace import (BlockState, PrefixCacheEvents, PrefixNode, RequestMetrics, RequestState, SampledToken,
                           ScheduledChunk, Snapshot, StepTrace)
@@ -57,31 +58,37 @@ class SharedModel:
     name: str
     model: LlamaModel
     tokenizer: Any
+    sparsity: str | None = None  # "2:4": the projections were pruned (engine/sparsity.py)
 
 
 def get_shared_model(model: str, dtype: str = "auto", quantization: str | None = None,
                      quantization_group_size: int = DEFAULT_GROUP_SIZE,
-                     quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD) -> SharedModel:
+                     quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD,
+                     sparsity: str | None = None) -> SharedModel:
     """The process-wide weights for ``model`` (one copy per model, dtype and quantization); a
     bad name, dtype or quantization knob is a ValueError, checked before the cache (an
     unhashable argument must not surface as lru_cache's TypeError). dtype "auto" is float32,
     or bfloat16 when quantized (see EngineConfig)."""
     model = check_model_name(model)
     check_quant_knobs(quantization, quantization_group_size, quantization_outlier_threshold)
+    check_sparsity(sparsity)
     if dtype == "auto":
         dtype = "float32" if quantization is None else "bfloat16"
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ValueError(f"dtype: must be 'auto' or one of {tuple(DTYPES)}, got {str(dtype)[:40]!r}")
     quant = None if quantization is None else QuantConfig(quantization, quantization_group_size,
                                                           float(quantization_outlier_threshold))
-    return _shared_model(model, dtype, quant)
+    return _shared_model(model, dtype, quant, sparsity)
 
 
 @lru_cache(maxsize=4)
-def _shared_model(model: str, dtype: str, quantization: QuantConfig | None = None) -> SharedModel:
+def _shared_model(model: str, dtype: str, quantization: QuantConfig | None = None,
+                  sparsity: str | None = None) -> SharedModel:
+    """Sparsity prunes the fp32 weights first; quantization (if any) quantizes the pruned ones."""
     loaded = load_model(model)
-    return SharedModel(loaded.name, LlamaModel(loaded.config, loaded.weights, DTYPES[dtype], quantization),
-                       loaded.tokenizer)
+    weights = sparsified_weights(loaded.weights, sparsity)
+    return SharedModel(loaded.name, LlamaModel(loaded.config, weights, DTYPES[dtype], quantization),
+                       loaded.tokenizer, sparsity)
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,10 @@ class LLMEngine:
             raise ValueError(f"model: must be a model name (a string), got {type(model).__name__}")
         c = self.config
         self.shared = model if isinstance(model, SharedModel) else get_shared_model(
-            model, c.dtype, c.quantization, c.quantization_group_size, c.quantization_outlier_threshold)
+            model, c.dtype, c.quantization, c.quantization_group_size, c.quantization_outlier_threshold, c.sparsity)
+        if self.shared.sparsity != c.sparsity:
+            raise ValueError(f"sparsity: the SharedModel passed was loaded with sparsity={self.shared.sparsity!r}, "
+                             f"not {c.sparsity!r}; pass the model name, or get_shared_model(..., sparsity=...)")
         quant = self.shared.model.quantization
         if c.quantization is not None and (quant is None or (quant.scheme, quant.group_size, quant.outlier_threshold)
                                            != (c.quantization, c.quantization_group_size,
