@@ -100,6 +100,8 @@ OTHER_KNOBS = [
     ("quantization_outlier_threshold", NAN), ("quantization_outlier_threshold", INF),
     ("quantization_outlier_threshold", "6"), ("quantization_outlier_threshold", True),
     ("quantization_outlier_threshold", None),
+    ("sparsity", "2:8"), ("sparsity", "2-4"), ("sparsity", "4:8"), ("sparsity", ""), ("sparsity", 0.5),
+    ("sparsity", 24), ("sparsity", True), ("sparsity", ["2:4"]), ("sparsity", "2:4 "),
 ]
 
 # A quantization needs bfloat16 (the kernels' SIMD paths): an explicit other dtype is refused.
@@ -127,6 +129,20 @@ def test_extreme_outlier_threshold_accepted(tiny, value: float) -> None:
     llm = expect_accepted(lambda: LLM(shared, quantization="w8a8", quantization_outlier_threshold=value), seconds=10)
     (out,) = expect_accepted(lambda: llm.generate([PROMPT], GREEDY), seconds=10)
     assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
+
+
+@pytest.mark.parametrize("quantization", [None, "int4", "fp8"])
+def test_sparsity_alone_or_with_a_scheme_runs(tiny, quantization: str | None) -> None:
+    """2:4 prunes first and any scheme quantizes the pruned weights: every combination runs."""
+    llm = expect_accepted(lambda: LLM("tiny-random", quantization=quantization, sparsity="2:4"), seconds=20)
+    (out,) = expect_accepted(lambda: llm.generate([PROMPT], GREEDY), seconds=10)
+    assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
+
+
+def test_sparsity_bad_value_rejected_by_get_shared_model() -> None:
+    from engine.engine import get_shared_model
+
+    expect_rejected(lambda: get_shared_model("tiny-random", sparsity="1:2"), "sparsity", seconds=2)
 
 
 @pytest.mark.parametrize("knob, value", OTHER_KNOBS, ids=[f"{k}={v!r}" for k, v in OTHER_KNOBS])
