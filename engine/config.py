@@ -54,6 +54,24 @@ def check_quant_knobs(quantization: object, group_size: object, outlier_threshol
                          f"{str(outlier_threshold)[:40]!r}")
 
 
+# SmoothQuant (engine/smoothing.py) applies to the scheme that quantizes activations.
+SMOOTHING_SCHEMES: tuple[str, ...] = ("w8a8",)
+
+
+def check_smoothing(quantization: object, strength: object) -> None:
+    """``quantization_smoothing_strength``: None (off) or a finite number in [0, 1] (SmoothQuant's
+    alpha), and only with a scheme in SMOOTHING_SCHEMES; ValueError naming the knob."""
+    if strength is None:
+        return
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not (
+            math.isfinite(strength) and 0 <= strength <= 1):
+        raise ValueError(f"quantization_smoothing_strength: must be a number in [0, 1] or None, got "
+                         f"{str(strength)[:40]!r}")
+    if quantization not in SMOOTHING_SCHEMES:
+        raise ValueError(f"quantization_smoothing_strength: applies to quantization in {SMOOTHING_SCHEMES} "
+                         f"(the schemes that quantize activations), got quantization={str(quantization)[:40]!r}")
+
+
 def _is_number(value: object) -> bool:
     """An int or a float, not a bool (True would pass as 1)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -112,6 +130,9 @@ class EngineConfig:
                             must divide the model's input dims (checked at engine start)
     quantization_outlier_threshold  w8a8: input columns with |x| above it stay in floating
                             point (LLM.int8(), default 6.0); a finite number > 0
+    quantization_smoothing_strength  w8a8 only: SmoothQuant's alpha in [0, 1] (llm-compressor's
+                            ``smoothing_strength``), None = off; scales from the calibration
+                            prompts folded into the weights before quantizing (engine/smoothing.py)
     seed                    seeds requests that carry no seed of their own
     enable_prefix_caching   share the KV of common prompt prefixes through a radix tree (on by
                             default, as in vLLM)
@@ -131,6 +152,7 @@ class EngineConfig:
     quantization: str | None = None
     quantization_group_size: int = DEFAULT_GROUP_SIZE
     quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD
+    quantization_smoothing_strength: float | None = None
 
     def __post_init__(self) -> None:
         """Every knob an int in its range (hard caps above); memory is checked by the engine."""
@@ -147,6 +169,7 @@ class EngineConfig:
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError("enable_prefix_caching: must be True or False")
         check_quant_knobs(self.quantization, self.quantization_group_size, self.quantization_outlier_threshold)
+        check_smoothing(self.quantization, self.quantization_smoothing_strength)
         if self.dtype == "auto":
             object.__setattr__(self, "dtype", "float32" if self.quantization is None else "bfloat16")
         if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
