@@ -62,6 +62,22 @@ def check_sparsity(sparsity: object) -> None:
     """``sparsity`` is None (dense) or one of SPARSITY_PATTERNS; anything else a ValueError."""
     if sparsity is not None and (not isinstance(sparsity, str) or sparsity not in SPARSITY_PATTERNS):
         raise ValueError(f"sparsity: must be None or one of {SPARSITY_PATTERNS}, got {str(sparsity)[:40]!r}")
+# SmoothQuant (engine/smoothing.py) applies to the scheme that quantizes activations.
+SMOOTHING_SCHEMES: tuple[str, ...] = ("w8a8",)
+
+
+def check_smoothing(quantization: object, strength: object) -> None:
+    """``quantization_smoothing_strength``: None (off) or a finite number in [0, 1] (SmoothQuant's
+    alpha), and only with a scheme in SMOOTHING_SCHEMES; ValueError naming the knob."""
+    if strength is None:
+        return
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not (
+            math.isfinite(strength) and 0 <= strength <= 1):
+        raise ValueError(f"quantization_smoothing_strength: must be a number in [0, 1] or None, got "
+                         f"{str(strength)[:40]!r}")
+    if quantization not in SMOOTHING_SCHEMES:
+        raise ValueError(f"quantization_smoothing_strength: applies to quantization in {SMOOTHING_SCHEMES} "
+                         f"(the schemes that quantize activations), got quantization={str(quantization)[:40]!r}")
 
 
 def _is_number(value: object) -> bool:
@@ -125,6 +141,9 @@ class EngineConfig:
                             quantization; dense storage, so no speedup on CPU
     quantization_outlier_threshold  w8a8: input columns with |x| above it stay in floating
                             point (LLM.int8(), default 6.0); a finite number > 0
+    quantization_smoothing_strength  w8a8 only: SmoothQuant's alpha in [0, 1] (llm-compressor's
+                            ``smoothing_strength``), None = off; scales from the calibration
+                            prompts folded into the weights before quantizing (engine/smoothing.py)
     seed                    seeds requests that carry no seed of their own
     enable_prefix_caching   share the KV of common prompt prefixes through a radix tree (on by
                             default, as in vLLM)
@@ -145,6 +164,7 @@ class EngineConfig:
     quantization_group_size: int = DEFAULT_GROUP_SIZE
     quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD
     sparsity: str | None = None
+    quantization_smoothing_strength: float | None = None
 
     def __post_init__(self) -> None:
         """Every knob an int in its range (hard caps above); memory is checked by the engine."""
@@ -162,6 +182,7 @@ class EngineConfig:
             raise ValueError("enable_prefix_caching: must be True or False")
         check_quant_knobs(self.quantization, self.quantization_group_size, self.quantization_outlier_threshold)
         check_sparsity(self.sparsity)
+        check_smoothing(self.quantization, self.quantization_smoothing_strength)
         if self.dtype == "auto":
             object.__setattr__(self, "dtype", "float32" if self.quantization is None else "bfloat16")
         if not isinstance(self.dtype, str) or self.dtype not in DTYPES:

@@ -46,6 +46,9 @@ from engine.sampling import SamplingError, sample_rows
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.prefix_cache import RadixNode
 from engine.sparsity import check_sparsity, sparsified_weights
+from engine.activations import activation_stats
+from engine.config import check_smoothing
+from engine.smoothing import Smoothing, smooth_weights
 from engine.quantization import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, QuantConfig, check_quant_knobs
 from engine.trace import (BlockState, PrefixCacheEvents, PrefixNode, RequestMetrics, RequestState, SampledToken,
                           ScheduledChunk, Snapshot, StepTrace)
@@ -64,20 +67,23 @@ class SharedModel:
 def get_shared_model(model: str, dtype: str = "auto", quantization: str | None = None,
                      quantization_group_size: int = DEFAULT_GROUP_SIZE,
                      quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD,
+                     quantization_smoothing_strength: float | None = None,
                      sparsity: str | None = None) -> SharedModel:
-    """The process-wide weights for ``model`` (one copy per model, dtype and quantization); a
-    bad name, dtype or quantization knob is a ValueError, checked before the cache (an
-    unhashable argument must not surface as lru_cache's TypeError). dtype "auto" is float32,
-    or bfloat16 when quantized (see EngineConfig)."""
+    """The process-wide weights for ``model`` (one copy per model, dtype, quantization with its
+    smoothing strength, and sparsity); a bad name, dtype or quantization knob is a ValueError,
+    checked before the cache (an unhashable argument must not surface as lru_cache's
+    TypeError). dtype "auto" is float32, or bfloat16 when quantized (see EngineConfig)."""
     model = check_model_name(model)
     check_quant_knobs(quantization, quantization_group_size, quantization_outlier_threshold)
+    check_smoothing(quantization, quantization_smoothing_strength)
     check_sparsity(sparsity)
     if dtype == "auto":
         dtype = "float32" if quantization is None else "bfloat16"
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ValueError(f"dtype: must be 'auto' or one of {tuple(DTYPES)}, got {str(dtype)[:40]!r}")
+    strength = None if quantization_smoothing_strength is None else float(quantization_smoothing_strength)
     quant = None if quantization is None else QuantConfig(quantization, quantization_group_size,
-                                                          float(quantization_outlier_threshold))
+                                                          float(quantization_outlier_threshold), strength)
     return _shared_model(model, dtype, quant, sparsity)
 
 
@@ -86,9 +92,21 @@ def _shared_model(model: str, dtype: str, quantization: QuantConfig | None = Non
                   sparsity: str | None = None) -> SharedModel:
     """Sparsity prunes the fp32 weights first; quantization (if any) quantizes the pruned ones."""
     loaded = load_model(model)
-    weights = sparsified_weights(loaded.weights, sparsity)
-    return SharedModel(loaded.name, LlamaModel(loaded.config, weights, DTYPES[dtype], quantization),
+    weights, smoothing = loaded.weights, None
+    if quantization is not None and quantization.smoothing_strength is not None:
+        weights, smoothing = calibrated_smoothing(model, quantization.smoothing_strength)
+    weights = sparsified_weights(weights, sparsity)  # after smoothing: pruned by the smoothed magnitudes
+    return SharedModel(loaded.name, LlamaModel(loaded.config, weights, DTYPES[dtype], quantization, smoothing),
                        loaded.tokenizer, sparsity)
+
+
+def calibrated_smoothing(model: str, strength: float) -> tuple[dict[str, torch.Tensor], Smoothing]:
+    """SmoothQuant with ``strength`` on ``model``: activation absmax over the shipped
+    calibration prompts (presets/calibration.json) from the fp32 model, then the fold
+    (engine/smoothing.py). Returns the smoothed fp32 weights and the record. Deterministic."""
+    fp32 = _shared_model(model, "float32")
+    stats = activation_stats(LLMEngine(fp32, num_blocks=16, enable_prefix_caching=False))
+    return smooth_weights(load_model(model).weights, stats, strength)
 
 
 @dataclass(frozen=True)
@@ -144,14 +162,17 @@ class LLMEngine:
             raise ValueError(f"model: must be a model name (a string), got {type(model).__name__}")
         c = self.config
         self.shared = model if isinstance(model, SharedModel) else get_shared_model(
-            model, c.dtype, c.quantization, c.quantization_group_size, c.quantization_outlier_threshold, c.sparsity)
+            model, c.dtype, c.quantization, c.quantization_group_size, c.quantization_outlier_threshold,
+            c.quantization_smoothing_strength, c.sparsity)
         if self.shared.sparsity != c.sparsity:
             raise ValueError(f"sparsity: the SharedModel passed was loaded with sparsity={self.shared.sparsity!r}, "
                              f"not {c.sparsity!r}; pass the model name, or get_shared_model(..., sparsity=...)")
         quant = self.shared.model.quantization
-        if c.quantization is not None and (quant is None or (quant.scheme, quant.group_size, quant.outlier_threshold)
+        if c.quantization is not None and (quant is None or (quant.scheme, quant.group_size, quant.outlier_threshold,
+                                                             quant.smoothing_strength)
                                            != (c.quantization, c.quantization_group_size,
-                                               c.quantization_outlier_threshold)):
+                                               c.quantization_outlier_threshold,
+                                               c.quantization_smoothing_strength)):
             raise ValueError(f"quantization: the SharedModel passed was loaded with {quant}, not "
                              f"quantization={c.quantization!r}; pass the model name, or get_shared_model(..., "
                              f"quantization=...)")

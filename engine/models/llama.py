@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,9 @@ from engine.models.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.models.weights import check_tensors
 from engine.quantization import QuantConfig, QuantizedLinear, Weight, check_group_size, is_linear_weight, is_table, \
     linear, quantize_table, quantize_weight
+
+if TYPE_CHECKING:
+    from engine.smoothing import Smoothing
 
 __all__ = ["FusedLayer", "LlamaModel", "ModelConfig", "Observer", "SUPPORTED_ARCHITECTURES", "rms_norm", "rotate_half"]
 
@@ -90,9 +94,12 @@ class LlamaModel:
     """Holds the weights (read-only, shareable across engines) and runs the forward."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 dtype: torch.dtype = torch.float32, quantization: QuantConfig | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, quantization: QuantConfig | None = None,
+                 smoothing: Smoothing | None = None) -> None:
         """``quantization`` (engine/quantization.py) quantizes the projections from the fp32
-        ``weights`` and the embedding / LM head table; it computes in bfloat16 only."""
+        ``weights`` and the embedding / LM head table; it computes in bfloat16 only.
+        ``smoothing`` is only recorded here (what engine/smoothing.py moved): the ``weights``
+        passed are already smoothed."""
         check_tensors(config, {k: tuple(v.shape) for k, v in weights.items()}, "weights")
         if quantization is not None and dtype != torch.bfloat16:
             raise ValueError(f"dtype: quantization={quantization.scheme!r} computes in bfloat16, got {dtype}")
@@ -100,6 +107,7 @@ class LlamaModel:
         self.dtype = dtype
         self.quantization = quantization
         self.quant_cache_status = "none"  # quantized: "hit" / "miss" / "rebuilt" / "off" (quant_cache.py)
+        self.smoothing = smoothing
         # Quantized: the tensors to quantize stay fp32 (quantized from the originals below).
         w = {k: v if quantization is not None and (is_linear_weight(k) or is_table(k)) else v.to(dtype)
              for k, v in weights.items()}

@@ -139,6 +139,30 @@ def test_sparsity_alone_or_with_a_scheme_runs(tiny, quantization: str | None) ->
     assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
 
 
+# SmoothQuant's alpha (engine/smoothing.py): a number in [0, 1], and only with w8a8.
+BAD_SMOOTHING = [(-0.1, "w8a8"), (1.0000001, "w8a8"), (NAN, "w8a8"), (INF, "w8a8"), (-INF, "w8a8"),
+                 ("0.5", "w8a8"), (True, "w8a8"), ([0.5], "w8a8"), (10 ** 30, "w8a8"),
+                 (0.5, "int8"), (0.5, "int4"), (0.5, "fp8"), (0.5, None), (0.0, None)]
+
+
+@pytest.mark.parametrize("value, quantization", BAD_SMOOTHING, ids=[f"{v!r}+{q}" for v, q in BAD_SMOOTHING])
+def test_bad_smoothing_strength_rejected(value: object, quantization: str | None) -> None:
+    expect_rejected(lambda: EngineConfig(quantization=quantization, quantization_smoothing_strength=value),
+                    "quantization_smoothing_strength", seconds=2)
+    expect_rejected(lambda: LLMEngine("tiny-random", quantization=quantization,
+                                      quantization_smoothing_strength=value),
+                    "quantization_smoothing_strength", seconds=2)
+
+
+@pytest.mark.parametrize("value", [0, 1.0])
+def test_extreme_smoothing_strength_accepted(tiny, value: float) -> None:
+    """alpha 0 puts every channel's range into the activations, 1 into the weights: both run."""
+    llm = expect_accepted(lambda: LLM("tiny-random", quantization="w8a8", quantization_smoothing_strength=value),
+                          seconds=20)
+    (out,) = expect_accepted(lambda: llm.generate([PROMPT], GREEDY), seconds=10)
+    assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
+
+
 def test_sparsity_bad_value_rejected_by_get_shared_model() -> None:
     from engine.engine import get_shared_model
 
