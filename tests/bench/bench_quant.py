@@ -195,7 +195,7 @@ def _settings(argv: list[str] | None = None) -> Settings:
     return QUICK if quick else FULL
 
 
-def run(argv: list[str] | None = None) -> dict:
+def run(argv: list[str] | None = None) -> dict[str, Any]:
     s = _settings(argv)
     torch.manual_seed(0)
     load_before = os.getloadavg()
