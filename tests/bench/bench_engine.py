@@ -15,11 +15,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.engine import get_shared_model
+from engine.engine import SharedModel, get_shared_model
 from tests.parity import LONG, hf_model
 
 MODEL = "smollm2-135m"
@@ -112,9 +113,12 @@ def hf_padded_static_batch(prompts, output_lens) -> float:
     return wall
 
 
-def engine_run(prompts, output_lens) -> tuple[float, float, float, list[list[int]]]:
-    """-> (wall seconds, seconds inside step(), seconds building traces, outputs)."""
-    engine = LLMEngine(MODEL, max_num_seqs=NUM_REQUESTS, max_num_batched_tokens=512, num_blocks=1024)
+def engine_run(prompts, output_lens, model: str | SharedModel = MODEL,
+               **knobs: Any) -> tuple[float, float, float, list[list[int]]]:
+    """-> (wall seconds, seconds inside step(), seconds building traces, outputs).
+
+    ``model`` / ``knobs`` (dtype, quantization, ...) choose the weights; fp32 by default."""
+    engine = LLMEngine(model, max_num_seqs=NUM_REQUESTS, max_num_batched_tokens=512, num_blocks=1024, **knobs)
     ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
            for p, n in zip(prompts, output_lens)]
     step_seconds = 0.0
@@ -125,8 +129,10 @@ def engine_run(prompts, output_lens) -> tuple[float, float, float, list[list[int
     return wall, step_seconds, engine.trace_seconds, [list(engine.get_output(i).outputs[0].token_ids) for i in ids]
 
 
-def batch1_decode_seconds(prompt: list[int], steps: int = 64) -> float:
-    engine = LLMEngine(MODEL, max_num_seqs=1)
+def batch1_decode_seconds(prompt: list[int], steps: int = 64, model: str | SharedModel = MODEL,
+                          **knobs: Any) -> float:
+    """Median seconds of ``steps`` batch-1 decode steps after the prefill."""
+    engine = LLMEngine(model, max_num_seqs=1, **knobs)
     engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True))
     engine.step()  # prefill
     times = [_timed(engine.step) for _ in range(steps)]
@@ -134,9 +140,10 @@ def batch1_decode_seconds(prompt: list[int], steps: int = 64) -> float:
     return times[len(times) // 2]
 
 
-def _decode_ready_engine(prompts: list[list[int]], max_tokens: int) -> LLMEngine:
+def _decode_ready_engine(prompts: list[list[int]], max_tokens: int, model: str | SharedModel = MODEL,
+                         **knobs: Any) -> LLMEngine:
     """An engine with every request past its prefill: each further step is decodes only."""
-    engine = LLMEngine(MODEL, max_num_seqs=len(prompts), max_num_batched_tokens=512)
+    engine = LLMEngine(model, max_num_seqs=len(prompts), max_num_batched_tokens=512, **knobs)
     for p in prompts:
         engine.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     while engine.step().num_prefill_tokens:
