@@ -51,6 +51,11 @@ def test_warm_cache_gives_the_cold_tensors(cache_dir: Path, scheme: str) -> None
     warm = _build(config)
     assert (cold.quant_cache_status, warm.quant_cache_status) == ("miss", "hit")
     _assert_identical(cold, warm)
+    # Loaded tensors are fresh 64-byte-aligned copies: views at the file's offsets (16-byte
+    # aligned) made the int8pack kernel segfault in the full suite.
+    for layer in warm.layers:
+        for w in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            assert w.weight.data_ptr() % 64 == 0 and w.scales.data_ptr() % 64 == 0
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "marker"])

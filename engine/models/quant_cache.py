@@ -100,7 +100,9 @@ def load(entry: Path, key: str) -> Quantized | None:
         marker = json.loads((entry / cache.MARKER).read_text(encoding="utf-8"))
         if marker.get("format") != FORMAT_VERSION or _file_sha256(entry / TENSORS) != marker.get("file_sha256"):
             return None
-        tensors = load_file(str(entry / TENSORS))
+        # Copies, not views of the file: the int8/int4 CPU kernels read with SIMD loads and crashed
+        # (SIGSEGV) on tensors at the file's unaligned offsets.
+        tensors = {k: v.clone() for k, v in load_file(str(entry / TENSORS)).items()}
         out: Quantized = {}
         for name, info in marker["weights"].items():
             rel, max_abs = info["error"]
