@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from engine.evaluation import engine_of
 from engine.forward_batch import build_forward_batch
 from engine.model_runner import ModelRunner
 
@@ -114,16 +115,6 @@ def _check_prompts(prompts: object) -> tuple[str, ...]:
     return tuple(prompts)
 
 
-def _engine_of(llm: Any) -> Any:
-    from engine.engine import LLM, LLMEngine
-
-    if isinstance(llm, LLM):
-        return llm.llm_engine
-    if isinstance(llm, LLMEngine):
-        return llm
-    raise ValueError(f"llm: must be an LLM or an LLMEngine, got {type(llm).__name__}")
-
-
 def _histogram(values: torch.Tensor, layer: int, linear: str, bins: int,
                value_range: float | None) -> ActivationHistogram:
     """Fixed, symmetric bins over [-r, r]: r = value_range, or the values' own absmax."""
@@ -148,7 +139,7 @@ def activation_stats(llm: Any, prompts: Sequence[str] | None = None, threshold: 
     (histogram_layer, histogram_linear); histogram_layer None picks the layer whose input to
     that linear holds the largest magnitude. Outliers: channels with absmax > threshold.
     """
-    engine = _engine_of(llm)
+    engine = engine_of(llm)
     prompt_list = calibration_prompts() if prompts is None else _check_prompts(prompts)
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not (
             math.isfinite(threshold) and threshold > 0):

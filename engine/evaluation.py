@@ -94,7 +94,8 @@ def strided_windows(num_tokens: int, window: int, stride: int) -> list[tuple[int
     return out
 
 
-def _engine_of(llm: Any) -> Any:
+def engine_of(llm: Any) -> Any:
+    """The LLMEngine behind ``llm`` (an LLM or an LLMEngine); anything else a ValueError."""
     from engine.engine import LLM, LLMEngine
 
     if isinstance(llm, LLM):
@@ -112,7 +113,7 @@ def perplexity(llm: Any, text: str, window: int = DEFAULT_WINDOW, stride: int = 
     ``max_tokens`` keeps only the text's first tokens (a slice, for speed). Rules: window >= 2
     and at most the model's context; 1 <= stride <= window; the text must have >= 2 tokens.
     """
-    engine = _engine_of(llm)
+    engine = engine_of(llm)
     if not isinstance(text, str):
         raise ValueError(f"text: must be a string, got {type(text).__name__}")
     window = _check_int("window", window, 2, engine.model_max_len)
