@@ -1,11 +1,14 @@
 """Start `make run`'s server command on a free port and drive it with Debian's Chromium.
 
 Shared by the browser tests (tests/browser/), the README screenshots (tests/browser/screenshots.py)
-and the UI benchmark (tests/bench/bench_ui.py). The server is stopped through its own process handle.
+and the UI benchmark (tests/bench/bench_ui.py). The server is stopped through its own process handle,
+and the kernel ends it if the process that started it dies first (a crash or a kill skips ``finally``).
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -35,12 +38,19 @@ def server_command(port: int) -> list[str]:
             "--global.developmentMode", "false"]
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 @contextmanager
 def streamlit_server(log_path: Path | None = None, timeout: float = 90.0) -> Iterator[str]:
     """Yield the base URL of a running server; fail (never skip) when it does not come up."""
     port = free_port()
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(server_command(port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(server_command(port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=_die_with_parent)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     try:

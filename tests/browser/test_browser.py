@@ -144,3 +144,30 @@ def test_no_step_press_is_lost_on_a_fresh_page(app_url: str, chromium, artifacts
     assert_no_exception(page)
     page.screenshot(path=str(artifacts / f"no-lost-input-{load}.png"), full_page=True)
     page.context.close()
+
+
+def test_server_ends_when_its_starter_is_killed() -> None:
+    """A test process that dies without running ``finally`` (SIGKILL, a segfault) leaves no
+    streamlit server behind: the kernel ends it with its parent (PR_SET_PDEATHSIG)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import os\n"
+              "from tests.browser.server import streamlit_server\n"
+              "with streamlit_server() as url:\n"
+              "    print(url.rsplit(':', 1)[1], flush=True)\n"
+              "    os.kill(os.getpid(), 9)\n")
+    root = Path(__file__).resolve().parents[2]
+    starter = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    assert starter.returncode == -signal.SIGKILL, starter.stderr
+    port = starter.stdout.strip()
+    assert port.isdigit(), starter.stdout
+    deadline = time.time() + 10
+    while True:
+        left = subprocess.run(["pgrep", "-f", "--", f"--server.port {port} "], capture_output=True, text=True).stdout.split()
+        if not left:
+            return
+        assert time.time() < deadline, f"the server on port {port} outlived its starter: pids {left}"
+        time.sleep(0.2)
