@@ -37,29 +37,40 @@ PROMPTS = [
 ]
 
 
+def hf_from_weights(name: str, weights: dict[str, torch.Tensor]):
+    """A Hugging Face ``LlamaForCausalLM`` with ``name``'s config and the given (HF-named) weights:
+    the reference for every path, and for quantized, smoothed or pruned weights alike."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = load_model(name).config
+    hf = LlamaForCausalLM(LlamaConfig(**config.to_hf()))
+    hf.load_state_dict(weights, strict=not config.tie_word_embeddings)
+    if config.tie_word_embeddings:
+        hf.tie_weights()
+    return hf.eval()
+
+
 @lru_cache(maxsize=4)
 def hf_model(name: str):
     """The Hugging Face reference model built from the very same weights as the engine."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    return hf_from_weights(name, load_model(name).weights)
 
-    loaded = load_model(name)
-    hf = LlamaForCausalLM(LlamaConfig(**loaded.config.to_hf()))
-    hf.load_state_dict(loaded.weights, strict=not loaded.config.tie_word_embeddings)
-    if loaded.config.tie_word_embeddings:
-        hf.tie_weights()
-    return hf.eval()
+
+def hf_generate(hf, tokenizer, eos: list[int], prompt: str, max_tokens: int) -> tuple[int, ...]:
+    """``hf.generate`` greedy, batch 1, no padding, an explicit attention mask: the new tokens."""
+    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids])
+    with torch.inference_mode():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                          do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+    return tuple(out[0, ids.shape[1]:].tolist())
 
 
 @lru_cache(maxsize=256)
 def hf_greedy(name: str, prompt: str, max_tokens: int) -> tuple[int, ...]:
     """Hugging Face ``generate`` (greedy, batch 1, no padding): the oracle for every path."""
     shared = get_shared_model(name)
-    ids = torch.tensor([shared.tokenizer(prompt, add_special_tokens=False).input_ids])
     eos = sorted(set(shared.model.config.eos_token_ids) | {shared.tokenizer.eos_token_id})
-    with torch.inference_mode():
-        out = hf_model(name).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                      do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
-    return tuple(out[0, ids.shape[1]:].tolist())
+    return hf_generate(hf_model(name), shared.tokenizer, eos, prompt, max_tokens)
 
 
 def run_engine(engine: LLMEngine, prompts: list[str], max_tokens: int,

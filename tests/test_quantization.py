@@ -23,7 +23,7 @@ from engine.model_runner import ModelRunner
 from engine.models.loader import load_model
 from engine.quantization import (FP8_CHUNK_CODES, QuantConfig, QuantizedLinear, dequantize, dequantized_weights,
                                  fp8_to_bf16, linear, quantize_fp8, quantize_int4, quantize_int8, quantize_weight)
-from tests.parity import PROMPTS, run_engine
+from tests.parity import PROMPTS, hf_from_weights, hf_generate, run_engine
 
 SCHEMES = ["int8", "int4", "fp8", "w8a8"]
 EPS = 1e-6  # fp32 arithmetic in the quantizer itself (a division and a rounding per element)
@@ -150,15 +150,8 @@ def test_linear_dispatch_plain_tensor_is_f_linear() -> None:
 
 @lru_cache(maxsize=2)
 def _hf_dequantized(name: str, scheme: str) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     loaded = load_model(name)
-    hf = LlamaForCausalLM(LlamaConfig(**loaded.config.to_hf()))
-    hf.load_state_dict(dequantized_weights(loaded.weights, QuantConfig(scheme)),
-                       strict=not loaded.config.tie_word_embeddings)
-    if loaded.config.tie_word_embeddings:
-        hf.tie_weights()
-    return hf.to(torch.bfloat16).eval()
+    return hf_from_weights(name, dequantized_weights(loaded.weights, QuantConfig(scheme))).to(torch.bfloat16)
 
 
 def _engine_logits(name: str, scheme: str, ids: list[int]) -> torch.Tensor:
@@ -170,14 +163,6 @@ def _engine_logits(name: str, scheme: str, ids: list[int]) -> torch.Tensor:
     batch = build_forward_batch([ids], [0], [slots], [True])
     batch = batch.__class__(**{**batch.__dict__, "logits_indices": torch.arange(len(ids), dtype=torch.long)})
     return runner.execute(batch)
-
-
-def _hf_greedy(hf: Any, tokenizer: Any, eos: list[int], prompt: str, n: int) -> tuple[int, ...]:
-    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids])
-    with torch.inference_mode():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                          eos_token_id=eos, pad_token_id=eos[0])
-    return tuple(out[0, ids.shape[1]:].tolist())
 
 
 # Logits: both sides run bf16 (8-bit mantissa) through every layer and differ in rounding order
@@ -210,7 +195,7 @@ def test_parity_with_hf_on_dequantized_weights(name: str, scheme: str) -> None:
     outputs, _ = run_engine(engine, prompts, N_TOKENS)
     eos = sorted(set(shared.model.config.eos_token_ids) | {tok.eos_token_id})
     for prompt, got in zip(prompts, outputs):
-        want = _hf_greedy(hf, tok, eos, prompt, N_TOKENS)
+        want = hf_generate(hf, tok, eos, prompt, N_TOKENS)
         n = min(len(got), len(want))
         assert got[:n] == want[:n], f"{scheme} {prompt[:30]!r}: engine {got} != HF {want}"
 

@@ -24,7 +24,7 @@ from engine.models.llama import LlamaModel
 from engine.models.loader import load_model
 from engine.quantization import QuantConfig, dequantized_weights
 from engine.smoothing import apply_smoothing, smoothing_scales
-from tests.parity import PROMPTS, run_engine
+from tests.parity import PROMPTS, hf_from_weights, hf_generate, run_engine
 
 ALPHA = 0.5
 
@@ -152,25 +152,11 @@ def test_smoothing_shrinks_smollm2_qkv_channel_spread() -> None:
 
 @lru_cache(maxsize=2)
 def _hf_reference(name: str) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     loaded = load_model(name)
     smoothing = _shared(name).model.smoothing
     assert smoothing is not None
     smoothed = apply_smoothing(loaded.weights, smoothing)
-    hf = LlamaForCausalLM(LlamaConfig(**loaded.config.to_hf()))
-    hf.load_state_dict(dequantized_weights(smoothed, QuantConfig("w8a8")), strict=not loaded.config.tie_word_embeddings)
-    if loaded.config.tie_word_embeddings:
-        hf.tie_weights()
-    return hf.to(torch.bfloat16).eval()
-
-
-def _hf_greedy(hf: Any, tokenizer: Any, eos: list[int], prompt: str, n: int) -> tuple[int, ...]:
-    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids])
-    with torch.inference_mode():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                          eos_token_id=eos, pad_token_id=eos[0])
-    return tuple(out[0, ids.shape[1]:].tolist())
+    return hf_from_weights(name, dequantized_weights(smoothed, QuantConfig("w8a8"))).to(torch.bfloat16)
 
 
 # As tests/test_quantization.py's w8a8 case: both sides run bf16 through every layer (a few bf16
@@ -196,7 +182,7 @@ def test_w8a8_smoothed_parity_with_hf_on_smoothed_dequantized_weights(name: str)
     outputs, _ = run_engine(engine, prompts, N_TOKENS)
     eos = sorted(set(shared.model.config.eos_token_ids) | {tok.eos_token_id})
     for prompt, got in zip(prompts, outputs):
-        want = _hf_greedy(hf, tok, eos, prompt, N_TOKENS)
+        want = hf_generate(hf, tok, eos, prompt, N_TOKENS)
         n = min(len(got), len(want))
         assert got[:n] == want[:n], f"{prompt[:30]!r}: engine {got} != HF {want}"
 

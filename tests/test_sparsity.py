@@ -10,7 +10,7 @@ from engine.config import EngineConfig
 from engine.engine import get_shared_model
 from engine.models.loader import load_model
 from engine.sparsity import prune_2_4, sparsified_weights
-from tests.parity import PROMPTS, run_engine
+from tests.parity import PROMPTS, hf_from_weights, hf_generate, run_engine
 
 
 def test_two_largest_of_every_four_are_kept() -> None:
@@ -59,13 +59,7 @@ def test_shared_model_mismatch_is_refused() -> None:
 
 
 def _hf_pruned(name: str) -> object:
-    from transformers import LlamaConfig, LlamaForCausalLM
-    loaded = load_model(name)
-    hf = LlamaForCausalLM(LlamaConfig(**loaded.config.to_hf()))
-    hf.load_state_dict(sparsified_weights(loaded.weights, "2:4"), strict=not loaded.config.tie_word_embeddings)
-    if loaded.config.tie_word_embeddings:
-        hf.tie_weights()
-    return hf.eval()
+    return hf_from_weights(name, sparsified_weights(load_model(name).weights, "2:4"))
 
 
 @pytest.mark.parametrize("name, n_prompts, n_tokens", [("tiny-random", 3, 12), ("smollm2-135m", 1, 8)])
@@ -77,11 +71,7 @@ def test_fp32_greedy_parity_with_hf_on_pruned_weights(name: str, n_prompts: int,
     hf, tok = _hf_pruned(name), shared.tokenizer
     eos = sorted(set(shared.model.config.eos_token_ids) | {tok.eos_token_id})
     for prompt, got in zip(prompts, outputs):
-        ids = torch.tensor([tok(prompt, add_special_tokens=False).input_ids])
-        with torch.inference_mode():
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_tokens,  # type: ignore[attr-defined]
-                              do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
-        assert got == tuple(out[0, ids.shape[1]:].tolist()), prompt
+        assert got == hf_generate(hf, tok, eos, prompt, n_tokens), prompt
 
 
 def test_sparse_then_quantized_runs_and_differs_from_dense() -> None:
