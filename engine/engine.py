@@ -90,23 +90,27 @@ def get_shared_model(model: str, dtype: str = "auto", quantization: str | None =
 @lru_cache(maxsize=4)
 def _shared_model(model: str, dtype: str, quantization: QuantConfig | None = None,
                   sparsity: str | None = None) -> SharedModel:
-    """Sparsity prunes the fp32 weights first; quantization (if any) quantizes the pruned ones."""
+    """fp32 weights -> SmoothQuant's fold (if a strength is set) -> 2:4 pruning (if set, by the
+    smoothed magnitudes) -> quantization (if set) of the result."""
     loaded = load_model(model)
     weights, smoothing = loaded.weights, None
     if quantization is not None and quantization.smoothing_strength is not None:
-        weights, smoothing = calibrated_smoothing(model, quantization.smoothing_strength)
+        weights, smoothing = calibrated_smoothing(model, quantization.smoothing_strength, loaded.weights)
     weights = sparsified_weights(weights, sparsity)  # after smoothing: pruned by the smoothed magnitudes
     return SharedModel(loaded.name, LlamaModel(loaded.config, weights, DTYPES[dtype], quantization, smoothing),
                        loaded.tokenizer, sparsity)
 
 
-def calibrated_smoothing(model: str, strength: float) -> tuple[dict[str, torch.Tensor], Smoothing]:
+def calibrated_smoothing(model: str, strength: float, weights: dict[str, torch.Tensor] | None = None,
+                         ) -> tuple[dict[str, torch.Tensor], Smoothing]:
     """SmoothQuant with ``strength`` on ``model``: activation absmax over the shipped
     calibration prompts (presets/calibration.json) from the fp32 model, then the fold
-    (engine/smoothing.py). Returns the smoothed fp32 weights and the record. Deterministic."""
+    (engine/smoothing.py) of ``weights`` (the model's fp32 weights; read from disk when the
+    caller has not loaded them already). Returns the smoothed fp32 weights and the record.
+    Deterministic."""
     fp32 = _shared_model(model, "float32")
     stats = activation_stats(LLMEngine(fp32, num_blocks=16, enable_prefix_caching=False))
-    return smooth_weights(load_model(model).weights, stats, strength)
+    return smooth_weights(load_model(model).weights if weights is None else weights, stats, strength)
 
 
 @dataclass(frozen=True)
