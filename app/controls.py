@@ -11,7 +11,8 @@ import streamlit as st
 
 from app import state
 from app.state import K
-from engine.config import MAX_BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS, MAX_NUM_SEQS
+from engine.config import (INT4_GROUP_SIZES, MAX_BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS, MAX_NUM_SEQS,
+                           SCHEMES)
 
 KNOB_LABELS = {
     "block_size": ("Block size (tokens)", f"Tokens per KV block (1 to {MAX_BLOCK_SIZE})."),
@@ -27,6 +28,34 @@ KNOB_LABELS = {
 # bound stays 0 so that a 0 reaches the engine and its message names the knob.
 KNOB_MAX = {"block_size": MAX_BLOCK_SIZE, "num_blocks": MAX_NUM_BLOCKS,
             "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS}
+
+
+QUANT_LABELS = {"none": "none (fp32)", "int8": "int8 (weights)", "int4": "int4 (weights, grouped)",
+                "fp8": "fp8 e4m3 (weights)", "w8a8": "w8a8 (weights + activations)"}
+QUANT_OPTIONS = ("none", *SCHEMES)
+QUANT_HELP = ("quantization: store the decoder's projection weights in fewer bits and run them through "
+              "torch's quantized CPU kernels. int8: one scale per output channel. int4: one scale and zero "
+              "point per group of input weights (group size below). fp8: e4m3 with a per-channel scale. w8a8: "
+              "int8 weights and int8 activations (LLM.int8()-style: outlier columns stay in floating point). "
+              "The embedding and norms are not quantized.")
+GROUP_HELP = ("quantization_group_size (int4 only): input weights that share one scale and zero point. Smaller "
+              "groups follow the weights more closely and cost more scales. It must divide every input "
+              "dimension: SmolLM2 (576, 1536) and tiny-random (64, 128) take 32 or 64, so 128 and 256 are refused "
+              "with the engine's message.")
+KV_OPTIONS = ("auto", "int8", "fp8")
+KV_LABELS = {"auto": "auto (the model's dtype)", "int8": "int8", "fp8": "fp8 e4m3"}
+KV_HELP = ("kv_cache_dtype: what the paged KV cache stores. auto: the weights' compute dtype (fp32, or bf16 when "
+           "quantized). int8 / fp8: quantized on write with one fp32 scale per token and KV head, dequantized on "
+           "read, so the pool holds about 4x (vs fp32) more tokens per byte; the KV page shows the bytes per token.")
+PRECISION_CAPTION = ("Quantized modes compute in bfloat16: torch's CPU int8/int4 kernels have SIMD paths only for "
+                     "bf16 activations. The first quantization of a model takes seconds; its weights are then "
+                     "cached on disk. Changing one restarts the scenario.")
+
+
+def _options(options: tuple, current: object) -> list:
+    """``options``, plus the widget's current value if a scenario file set one not among them
+    (so the widget can show it, and the engine's message says what is wrong with it)."""
+    return [*options, current] if current is not None and current not in options else list(options)
 
 
 def prepare() -> None:
@@ -45,6 +74,7 @@ def sidebar() -> None:
         state.mount_step_queue()
         _run_buttons()
         _workload()
+        _precision()
         _knobs()
         _record_replay()
         st.toggle("Presentation mode", key=K.present, bind="query-params", persist_state="session",
@@ -75,6 +105,25 @@ def _workload() -> None:
     st.selectbox("Model", state.MODELS, key=K.model, bind="query-params", persist_state="session",
                  disabled=disabled, help="smollm2-135m: the real SmolLM2-135M-Instruct. tiny-random: instant, "
                                          "gibberish text, same engine.")
+
+
+def _precision() -> None:
+    """Weight quantization, its int4 group size, and the KV cache's dtype (state.NONE_WORDS)."""
+    disabled = state.is_replay()
+    ss = st.session_state
+    with st.expander("Precision", expanded=False):
+        scheme_key, group_key, kv_key = (K.knob + k for k in ("quantization", "quantization_group_size",
+                                                             "kv_cache_dtype"))
+        st.selectbox("Weight quantization", _options(QUANT_OPTIONS, ss.get(scheme_key)), key=scheme_key,
+                     format_func=lambda q: QUANT_LABELS.get(q, str(q)), help=QUANT_HELP, persist_state="session",
+                     disabled=disabled)
+        st.segmented_control("int4 group size", _options(INT4_GROUP_SIZES, ss.get(group_key)), key=group_key,
+                             required=True, help=GROUP_HELP, persist_state="session",
+                             disabled=disabled or ss.get(scheme_key) != "int4")
+        st.selectbox("KV cache dtype", _options(KV_OPTIONS, ss.get(kv_key)), key=kv_key,
+                     format_func=lambda d: KV_LABELS.get(d, str(d)), help=KV_HELP, persist_state="session",
+                     disabled=disabled)
+        st.caption(PRECISION_CAPTION)
 
 
 def _knobs() -> None:

@@ -115,7 +115,8 @@ def _advance() -> None:
 
 
 def status(view: RunView, style: Style) -> None:
-    """One row: live/replay badge, scenario, model, steps, queues, pool, last step's engine time."""
+    """One row: live/replay badge, scenario, model, policy and precision (quantized runs), steps,
+    queues, pool, last step's engine time."""
     m = view.meta
     snap = view.snapshot
     last = view.last_trace
@@ -124,7 +125,9 @@ def status(view: RunView, style: Style) -> None:
             st.badge("REPLAY · recorded run, no model", icon=":material/replay:", color="orange")
         else:
             st.badge("LIVE engine", icon=":material/memory:", color="green")
-        st.badge(escape_markdown(f"{m.title} · {m.model} · {m.policy}", brackets=False), color="gray")  # it escapes [ ]
+        precision = f" · {m.precision}" if m.precision else ""  # e.g. "int4 g32 · KV int8"; nothing for fp32
+        st.badge(escape_markdown(f"{m.title} · {m.model} · {m.policy}{precision}", brackets=False),
+                 color="gray")  # it escapes [ ]
         if view.done:
             st.badge("all requests finished", icon=":material/check:", color="blue")
     statuses = [r.status for r in snap.requests]

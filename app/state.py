@@ -1,7 +1,8 @@
 """The only module that touches ``st.session_state`` and ``st.cache_resource``.
 
-* Weights and tokenizers: one read-only copy per (model, dtype) for the whole process
-  (``st.cache_resource``), shared by every browser session.
+* Weights and tokenizers: one read-only copy per (model, precision) for the whole process
+  (``st.cache_resource``), shared by every browser session; the precision is the
+  quantization knobs (scheme, int4 group size, ...), fp32 when none is set.
 * Everything mutable is per session: the session's run (a LiveRun owning its own engine,
   KV pool and scheduler, or a ReplayRun over a recording), its comparison runs, the Generate
   page's last answer, play/pause. Every engine step happens under that run's lock.
@@ -20,16 +21,21 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from app import step_queue, timing
-from engine.config import EngineConfig
+from engine.config import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, EngineConfig
 from engine.recording import Recording, from_json, record, to_json
 from engine.run import LiveRun, PolicyRun, ReplayRun, RunView, compare_policies, compare_prefix_caching
-from engine.scenario import Scenario, list_scenarios, load_scenario
+from engine.scenario import Scenario, list_scenarios, load_scenario, with_knobs
 
 MODELS = ("smollm2-135m", "tiny-random")
 VIEWS_FRAGMENT = "views"  # @st.fragment key of the live views (app/live.py)
 DEFAULT_SCENARIO = "chat-burst"
 KNOBS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "policy",
-         "enable_prefix_caching")
+         "enable_prefix_caching", "quantization", "quantization_group_size", "kv_cache_dtype")
+# Knobs whose engine value None (off / the default) is a word in the widget, since a select
+# widget's None means "nothing chosen": quantization None = "none", kv_cache_dtype None = "auto"
+# (vLLM's word: the weights' dtype).
+NONE_WORDS = {"quantization": "none", "kv_cache_dtype": "auto"}
+MAX_SHARED_MODELS = 6  # weight copies kept per process: SmolLM2 is ~540 MB in fp32, ~100-300 MB quantized
 
 
 class K:
@@ -78,25 +84,40 @@ def configure_torch() -> None:
         _torch_done = True
 
 
-@st.cache_resource(show_spinner=False, max_entries=4)
-def shared_model(name: str):
-    """Weights + tokenizer, loaded once per process; read-only, so sessions may share them."""
+@st.cache_resource(show_spinner=False, max_entries=MAX_SHARED_MODELS)
+def shared_model(name: str, quantization: str | None = None, quantization_group_size: int = DEFAULT_GROUP_SIZE,
+                 quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD,
+                 quantization_smoothing_strength: float | None = None, sparsity: str | None = None):
+    """Weights + tokenizer, loaded once per process and precision; read-only, so sessions may
+    share them. A quantization knob the model cannot take (an int4 group size that does not
+    divide one of its dimensions) is the engine's ValueError naming the knob."""
     from engine.engine import get_shared_model
 
     configure_torch()
-    model = get_shared_model(name)
+    model = get_shared_model(name, quantization=quantization, quantization_group_size=quantization_group_size,
+                             quantization_outlier_threshold=quantization_outlier_threshold,
+                             quantization_smoothing_strength=quantization_smoothing_strength, sparsity=sparsity)
     # Weights, modules and imports live as long as the process: move them out of the cyclic
     # GC's reach so its full collections (which would pause a step) stay short.
     gc.freeze()
     return model
 
 
-def load_model(name: str):
-    """``shared_model`` with a progress message (the first smollm2 load converts the GGUF)."""
+def load_model(name: str, config: EngineConfig | None = None):
+    """``shared_model`` for the precision ``config`` asks for (fp32 without one), with a progress
+    message (the first smollm2 load converts the GGUF; the first quantization of a model takes
+    seconds, then its weights come from the disk cache)."""
     if name not in MODELS:
         raise ValueError(f"model: choose one of {MODELS}, got {name!r}")
-    with st.spinner(f"Loading {name} weights (first load converts the bundled model, about a minute)…"):
-        return shared_model(name)
+    if config is None or (config.quantization is None and config.sparsity is None):
+        with st.spinner(f"Loading {name} weights (first load converts the bundled model, about a minute)…"):
+            return shared_model(name)
+    c = config
+    scheme = c.quantization or "fp32"
+    with st.spinner(f"Loading {name} weights as {scheme} (the first quantization takes seconds; it is then "
+                    f"cached on disk)…"):
+        return shared_model(name, c.quantization, c.quantization_group_size, c.quantization_outlier_threshold,
+                            c.quantization_smoothing_strength, c.sparsity)
 
 
 @st.cache_data(show_spinner=False)
@@ -122,7 +143,7 @@ def init_defaults() -> None:
         name = st.query_params.get(K.model, sc.model)
         ss[K.model] = name if name in MODELS else MODELS[0]
     for knob, value in scenario_knobs(sc).items():
-        ss.setdefault(K.knob + knob, value)
+        ss.setdefault(K.knob + knob, widget_value(knob, value))
     ss.setdefault(K.run_n, 10)
     ss.setdefault(K.tick, 0.5)
     ss.setdefault(K.playing, False)
@@ -147,8 +168,18 @@ def on_scenario_change() -> None:
         ss[K.error] = str(e)
         return
     for knob, value in scenario_knobs(sc).items():
-        ss[K.knob + knob] = value
+        ss[K.knob + knob] = widget_value(knob, value)
     ss[K.playing] = False
+
+
+def widget_value(knob: str, value: Any) -> Any:
+    """An engine knob's value as its widget holds it (None is a word, see NONE_WORDS)."""
+    return NONE_WORDS[knob] if value is None and knob in NONE_WORDS else value
+
+
+def engine_value(knob: str, value: Any) -> Any:
+    """A widget's value as the engine knob takes it (the inverse of ``widget_value``)."""
+    return None if knob in NONE_WORDS and value == NONE_WORDS[knob] else value
 
 
 @dataclass(frozen=True)
@@ -161,8 +192,24 @@ class RunSpec:
 
 
 def requested_spec() -> RunSpec:
+    """The controls as engine knobs. The int4 group size counts only with int4: any other scheme
+    gets the default, so its disabled widget neither rebuilds the run nor loads another copy."""
     ss = st.session_state
-    return RunSpec(ss[K.model], ss[K.scenario], tuple((k, ss[K.knob + k]) for k in KNOBS))
+    knobs = {k: engine_value(k, ss[K.knob + k]) for k in KNOBS}
+    if knobs["quantization"] != "int4":
+        knobs["quantization_group_size"] = DEFAULT_GROUP_SIZE
+    return RunSpec(ss[K.model], ss[K.scenario], tuple(knobs.items()))
+
+
+def spec_scenario(spec: RunSpec) -> Scenario:
+    """The spec's scenario with its knobs replaced by the controls' (a None knob replaces too:
+    quantization "none" turns off a scenario's quantization); ValueError names a bad knob."""
+    return with_knobs(scenario(spec.scenario), **dict(spec.knobs))
+
+
+def spec_model(spec: RunSpec, sc: Scenario):
+    """The shared weights the spec's engine needs: its model at the precision of ``sc``'s knobs."""
+    return load_model(spec.model, sc.engine_config())
 
 
 # -- the session's run ------------------------------------------------------------------------
@@ -197,9 +244,8 @@ def build_run(spec: RunSpec) -> None:
     ss[K.run], ss[K.run_spec], ss[K.error] = None, spec, None
     ss[K.playing] = False
     try:
-        sc = scenario(spec.scenario)
-        model = load_model(spec.model)
-        ss[K.run] = LiveRun.from_scenario(sc, model, **dict(spec.knobs))
+        sc = spec_scenario(spec)
+        ss[K.run] = LiveRun.from_scenario(sc, spec_model(spec, sc))
     except (ValueError, OSError) as e:
         ss[K.error] = str(e)
     except MemoryError:  # the engine checks memory first; this is the OS changing its mind
@@ -378,7 +424,8 @@ def run_comparison(progress: Callable[[str, int], None] | None = None) -> None:
     if spec is None:
         return
     try:
-        runs = compare_policies(scenario(spec.scenario), load_model(spec.model), dict(spec.knobs), on_step=progress)
+        sc = spec_scenario(spec)
+        runs = compare_policies(sc, spec_model(spec, sc), on_step=progress)
     except (ValueError, RuntimeError) as e:
         st.session_state[K.error] = f"comparison failed: {e}"
         return
@@ -408,8 +455,8 @@ def run_caching_comparison(progress: Callable[[str, int], None] | None = None) -
     if run() is None or is_replay() or spec is None:
         return
     try:
-        runs = compare_prefix_caching(scenario(spec.scenario), load_model(spec.model), dict(spec.knobs),
-                                      on_step=progress)
+        sc = spec_scenario(spec)
+        runs = compare_prefix_caching(sc, spec_model(spec, sc), on_step=progress)
     except (ValueError, RuntimeError) as e:
         ss[K.error] = f"comparison failed: {e}"
         return

@@ -41,6 +41,45 @@ class RunMeta:
     def policy(self) -> str:
         return str(self.config.get("policy", "continuous"))
 
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The KV cache's element type: ``kv_cache_dtype`` if set, else the weights' dtype."""
+        return str(self.config.get("kv_cache_dtype") or self.config.get("dtype") or "float32")
+
+    @property
+    def precision(self) -> str:
+        """How the run computes, for a badge: ``precision_label(config)`` ("" for plain fp32)."""
+        return precision_label(self.config)
+
+
+def precision_label(config: Mapping[str, Any]) -> str:
+    """The precision knobs of an EngineConfig (as a dict) in a few words, "" for the default.
+
+    Rule: only what differs from fp32 weights + a KV cache in the weights' dtype is named, in
+    the order weights, sparsity, KV: ``"int4 g32 · KV int8"``, ``"w8a8 SmoothQuant 0.5"``,
+    ``"bfloat16"``, ``"2:4 sparse"``. The group size is named for int4 only (the only scheme
+    with groups); a quantized run's bfloat16 compute dtype is implied by the scheme.
+    """
+    parts: list[str] = []
+    scheme = config.get("quantization")
+    dtype = config.get("dtype", "float32")
+    if scheme:
+        label = str(scheme)
+        if scheme == "int4":
+            label += f" g{config.get('quantization_group_size')}"
+        strength = config.get("quantization_smoothing_strength")
+        if strength is not None:
+            label += f" SmoothQuant {strength:g}"
+        parts.append(label)
+    elif dtype not in ("float32", "auto", None):
+        parts.append(str(dtype))
+    if config.get("sparsity"):
+        parts.append(f"{config.get('sparsity')} sparse")
+    kv = config.get("kv_cache_dtype")
+    if kv and kv != dtype:
+        parts.append(f"KV {kv}")
+    return " · ".join(parts)
+
 
 @dataclass(frozen=True)
 class PolicyRun:

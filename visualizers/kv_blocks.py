@@ -306,6 +306,20 @@ def waste_summary(frame: pd.DataFrame, max_model_len: int) -> str:
             f"(**{contiguous['wasted share of pool']:.0%}** of the pool).")
 
 
+def pool_summary(snapshot: Snapshot, kv_dtype: str) -> str:
+    """The KV pool's size in one Markdown line: bytes per token (all layers, K and V, with the
+    per-token scales of a quantized cache), tokens it holds, and its total in bytes.
+
+    ``kv_dtype`` is the cache's element type as the run's config names it (``"float32"``,
+    ``"int8"``, ...); the byte counts are the engine's own (``snapshot.kv_bytes_per_token``).
+    """
+    tokens = snapshot.num_blocks * snapshot.block_size
+    per_token = snapshot.kv_bytes_per_token
+    return (f"KV cache in **{escape_markdown(kv_dtype)}**: **{per_token:,} B per token** (all layers, K and V"
+            f"{', with the scales' if kv_dtype in ('int8', 'fp8') else ''}) · pool {snapshot.num_blocks:,} blocks "
+            f"× {snapshot.block_size} = {tokens:,} tokens = **{format_bytes(tokens * per_token)}**.")
+
+
 def waste_figure(frame: pd.DataFrame, pool_tokens: int, step: int | None = None, font_size: int = 12) -> go.Figure:
     """Horizontal bars per allocator: tokens used (blue) + reserved but unused (red), vs the pool."""
     labels = [f"{format_bytes(b)} wasted ({w:.0%} of pool)"

@@ -34,6 +34,7 @@ def render(view: RunView, style: live.Style) -> None:
         live.chart(kv.waste_figure(frame, snap.num_blocks * snap.block_size, snap.step, style.font_size),
                    "kv_waste", style)
         st.markdown(kv.waste_summary(frame, view.meta.max_model_len))
+        st.markdown(kv.pool_summary(snap, view.meta.kv_cache_dtype))
         st.segmented_control("Highlight a request", options, key=K.focus, required=True,
                              format_func=lambda r: "all" if r == "all" else escape_markdown(request_label(r)))
     if style.explain:
