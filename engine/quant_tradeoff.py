@@ -125,14 +125,15 @@ class Settings:
     agree_tokens: int  # greedy tokens per prompt compared with fp32
     slow_agree_tokens: int
     bandwidth_mib: int = 512  # the read-bandwidth probe's tensor
+    agree_prompts: int | None = None  # the first N agreement prompts (None: all of them)
 
 
 FULL = Settings(warmup=3, decode_steps=12, slow_decode_steps=3, ppl_tokens=768, agree_tokens=32, slow_agree_tokens=16)
 QUICK = Settings(warmup=1, decode_steps=3, slow_decode_steps=1, ppl_tokens=300, agree_tokens=4, slow_agree_tokens=2)
 #: The page's "Measure on this machine": smollm2-135m in well under a minute once the quantized
 #: weights are in the disk cache (measured: see the README's Quantization section).
-PAGE = Settings(warmup=1, decode_steps=5, slow_decode_steps=2, ppl_tokens=128, agree_tokens=8, slow_agree_tokens=4,
-                bandwidth_mib=128)
+PAGE = Settings(warmup=1, decode_steps=3, slow_decode_steps=1, ppl_tokens=128, agree_tokens=8, slow_agree_tokens=4,
+                agree_prompts=4)
 #: Tests on tiny-random: one decode step, a few perplexity tokens.
 TINY = Settings(warmup=0, decode_steps=1, slow_decode_steps=1, ppl_tokens=24, agree_tokens=4, slow_agree_tokens=2,
                 bandwidth_mib=8)
@@ -358,6 +359,10 @@ def measure_tradeoffs(model: str, settings: Settings, modes: Sequence[Mode] = MO
     modes = _check_modes(modes)
     if not isinstance(settings, Settings):
         raise ValueError(f"settings: must be a Settings record, got {type(settings).__name__}")
+    for name, value in settings.__dict__.items():
+        low = 0 if name == "warmup" else 2 if name == "ppl_tokens" else 1
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ValueError(f"settings.{name}: must be an integer >= {low}, got {value!r}")
     n = len(modes)
     total = (0 if loaded is not None else n) + 1 + 1 + 1 + n + 1  # loads, bw, decode, greedy, ppl, end
 
@@ -374,8 +379,9 @@ def measure_tradeoffs(model: str, settings: Settings, modes: Sequence[Mode] = MO
     done = total - (3 + 1 + n + 1)
     ref = loaded[REFERENCE].shared
     config = ref.model.config
-    prompts = agreement_prompts()
-    decode_prompt = list(ref.tokenizer(prompts[AGREEMENT_LONG_INDEX], add_special_tokens=False).input_ids)
+    every_prompt = agreement_prompts()
+    prompts = every_prompt[:settings.agree_prompts]
+    decode_prompt = list(ref.tokenizer(every_prompt[AGREEMENT_LONG_INDEX], add_special_tokens=False).input_ids)
     decode_prompt = decode_prompt[:DECODE_PROMPT_TOKENS]
 
     report("measuring read bandwidth", done)
