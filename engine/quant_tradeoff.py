@@ -130,8 +130,10 @@ class Settings:
 
 FULL = Settings(warmup=3, decode_steps=12, slow_decode_steps=3, ppl_tokens=768, agree_tokens=32, slow_agree_tokens=16)
 QUICK = Settings(warmup=1, decode_steps=3, slow_decode_steps=1, ppl_tokens=300, agree_tokens=4, slow_agree_tokens=2)
-#: The page's "Measure on this machine": smollm2-135m in well under a minute once the quantized
-#: weights are in the disk cache (measured: see the README's Quantization section).
+#: The page's "Measure on this machine" (the first 4 agreement prompts). Measured on smollm2-135m,
+#: quantized weights in the disk cache, 2 cores shared with other jobs (load average 5.5): 86 s
+#: in all, 28 s of it loading the 7 schemes; with all 16 prompts and 5 decode steps it took 165 s.
+#: fp8 (its weights decoded at every forward, ~1 tok/s) is the slowest part.
 PAGE = Settings(warmup=1, decode_steps=3, slow_decode_steps=1, ppl_tokens=128, agree_tokens=8, slow_agree_tokens=4,
                 agree_prompts=4)
 #: Tests on tiny-random: one decode step, a few perplexity tokens.

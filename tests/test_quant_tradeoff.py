@@ -6,6 +6,7 @@ bench_quant runs the same code.)
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -107,6 +108,8 @@ def test_bad_input_names_the_field() -> None:
         measure_tradeoffs(MODEL, TINY, modes=[m for m in MODES if m.label != "fp32"])
     with pytest.raises(ValueError, match="settings"):
         measure_tradeoffs(MODEL, "quick")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="settings.decode_steps"):
+        measure_tradeoffs(MODEL, replace(TINY, decode_steps=0))
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         kv_tradeoff(MODEL, dtypes=("float32", "int3"))
     with pytest.raises(ValueError, match="pool_bytes"):
