@@ -8,33 +8,13 @@ import torch
 from engine import LLMEngine, SamplingParams
 from engine.engine import get_shared_model
 from engine.models.loader import load_model
+from engine.quant_tradeoff import AGREEMENT_LONG_INDEX, agreement_prompts
 from engine.trace import StepTrace
 
-LONG = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
-        "combined movable metal type, oil-based ink and a wooden press adapted from wine making. "
-        "Within a few decades printing shops had spread to more than two hundred cities across Europe, "
-        "and the price of books fell so far that ordinary merchants could own them. Scholars argue "
-        "about how much this changed the Reformation, science and the rise of vernacular languages, "
-        "but few doubt that it changed how ideas travelled. Summarise this in one sentence:")
-
-PROMPTS = [
-    "What is the capital of France?",
-    "Hello, my name is",
-    "The quick brown fox jumps over the lazy dog and then",
-    "1 2 3 4",
-    LONG,
-    "Write a haiku about the sea.",
-    "def fibonacci(n):",
-    "In 1969, astronauts first",
-    "List three primary colours:",
-    "Translate to French: good morning",
-    LONG[:200] + " Continue the story:",
-    "Q: What is 12 times 12?\nA:",
-    "The three laws of thermodynamics are",
-    "Once upon a time",
-    "import numpy as np\nx = np.arange(10)\n",
-    "A short poem about autumn leaves:",
-]
+# The prompts live in presets/parity_prompts.json (one list for these tests and the engine's
+# quantization trade-off, engine/quant_tradeoff.py); LONG is the long one among them.
+PROMPTS = list(agreement_prompts())
+LONG = PROMPTS[AGREEMENT_LONG_INDEX]
 
 
 def hf_from_weights(name: str, weights: dict[str, torch.Tensor]):

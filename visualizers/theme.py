@@ -178,3 +178,14 @@ def request_sort_key(request_id: str) -> tuple[int, int | str, int]:
     them, alphabetically."""
     seq = _sequence(request_id)
     return (0, seq[0], seq[1]) if seq is not None else (1, str(request_id), 0)
+
+# Quantization trade-off: what each mark on the scheme charts is.
+QUANT_COLORS: dict[str, str] = {
+    "measured": "#4477AA",  # batch-1 decode tok/s, measured
+    "calculator": "#EE7733",  # the calculator's expected tok/s
+    "bound": "#222222",  # read bandwidth / weight bytes
+    "ppl": "#AA3377",  # perplexity vs fp32
+    "capacity": "#228833",  # KV tokens a pool holds
+    "k error": "#EE6677",
+    "v error": "#CCBB44",
+}

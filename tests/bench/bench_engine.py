@@ -21,6 +21,7 @@ import torch
 
 from engine import LLMEngine, SamplingParams
 from engine.engine import SharedModel, get_shared_model
+from engine.quant_tradeoff import decode_ready_engine, read_bandwidth
 from tests.parity import LONG, hf_model
 
 MODEL = "smollm2-135m"
@@ -40,22 +41,6 @@ def workload(tokenizer) -> tuple[list[list[int]], list[int]]:
 
 
 SHORT_PROMPT, LONG_PROMPT, DECODE_BATCH = 32, 900, 8
-
-
-def read_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, threads: int = 2) -> float:
-    """Bytes/s read by a sum over a large fp32 tensor (best of ``repeats``, ``threads`` threads).
-
-    A decode step only reads its weights, so this — not a copy, which also writes — bounds it.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        x = torch.ones(nbytes // 4, dtype=torch.float32)  # [nbytes / 4]
-        x.sum()  # touch every page once
-        best = min(_timed(x.sum) for _ in range(repeats))
-    finally:
-        torch.set_num_threads(before)
-    return nbytes / best
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -142,13 +127,8 @@ def batch1_decode_seconds(prompt: list[int], steps: int = 64, model: str | Share
 
 def _decode_ready_engine(prompts: list[list[int]], max_tokens: int, model: str | SharedModel = MODEL,
                          **knobs: Any) -> LLMEngine:
-    """An engine with every request past its prefill: each further step is decodes only."""
-    engine = LLMEngine(model, max_num_seqs=len(prompts), max_num_batched_tokens=512, **knobs)
-    for p in prompts:
-        engine.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-    while engine.step().num_prefill_tokens:
-        pass
-    return engine
+    """An engine with every request past its prefill (engine.quant_tradeoff.decode_ready_engine)."""
+    return decode_ready_engine(model, prompts, max_tokens, **knobs)
 
 
 def decode_steps_short_vs_one_long(source: list[int], steps: int = 12) -> tuple[float, float]:
