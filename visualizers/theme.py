@@ -178,3 +178,12 @@ def request_sort_key(request_id: str) -> tuple[int, int | str, int]:
     them, alphabetically."""
     seq = _sequence(request_id)
     return (0, seq[0], seq[1]) if seq is not None else (1, str(request_id), 0)
+
+# Weight quantization (the "Quantization" page): a weight before and after, the grid it lands on.
+QUANT_COLORS: dict[str, str] = {
+    "original": "#4477AA",
+    "dequantized": "#EE7733",
+    "grid": "#BBBBBB",
+    "rounding": "#999999",
+    "scales": "#228833",
+}
