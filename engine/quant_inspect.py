@@ -323,7 +323,9 @@ def error_grid(weights: Mapping[str, torch.Tensor], scheme: str, group_size: int
     One matrix at a time: stacking a matrix kind's 30 layers into one quantize call measured
     slower (big temporaries). Measured on the shared 2-core machine for SmolLM2 (30 x 7 = 210
     matrices + the 49152 x 576 table): int8 ~0.4 s + 1.5 s table, int4 g32 ~2.6 s + 1.5 s,
-    fp8 ~2.4 s + 0.9 s."""
+    fp8 ~2.4 s + 0.9 s when the machine is quiet (4-18 s for int4 measured beside other
+    loads). The bundled SmolLM2 is converted from a Q4_1 GGUF (groups of 32 along K, scale and
+    minimum), so int4 g32 nearly re-finds its grid: its error there (~0.7%) is below int8's."""
     fmt = _check_mode(scheme)
     g = _check_group_size(fmt, group_size)
     layers = tuple(range(num_layers(weights)))

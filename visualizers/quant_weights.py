@@ -129,12 +129,13 @@ def scales_figure(ins: WeightInspection, font_size: int = 12) -> go.Figure:
 
 
 def error_heatmap(grid: ErrorGrid, font_size: int = 12) -> go.Figure:
-    """Layers (y, layer 0 on top) x matrices (x); colour = relative Frobenius error."""
+    """Layers (y, layer 0 on top) x matrices (x); colour = relative Frobenius error, light to dark
+    red over the grid's own range (within one scheme the matrices differ by fractions of a percent)."""
     hover = [[f"{v:.3%}" for v in row] for row in grid.relative]
     data = [dict(type="heatmap", z=[list(r) for r in grid.relative], x=list(grid.matrices), y=list(grid.layers),
                  customdata=[[[h, a] for h, a in zip(hr, ar)] for hr, ar in zip(hover, grid.max_abs)],
-                 colorscale=ERROR_COLORSCALE, zmin=0, name="relative error",
-                 colorbar=dict(title=dict(text="relative error"), tickformat=".1%"),
+                 colorscale=ERROR_COLORSCALE, reversescale=True, name="relative error",  # plotly's YlOrRd starts dark
+                 colorbar=dict(title=dict(text="relative error"), tickformat=".2%"),
                  hovertemplate="layer %{y} · %{x}<br>relative error %{customdata[0]}"
                                "<br>max |err| %{customdata[1]:.3g}<extra></extra>")]
     table = ""
