@@ -179,7 +179,8 @@ def request_sort_key(request_id: str) -> tuple[int, int | str, int]:
     seq = _sequence(request_id)
     return (0, seq[0], seq[1]) if seq is not None else (1, str(request_id), 0)
 
-# Quantization trade-off: what each mark on the scheme charts is.
+# Quantization page: the scheme charts (trade-offs, KV dtypes) and a weight before and after
+# quantization with the grid it lands on.
 QUANT_COLORS: dict[str, str] = {
     "measured": "#4477AA",  # batch-1 decode tok/s, measured
     "calculator": "#EE7733",  # the calculator's expected tok/s
@@ -188,4 +189,9 @@ QUANT_COLORS: dict[str, str] = {
     "capacity": "#228833",  # KV tokens a pool holds
     "k error": "#EE6677",
     "v error": "#CCBB44",
+    "original": "#4477AA",
+    "dequantized": "#EE7733",
+    "grid": "#BBBBBB",
+    "rounding": "#999999",
+    "scales": "#228833",
 }
