@@ -83,7 +83,7 @@ class ActivationHistogram:
 
 @dataclass(frozen=True)
 class ActivationStats:
-    prompts: tuple[str, ...]
+    prompts: tuple[Prompt, ...]  # as given: texts or token-id tuples
     num_tokens: int  # T, every prompt token
     threshold: float
     absmax: tuple[LinearAbsmax, ...]  # one per linear, in LINEARS order
@@ -101,18 +101,29 @@ class ActivationStats:
 def calibration_prompts(path: Path = CALIBRATION_FILE) -> tuple[str, ...]:
     """The shipped calibration prompts (presets/calibration.json, written for InferScope)."""
     data = json.loads(Path(path).read_text("utf-8"))
-    return _check_prompts(data.get("prompts") if isinstance(data, dict) else None)
+    prompts = _check_prompts(data.get("prompts") if isinstance(data, dict) else None)
+    if not all(isinstance(p, str) for p in prompts):
+        raise ValueError(f"prompts: {path.name} must hold strings")
+    return tuple(str(p) for p in prompts)
 
 
-def _check_prompts(prompts: object) -> tuple[str, ...]:
+Prompt = str | Sequence[int]  # text, or token ids (e.g. a live request's prompt + output so far)
+
+
+def _is_token_ids(p: object) -> bool:
+    return (not isinstance(p, str) and isinstance(p, Sequence) and len(p) > 0
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in p))
+
+
+def _check_prompts(prompts: object) -> tuple[Prompt, ...]:
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
-        raise ValueError(f"prompts: must be a list of strings, got {type(prompts).__name__}")
+        raise ValueError(f"prompts: must be a list of strings or token-id lists, got {type(prompts).__name__}")
     if not 1 <= len(prompts) <= MAX_PROMPTS:
         raise ValueError(f"prompts: must hold 1 to {MAX_PROMPTS} prompts, got {len(prompts)}")
     for i, p in enumerate(prompts):
-        if not isinstance(p, str) or not p.strip():
-            raise ValueError(f"prompts: prompt {i} must be a non-empty string, got {str(p)[:40]!r}")
-    return tuple(prompts)
+        if not (isinstance(p, str) and p.strip()) and not _is_token_ids(p):
+            raise ValueError(f"prompts: prompt {i} must be a non-empty string or token-id list, got {str(p)[:40]!r}")
+    return tuple(p if isinstance(p, str) else tuple(p) for p in prompts)
 
 
 def _histogram(values: torch.Tensor, layer: int, linear: str, bins: int,
@@ -130,12 +141,13 @@ def _histogram(values: torch.Tensor, layer: int, linear: str, bins: int,
 
 
 @torch.inference_mode()
-def activation_stats(llm: Any, prompts: Sequence[str] | None = None, threshold: float = DEFAULT_THRESHOLD,
+def activation_stats(llm: Any, prompts: Sequence[Prompt] | None = None, threshold: float = DEFAULT_THRESHOLD,
                      histogram_layer: int | None = None, histogram_linear: str = "qkv",
                      bins: int = DEFAULT_BINS, histogram_range: float | None = None) -> ActivationStats:
     """Statistics of every linear input over one prefill of ``prompts`` (module doc).
 
-    ``prompts`` defaults to ``calibration_prompts()``. The histogram is of
+    ``prompts``: texts (tokenized without special tokens) or token-id lists (run as given: a
+    live run's own tokens); default ``calibration_prompts()``. The histogram is of
     (histogram_layer, histogram_linear); histogram_layer None picks the layer whose input to
     that linear holds the largest magnitude. Outliers: channels with absmax > threshold.
     """
@@ -158,8 +170,12 @@ def activation_stats(llm: Any, prompts: Sequence[str] | None = None, threshold: 
                                         or not (math.isfinite(histogram_range) and histogram_range > 0)):
         raise ValueError(f"histogram_range: must be a finite number > 0 or None, got {histogram_range!r}")
 
-    chunks = [list(engine.tokenizer(p, add_special_tokens=False).input_ids) for p in prompt_list]
+    chunks = [list(engine.tokenizer(p, add_special_tokens=False).input_ids) if isinstance(p, str) else list(p)
+              for p in prompt_list]
+    vocab = model.config.vocab_size
     for i, ids in enumerate(chunks):
+        if any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompts: prompt {i} holds a token id outside [0, {vocab})")
         if not 1 <= len(ids) <= engine.model_max_len:
             raise ValueError(f"prompts: prompt {i} has {len(ids)} tokens; must have 1 to {engine.model_max_len}")
     total = sum(len(c) for c in chunks)
