@@ -118,6 +118,14 @@ class LiveRun:
             return RunView(self.meta, tuple(self.traces), self.snapshots[-1],
                            not self.engine.has_unfinished_requests(), False, dict(self.comparison))
 
+    def token_sequences(self) -> list[tuple[int, ...]]:
+        """Each request's tokens as the engine has computed them so far (prompt, then outputs),
+        in request order; the whole prompt for one not computed yet. What an activation view
+        runs again to see the inputs this run's layers really saw."""
+        with self.lock:
+            return [tuple(r.all_token_ids[:r.num_computed_tokens] or r.prompt_token_ids)
+                    for r in self.engine.requests.values()]
+
 
 class ReplayRun:
     """Steps through a recording; needs no model. ``reset`` rewinds to step 0."""
