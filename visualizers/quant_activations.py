@@ -37,7 +37,7 @@ def _sig(x: float) -> float:
     return float(f"{x:.3g}")
 
 
-def absmax_heatmap(stats: ActivationStats, linear: str, font_size: int = 12) -> go.Figure:
+def absmax_heatmap(stats: ActivationStats, linear: str, font_size: int = 12, step: int | None = None) -> go.Figure:
     """z[layer][channel] = log10 max_t |x[t, channel]| of ``linear``'s input; hover shows the value.
     The colour bar's tick at log10(threshold) marks where LLM.int8() starts keeping a column in float."""
     rows = stats.absmax_of(linear)  # [L][K]
@@ -53,13 +53,14 @@ def absmax_heatmap(stats: ActivationStats, linear: str, font_size: int = 12) -> 
     n_out = sum(1 for o in stats.outliers if o.linear == linear)
     title = (f"Input absmax per channel, {LINEAR_LABELS.get(linear, linear)} — {n_out} (layer, channel) "
              f"pairs above {stats.threshold:g}")
-    layout = live_layout(title, None, font_size, height=360 + 4 * len(rows), margin=dict(l=60, r=20, t=60, b=50),
+    layout = live_layout(title, step, font_size, height=360 + 4 * len(rows), margin=dict(l=60, r=20, t=60, b=50),
                          xaxis=dict(title=dict(text="input channel")),
                          yaxis=dict(title=dict(text="layer"), autorange="reversed"))
     return figure([trace], layout)
 
 
-def activation_histogram(hist: ActivationHistogram, threshold: float, font_size: int = 12) -> go.Figure:
+def activation_histogram(hist: ActivationHistogram, threshold: float, font_size: int = 12,
+                         step: int | None = None) -> go.Figure:
     """Counts of one layer's input values (log y), with ±threshold: LLM.int8() sends every column
     holding a value beyond the red lines to the floating-point GEMM."""
     centers = [(a + b) / 2 for a, b in zip(hist.edges[:-1], hist.edges[1:])]
@@ -74,7 +75,7 @@ def activation_histogram(hist: ActivationHistogram, threshold: float, font_size:
                    line=dict(color=THRESHOLD_COLOR, dash="dash", width=2)) for s in (-1, 1)]
     title = (f"Layer {hist.layer}, {LINEAR_LABELS.get(hist.linear, hist.linear)}: {hist.num_values:,} values, "
              f"{beyond:,} beyond ±{threshold:g} (bins past the lines in red)")
-    layout = live_layout(title, None, font_size, height=340, shapes=shapes, bargap=0, showlegend=False,
+    layout = live_layout(title, step, font_size, height=340, shapes=shapes, bargap=0, showlegend=False,
                          margin=dict(l=60, r=20, t=60, b=50),
                          xaxis=dict(title=dict(text="activation value")),
                          yaxis=dict(title=dict(text="count"), type="log"))
@@ -93,7 +94,7 @@ def float_columns_frame(stats: ActivationStats) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["layer", "linear", "channels", "kept in float", "share in float", "max |x|"])
 
 
-def float_columns_figure(stats: ActivationStats, font_size: int = 12) -> go.Figure:
+def float_columns_figure(stats: ActivationStats, font_size: int = 12, step: int | None = None) -> go.Figure:
     """Grouped bars: per layer, the input channels each linear keeps in floating point."""
     frame = float_columns_frame(stats)
     colors = {"qkv": "#4477AA", "o": "#CCBB44", "gate_up": "#228833", "down": "#EE7733"}
@@ -109,7 +110,7 @@ def float_columns_figure(stats: ActivationStats, font_size: int = 12) -> go.Figu
     channels = int(frame["channels"].sum())
     title = (f"What LLM.int8() keeps in float: {total:,} of {channels:,} input channels "
              f"({total / max(channels, 1):.2%}) have |x| > {stats.threshold:g}")
-    layout = live_layout(title, None, font_size, height=340, barmode="group",
+    layout = live_layout(title, step, font_size, height=340, barmode="group",
                          margin=dict(l=60, r=20, t=60, b=50), legend=dict(orientation="h", y=-0.2),
                          xaxis=dict(title=dict(text="layer")),
                          yaxis=dict(title=dict(text="channels kept in float")))
