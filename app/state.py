@@ -482,3 +482,88 @@ def generate_result() -> dict | None:
 
 def set_generate_result(result: dict) -> None:
     st.session_state[K.generate] = result
+
+
+# -- the Quantization page -----------------------------------------------------------------------
+# Weights, inspections and measurements are process-wide (read-only records, shared by every
+# session); the live run's activation statistics are per session (they are of that run's tokens).
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def fp32_model(name: str):
+    """The model as loaded from disk: fp32 weights by Hugging Face name (what every scheme
+    quantizes) and its config."""
+    from engine.models.loader import load_model as load_weights
+
+    if name not in MODELS:
+        raise ValueError(f"model: choose one of {MODELS}, got {name!r}")
+    configure_torch()
+    return load_weights(name, progress=lambda *_: None)
+
+
+def fp32_weights(name: str) -> dict:
+    return fp32_model(name).weights
+
+
+def num_layers(name: str) -> int:
+    return int(fp32_model(name).config.num_hidden_layers)
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def weight_inspection(name: str, scheme: str, group_size: int, layer: int, matrix: str):
+    from engine.quant_inspect import inspect_weight
+
+    return inspect_weight(fp32_weights(name), scheme, layer, matrix, group_size=group_size)
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def error_grid(name: str, scheme: str, group_size: int):
+    from engine.quant_inspect import error_grid as grid
+
+    return grid(fp32_weights(name), scheme, group_size)
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def smoothing(name: str, strength: float):
+    """SmoothQuant's record for ``strength`` (calibration prompts on the fp32 model)."""
+    from engine.engine import calibrated_smoothing
+
+    configure_torch()
+    return calibrated_smoothing(name, strength, dict(fp32_weights(name)))[1]
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def kv_tradeoff(name: str):
+    from engine.quant_tradeoff import kv_tradeoff as measure
+
+    configure_torch()
+    return measure(name)
+
+
+@st.cache_resource(show_spinner=False)
+def _tradeoff_store() -> dict:
+    """model -> the last TradeoffResult measured in this process (the page's "Measure" button)."""
+    return {}
+
+
+def tradeoff_result(name: str):
+    return _tradeoff_store().get(name)
+
+
+def measure_tradeoffs(name: str, progress: Callable[[str, float], None]) -> None:
+    """Measure every scheme on this machine (the page's quick settings); kept for every session."""
+    from engine.quant_tradeoff import PAGE, measure_tradeoffs as measure
+
+    configure_torch()
+    try:
+        _tradeoff_store()[name] = measure(name, PAGE, progress=progress)
+    except (ValueError, RuntimeError, OSError) as e:
+        st.session_state[K.error] = f"measurement failed: {e}"
+
+
+def run_activation_stats(linear: str, threshold: float):
+    """Activation statistics of the session's live run (its ActivationRecorder: every token its
+    engine computed); None in a replay or before the first step."""
+    current = run()
+    if not isinstance(current, LiveRun):
+        return None
+    return current.activation_recorder().stats(threshold, None, linear)

@@ -14,7 +14,7 @@ from engine.forward_batch import ForwardBatch, build_forward_batch
 from engine.hf_config import ENGINE_DTYPES
 from engine.kv_cache import KVCacheManager
 from engine.kv_quant import KVCache, QuantizedKV
-from engine.models.llama import LlamaModel, ModelConfig
+from engine.models.llama import LlamaModel, ModelConfig, Observer
 from engine.request import Request
 from engine.scheduler import SchedulerOutput
 
@@ -62,6 +62,8 @@ class ModelRunner:
             for _ in range(c.num_hidden_layers)
         ]
         self.kv_cache_dtype = name
+        # Sees every linear input of every step (engine/activations.py ActivationRecorder); None = off.
+        self.observer: Observer | None = None
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
@@ -104,7 +106,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """-> logits [S, V] fp32 for the rows in batch.logits_indices."""
-        return self.model.forward(batch, self.kv_caches)
+        return self.model.forward(batch, self.kv_caches, self.observer)
 
 
 def _nbytes(cache: KVCache) -> int:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Mapping
 
 from engine.scenario import Scenario, build_engine, run_to_end
 from engine.schema import Length
 from engine.trace import Positive, Snapshot, StepTrace
+
+if TYPE_CHECKING:
+    from engine.activations import ActivationRecorder
 
 Name = Annotated[str, Length(1, 200)]
 Title = Annotated[str, Length(0, 500)]
@@ -128,6 +131,7 @@ class LiveRun:
         self.traces: list[StepTrace] = []
         self.snapshots: list[Snapshot] = [engine.snapshot()]
         self.comparison: dict[str, PolicyRun] = {}
+        self._recorder: ActivationRecorder | None = None
 
     @classmethod
     def from_scenario(cls, scenario: Scenario, model: Any, **knob_overrides: Any) -> "LiveRun":
@@ -156,6 +160,24 @@ class LiveRun:
         with self.lock:
             return RunView(self.meta, tuple(self.traces), self.snapshots[-1],
                            not self.engine.has_unfinished_requests(), False, dict(self.comparison))
+
+    def activation_recorder(self) -> ActivationRecorder:
+        """The run's ActivationRecorder, attached to its engine on the first call: it first sees
+        the tokens computed so far (each request's prompt and outputs, one private prefill), then
+        every later step's forward. Attaching costs that one prefill; after it, each step pays the
+        recorder's small per-linear cost (engine/activations.py)."""
+        from engine.activations import ActivationRecorder, observe_prefill  # torch only when asked
+
+        with self.lock:
+            if self._recorder is None:
+                runner = self.engine.runner
+                recorder = ActivationRecorder(runner.model.config.num_hidden_layers)
+                done = [tuple(r.all_token_ids[:r.num_computed_tokens]) for r in self.engine.requests.values()
+                        if r.num_computed_tokens > 0]
+                if done:
+                    observe_prefill(self.engine, done, recorder)
+                runner.observer = self._recorder = recorder
+            return self._recorder
 
 
 class ReplayRun:

@@ -146,3 +146,16 @@ def test_bad_input_names_the_field(kwargs: dict[str, object], field: str) -> Non
     args.update(kwargs)
     with pytest.raises(ValueError, match=f"^{field}:"):
         activation_stats(**args)  # type: ignore[arg-type]
+
+
+def test_token_id_prompts_equal_their_text() -> None:
+    """A live run passes its requests' own token ids: the same tokens as text give the same stats."""
+    llm = LLM(TINY)
+    tok = llm.llm_engine.tokenizer
+    ids = [list(tok(p, add_special_tokens=False).input_ids) for p in PROMPTS[:3]]
+    by_text = activation_stats(llm, PROMPTS[:3])
+    by_ids = activation_stats(llm, ids)
+    assert by_ids.absmax == by_text.absmax and by_ids.num_tokens == by_text.num_tokens
+    assert by_ids.prompts == tuple(tuple(i) for i in ids)
+    with pytest.raises(ValueError, match="prompts: prompt 0 holds a token id"):
+        activation_stats(llm, [[10 ** 9]])

@@ -224,9 +224,9 @@ class LlamaModel:
         h = rms_norm(hidden[batch.logits_indices], self.norm, self.config.rms_norm_eps)
         return linear(h, self.lm_head).float()
 
-    def forward(self, batch: ForwardBatch,
-                kv_caches: list[tuple[KVCache, KVCache]]) -> torch.Tensor:
-        hidden = self.run_layers(self.embed(batch), batch, kv_caches)
+    def forward(self, batch: ForwardBatch, kv_caches: list[tuple[KVCache, KVCache]],
+                observer: Observer | None = None) -> torch.Tensor:
+        hidden = self.run_layers(self.embed(batch), batch, kv_caches, observer=observer)
         return self.compute_logits(hidden, batch)
 
     @property

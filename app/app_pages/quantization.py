@@ -1,0 +1,150 @@
+"""Quantization: what each scheme does to the model's own weights, why activations are the hard
+part (measured on this run's tokens), what each scheme costs and buys on this machine, and what
+a quantized KV cache holds. Thin: engine records -> visualizers -> st.*."""
+from __future__ import annotations
+
+import streamlit as st
+
+from app import live, state
+from engine.activations import DEFAULT_THRESHOLD, LINEARS
+from engine.quant_inspect import MATRICES
+from engine.run import RunView
+from visualizers import quant_activations as qa
+from visualizers import quant_tradeoff as qt
+from visualizers import quant_weights as qw
+
+INTRO = ("Quantization stores weights (and optionally activations and the KV cache) in fewer bits: int8 per output "
+         "channel, int4 in groups of 32 or 64 input weights, fp8 (e4m3) per channel, or w8a8 — int8 weights times "
+         "per-token int8 activations, with LLM.int8()'s outlier columns kept in floating point. Every figure here "
+         "comes from the bundled model's own tensors and from this run's own tokens.")
+BF16_NOTE = ("Quantized modes compute in **bfloat16**: torch's CPU int8/int4 kernels (`_weight_int8pack_mm`, "
+             "`_weight_int4pack_mm_for_cpu`) have SIMD paths only for bf16 activations (with fp32 they fall back to "
+             "scalar loops). RMSNorm weights stay 16-bit; the tied embedding / LM head is int8 per row (fp8 in fp8 "
+             "mode). Pick a scheme for the live run under Engine knobs in the sidebar.")
+TABS = ("Weights", "Activations", "Trade-offs", "KV cache")
+SCHEMES = {"int8": ("int8", 32), "int4 g32": ("int4", 32), "int4 g64": ("int4", 64), "fp8": ("fp8", 32)}
+SMOOTHING_STRENGTHS = (0.5, 0.8)
+
+
+def render(view: RunView, style: live.Style) -> None:
+    if style.explain:
+        st.caption(BF16_NOTE)
+    tabs = st.tabs(TABS, key="quant_tab", on_change="rerun")
+    for tab, draw in zip(tabs, (weights_tab, activations_tab, tradeoffs_tab, kv_tab)):
+        if tab.open:
+            with tab:
+                draw(view, style)
+    if style.explain:
+        live.exports(view)
+
+
+def weights_tab(view: RunView, style: live.Style) -> None:
+    model = view.meta.model
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        label = st.segmented_control("Scheme", list(SCHEMES), key="quant_scheme", default="int4 g32",
+                                     required=True)
+        layer = st.number_input("Layer", min_value=0, max_value=num_layers(view) - 1, value=0, step=1,
+                                key="quant_layer", width=110)
+        matrix = st.selectbox("Matrix", MATRICES, key="quant_matrix", width=180)
+    scheme, group_size = SCHEMES[label or "int4 g32"]
+    with st.spinner(f"Quantizing layer {layer} {matrix} with {label}…"):
+        ins = state.weight_inspection(model, scheme, group_size, int(layer), matrix)
+    live.chart(qw.histogram_figure(ins, style.font_size), "quant_histogram", style, zoom=True)
+    left, right = st.columns(2)
+    with left:
+        live.chart(qw.scales_figure(ins, style.font_size), "quant_scales", style)
+    with right:
+        with st.spinner(f"Quantizing every matrix with {label}…"):
+            grid = state.error_grid(model, scheme, group_size)
+        live.chart(qw.error_heatmap(grid, style.font_size), "quant_errors", style)
+    if style.explain:
+        live.table(qw.inspection_frame(ins), "quant_inspection")
+
+
+def num_layers(view: RunView) -> int:
+    return state.num_layers(view.meta.model)
+
+
+def activations_tab(view: RunView, style: live.Style) -> None:
+    if view.is_replay:
+        st.info("Activation statistics need the live engine (they run this run's tokens through its model); "
+                "recordings do not hold them.", icon=":material/info:")
+        return
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        linear = st.segmented_control("Linear input", LINEARS, key="quant_linear", default="qkv", required=True)
+        threshold = st.number_input("Outlier threshold", min_value=0.5, max_value=100.0, step=0.5,
+                                    value=float(view.meta.config.get("quantization_outlier_threshold",
+                                                                     DEFAULT_THRESHOLD)),
+                                    key="quant_threshold", width=150,
+                                    help="LLM.int8(): input columns holding any |x| above it stay in float (6.0).")
+    with st.spinner("Attaching the activation recorder (one pass over the tokens computed so far)…"):
+        stats = state.run_activation_stats(linear or "qkv", float(threshold))
+    if stats is None:
+        st.info("Step the run: the activations appear from its first step.", icon=":material/info:")
+    else:
+        if style.explain:
+            st.caption(f"Every linear input the run's engine computed: {stats.num_tokens:,} tokens up to step "
+                       f"{view.step} (prompts and generated tokens), on its own model ({quant_label(view)}).")
+        live.chart(qa.absmax_heatmap(stats, stats.histogram.linear, style.font_size, view.step),
+                   "activation_absmax", style, zoom=True)
+        left, right = st.columns(2)
+        with left:
+            live.chart(qa.activation_histogram(stats.histogram, stats.threshold, style.font_size, view.step),
+                       "activation_histogram", style)
+        with right:
+            live.chart(qa.float_columns_figure(stats, style.font_size, view.step), "activation_float_columns", style)
+    smoothing_section(view, style)
+
+
+def smoothing_section(view: RunView, style: live.Style) -> None:
+    st.subheader("SmoothQuant: moving range from activations into weights", anchor=False)
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        strength = st.segmented_control("α (smoothing strength)", SMOOTHING_STRENGTHS, key="quant_alpha",
+                                        default=0.5, required=True)
+        layer = st.number_input("Layer", min_value=0, max_value=num_layers(view) - 1, value=0, step=1,
+                                key="quant_smooth_layer", width=110)
+        linear = st.selectbox("Linear", ("qkv", "gate_up", "down"), key="quant_smooth_linear", width=150)
+    with st.spinner("Calibrating SmoothQuant on the shipped prompts…"):
+        record = state.smoothing(view.meta.model, float(strength or 0.5))
+    live.chart(qa.smoothing_figure(record, int(layer), linear, style.font_size), "smoothing", style)
+    if style.explain:
+        with st.expander("Every smoothed linear"):
+            live.table(qa.smoothing_frame(record), "smoothing_table")
+
+
+def tradeoffs_tab(view: RunView, style: live.Style) -> None:
+    model = view.meta.model
+    result = state.tradeoff_result(model)
+    if style.explain:
+        st.caption("Every scheme measured on this machine, in this process: weight bytes read per decode step, "
+                   "batch-1 decode speed against its bandwidth bound, perplexity on a shipped public-domain text, "
+                   "greedy agreement with fp32, and the calculator's prediction for the same format.")
+    if st.button("Measure on this machine" if result is None else "Measure again", key="measure_tradeoffs",
+                 icon=":material/speed:"):
+        bar = st.progress(0.0, text="Measuring…")
+        state.measure_tradeoffs(model, lambda text, frac: bar.progress(min(max(frac, 0.0), 1.0), text=text))
+        bar.empty()
+        result = state.tradeoff_result(model)
+    if result is None:
+        st.info(f"Not measured yet in this process for {model}: press the button (about a minute for smollm2-135m "
+                "the first time, while each scheme is quantized and cached).", icon=":material/info:")
+        return
+    live.table(qt.tradeoff_frame(result), "tradeoffs")
+    live.chart(qt.tradeoff_figure(result, style.font_size), "tradeoffs", style)
+    if style.explain and result.notes:
+        st.caption(" · ".join(result.notes))
+
+
+def kv_tab(view: RunView, style: live.Style) -> None:
+    with st.spinner("Measuring the KV-cache dtypes on a real prompt…"):
+        rows = state.kv_tradeoff(view.meta.model)
+    live.table(qt.kv_frame(rows), "kv_tradeoff")
+    live.chart(qt.kv_figure(rows, style.font_size), "kv_tradeoff", style)
+
+
+def quant_label(view: RunView) -> str:
+    scheme = view.meta.config.get("quantization")
+    return "fp32" if scheme is None else str(scheme)
+
+
+live.page("Quantization", render, INTRO)
