@@ -560,10 +560,11 @@ def measure_tradeoffs(name: str, progress: Callable[[str, float], None]) -> None
         st.session_state[K.error] = f"measurement failed: {e}"
 
 
-def run_activation_stats(linear: str, threshold: float):
+def run_activation_stats(linear: str, threshold: float, layer: int | None = None):
     """Activation statistics of the session's live run (its ActivationRecorder: every token its
-    engine computed); None in a replay or before the first step."""
+    engine computed), the histogram of ``layer`` (None: the loudest); None in a replay or before
+    the first step."""
     current = run()
     if not isinstance(current, LiveRun):
         return None
-    return current.activation_recorder().stats(threshold, None, linear)
+    return current.activation_recorder().stats(threshold, layer, linear)

@@ -295,6 +295,9 @@ class ActivationRecorder:
             return None
         if histogram_linear not in LINEARS:
             raise ValueError(f"histogram_linear: must be one of {LINEARS}, got {str(histogram_linear)[:40]!r}")
+        if histogram_layer is not None and (isinstance(histogram_layer, bool) or not isinstance(histogram_layer, int)
+                                            or not 0 <= histogram_layer < self.num_layers):
+            raise ValueError(f"histogram_layer: must be an integer in [0, {self.num_layers}), got {histogram_layer!r}")
         layer = histogram_layer if histogram_layer is not None else loudest_layer(
             self.absmax, histogram_linear, self.num_layers)
         key = (layer, histogram_linear)

@@ -36,9 +36,16 @@ def test_doubling_histogram_equals_one_histogram_over_the_final_range() -> None:
         k for k in range(5) if every[:, k].abs().max() > 3.0}
 
 
-def test_bins_must_be_even() -> None:
+def test_bad_arguments_name_their_field() -> None:
     with pytest.raises(ValueError, match="bins"):
         ActivationRecorder(2, bins=15)
+    rec = ActivationRecorder(1, bins=4)
+    for linear in LINEARS:
+        rec(0, linear, torch.ones(2, 3))
+    with pytest.raises(ValueError, match="histogram_layer"):
+        rec.stats(histogram_layer=1)
+    with pytest.raises(ValueError, match="histogram_linear"):
+        rec.stats(histogram_linear="lm_head")
 
 
 def test_live_run_records_what_its_engine_computed() -> None:

@@ -39,7 +39,7 @@ def test_histogram_marks_values_beyond_the_threshold(stats) -> None:
     red = [n for c, n, col in zip(fig.data[0].x, fig.data[0].y, fig.data[0].marker.color) if col == qa.THRESHOLD_COLOR]
     assert all(abs(c) > stats.threshold for c, col in zip(fig.data[0].x, fig.data[0].marker.color)
                if col == qa.THRESHOLD_COLOR)
-    assert f"{sum(red):,} beyond" in fig.layout.title.text
+    assert f"{sum(red):,} of {hist.num_values:,} values in bins beyond" in fig.layout.title.text
     assert [s.x0 for s in fig.layout.shapes] == [-stats.threshold, stats.threshold]
 
 

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 
 from engine.activations import DEFAULT_THRESHOLD, LINEARS, ActivationHistogram, ActivationStats
 from engine.smoothing import Smoothing
-from visualizers.figures import figure, live_layout
+from visualizers.figures import Panel, figure, live_layout, stack
 
 LINEAR_LABELS = {"qkv": "qkv (input: RMSNorm(h))", "o": "o (input: attention output)",
                  "gate_up": "gate/up (input: RMSNorm(h))", "down": "down (input: silu(gate)·up)"}
@@ -73,8 +73,7 @@ def activation_histogram(hist: ActivationHistogram, threshold: float, font_size:
                 name="values")
     shapes = [dict(type="line", x0=s * threshold, x1=s * threshold, y0=0, y1=1, yref="paper",
                    line=dict(color=THRESHOLD_COLOR, dash="dash", width=2)) for s in (-1, 1)]
-    title = (f"Layer {hist.layer}, {LINEAR_LABELS.get(hist.linear, hist.linear)}: {hist.num_values:,} values, "
-             f"{beyond:,} beyond ±{threshold:g} (bins past the lines in red)")
+    title = f"Layer {hist.layer} {hist.linear} input: {beyond:,} of {hist.num_values:,} values in bins beyond ±{threshold:g}"
     layout = live_layout(title, step, font_size, height=340, shapes=shapes, bargap=0, showlegend=False,
                          margin=dict(l=60, r=20, t=60, b=50),
                          xaxis=dict(title=dict(text="activation value")),
@@ -134,26 +133,31 @@ def smoothing_frame(smoothing: Smoothing, threshold: float = DEFAULT_THRESHOLD) 
 
 
 def smoothing_figure(smoothing: Smoothing, layer: int, linear: str, font_size: int = 12) -> go.Figure:
-    """One smoothed linear, per input channel (log y): activation absmax before (grey) and after
-    (green) dividing by s, and the weight's column absmax after multiplying by s (orange)."""
+    """One smoothed linear, per input channel (log y), two panels on one channel axis: the
+    activation absmax before (grey) and after (green) dividing by s, and the weight's column
+    absmax before and after multiplying by s (orange). At α = 0.5 the two "after" curves are the
+    same numbers: s = sqrt(max|X| / max|W|) gives max|X| / s = max|W| · s = sqrt(max|X| · max|W|)."""
     s = smoothing.of(layer, linear)
     k = list(range(len(s.scales)))
     a0, a1 = s.act_spread()
     w0, w1 = s.weight_spread()
 
-    def line(name: str, y: tuple[float, ...], color: str, dash: str = "solid") -> dict[str, Any]:
+    def line(name: str, y: tuple[float, ...], color: str) -> dict[str, Any]:
         return dict(type="scattergl", mode="lines", name=name, x=k, y=[_sig(v) for v in y],
-                    line=dict(color=color, width=1, dash=dash),
+                    line=dict(color=color, width=1),
                     hovertemplate=f"{name}<br>channel %{{x}}: %{{y}}<extra></extra>")
 
-    data = [line("activation absmax, before", s.act_absmax_before, BEFORE_COLOR),
-            line("activation absmax, after (÷ s)", s.act_absmax_after, AFTER_COLOR),
-            line("weight column absmax, before", s.weight_absmax_before, "#FFCC99"),
-            line("weight column absmax, after (× s)", s.weight_absmax_after, WEIGHT_COLOR)]
-    title = (f"SmoothQuant α = {smoothing.strength:g}, layer {layer} {linear}: activation max/median "
-             f"{a0:.1f}× → {a1:.1f}×, weight max/median {w0:.1f}× → {w1:.1f}×")
-    layout = live_layout(title, None, font_size, height=360, margin=dict(l=60, r=20, t=60, b=50),
-                         legend=dict(orientation="h", y=-0.25),
-                         xaxis=dict(title=dict(text="input channel")),
-                         yaxis=dict(title=dict(text="absmax"), type="log"))
-    return figure(data, layout)
+    axis = dict(title=dict(text="absmax"), type="log")
+    panels = [
+        Panel([line("activation absmax, before", s.act_absmax_before, BEFORE_COLOR),
+               line("activation absmax, after (÷ s)", s.act_absmax_after, AFTER_COLOR)], 200,
+              xaxis=dict(), yaxis=axis, title=f"activations (input channels): max/median {a0:.1f}× → {a1:.1f}×"),
+        Panel([line("weight column absmax, before", s.weight_absmax_before, BEFORE_COLOR),
+               line("weight column absmax, after (× s)", s.weight_absmax_after, WEIGHT_COLOR)], 200,
+              xaxis=dict(title=dict(text="input channel")), yaxis=axis,
+              title=f"weights (columns): max/median {w0:.1f}× → {w1:.1f}×"),
+    ]
+    title = f"SmoothQuant α = {smoothing.strength:g}, layer {layer} {linear} (folded into {s.folded_into})"
+    layout = live_layout(title, None, font_size, legend=dict(orientation="h", y=-0.12),
+                         margin=dict(l=60, r=20, t=80, b=60))
+    return stack(panels, layout, shared_x=True, margin_px=(80, 60))

@@ -93,7 +93,7 @@ def tradeoff_figure(result: TradeoffResult, font_size: int = 12) -> go.Figure:
                      range=[min(0.98, low - 0.01), max(1.02, top + (top - 1) * 0.25 + 0.01)])
     fig.update_xaxes(fixedrange=True)
     fig.update_layout(
-        height=520, barmode="overlay", margin=dict(l=10, r=10, t=70, b=40), font=dict(size=font_size),
+        height=520, barmode="overlay", margin=dict(l=80, r=10, t=70, b=40), font=dict(size=font_size),
         plot_bgcolor="white", dragmode=False, legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"),
         title=dict(text=f"{escape_plotly(result.model)}: speed and quality per weight scheme (this machine)",
                    font=dict(size=font_size + 3)),
@@ -146,7 +146,7 @@ def kv_figure(rows: Sequence[KVTradeoffRow], font_size: int = 12) -> go.Figure:
     fig.update_yaxes(title_text="relative error (%)", fixedrange=True, rangemode="tozero", row=1, col=2)
     fig.update_xaxes(fixedrange=True)
     fig.update_layout(
-        height=360, barmode="group", margin=dict(l=10, r=10, t=80, b=40), font=dict(size=font_size),
+        height=360, barmode="group", margin=dict(l=70, r=10, t=80, b=40), font=dict(size=font_size),
         plot_bgcolor="white", dragmode=False, legend=dict(orientation="h", y=-0.15, x=0),
         title=dict(text="KV-cache dtype: capacity against error", font=dict(size=font_size + 3)),
     )

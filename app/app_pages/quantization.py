@@ -20,10 +20,19 @@ INTRO = ("Quantization stores weights (and optionally activations and the KV cac
 BF16_NOTE = ("Quantized modes compute in **bfloat16**: torch's CPU int8/int4 kernels (`_weight_int8pack_mm`, "
              "`_weight_int4pack_mm_for_cpu`) have SIMD paths only for bf16 activations (with fp32 they fall back to "
              "scalar loops). RMSNorm weights stay 16-bit; the tied embedding / LM head is int8 per row (fp8 in fp8 "
-             "mode). Pick a scheme for the live run under Engine knobs in the sidebar.")
+             "mode). Pick the live run's scheme under Precision in the sidebar.")
 TABS = ("Weights", "Activations", "Trade-offs", "KV cache")
 SCHEMES = {"int8": ("int8", 32), "int4 g32": ("int4", 32), "int4 g64": ("int4", 64), "fp8": ("fp8", 32)}
 SMOOTHING_STRENGTHS = (0.5, 0.8)
+Q4_NOTE = ("SmolLM2's bundled weights come from a Q4_1 GGUF (blocks of 32 with a scale and a minimum), so int4 with "
+           "groups of 32 lands almost back on that grid: its error is lower than int8's. Groups of 64 show what int4 "
+           "costs a model that was never 4-bit.")
+TRADEOFF_FORMATS = {c: st.column_config.NumberColumn(format=f) for c, f in (
+    ("weight MB", "%.1f"), ("batch-1 tok/s", "%.1f"), ("bound tok/s", "%.0f"), ("share of bound", "%.2f"),
+    ("calculator tok/s", "%.1f"), ("ppl", "%.2f"), ("ppl vs fp32", "%.3f"), ("load s", "%.1f"))}
+KV_FORMATS = {c: st.column_config.NumberColumn(format=f) for c, f in (
+    ("capacity vs fp32", "%.2f"), ("K error %", "%.2f"), ("V error %", "%.2f"), ("K max abs error", "%.3f"),
+    ("V max abs error", "%.3f"), ("max logit diff", "%.3f"))}
 
 
 def render(view: RunView, style: live.Style) -> None:
@@ -59,6 +68,8 @@ def weights_tab(view: RunView, style: live.Style) -> None:
         live.chart(qw.error_heatmap(grid, style.font_size), "quant_errors", style)
     if style.explain:
         live.table(qw.inspection_frame(ins), "quant_inspection")
+        if model == "smollm2-135m":
+            st.caption(Q4_NOTE)
 
 
 def num_layers(view: RunView) -> int:
@@ -77,8 +88,12 @@ def activations_tab(view: RunView, style: live.Style) -> None:
                                                                      DEFAULT_THRESHOLD)),
                                     key="quant_threshold", width=150,
                                     help="LLM.int8(): input columns holding any |x| above it stay in float (6.0).")
+        hist_layer = st.selectbox("Histogram layer", ["loudest", *range(num_layers(view))], key="quant_hist_layer",
+                                  width=150, help="The layer whose input values the histogram shows; \"loudest\" "
+                                                  "= the one holding the largest |x|.")
     with st.spinner("Attaching the activation recorder (one pass over the tokens computed so far)…"):
-        stats = state.run_activation_stats(linear or "qkv", float(threshold))
+        stats = state.run_activation_stats(linear or "qkv", float(threshold),
+                                           None if hist_layer == "loudest" else int(hist_layer))
     if stats is None:
         st.info("Step the run: the activations appear from its first step.", icon=":material/info:")
     else:
@@ -129,16 +144,16 @@ def tradeoffs_tab(view: RunView, style: live.Style) -> None:
         st.info(f"Not measured yet in this process for {model}: press the button (about a minute for smollm2-135m "
                 "the first time, while each scheme is quantized and cached).", icon=":material/info:")
         return
-    live.table(qt.tradeoff_frame(result), "tradeoffs")
+    live.table(qt.tradeoff_frame(result), "tradeoffs", column_config=TRADEOFF_FORMATS)
     live.chart(qt.tradeoff_figure(result, style.font_size), "tradeoffs", style)
-    if style.explain and result.notes:
-        st.caption(" · ".join(result.notes))
+    if style.explain:
+        st.caption(" · ".join((*result.notes, Q4_NOTE if model == "smollm2-135m" else "")))
 
 
 def kv_tab(view: RunView, style: live.Style) -> None:
     with st.spinner("Measuring the KV-cache dtypes on a real prompt…"):
         rows = state.kv_tradeoff(view.meta.model)
-    live.table(qt.kv_frame(rows), "kv_tradeoff")
+    live.table(qt.kv_frame(rows), "kv_tradeoff", column_config=KV_FORMATS)
     live.chart(qt.kv_figure(rows, style.font_size), "kv_tradeoff", style)
 
 
