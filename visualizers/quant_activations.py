@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
+import torch
 
 from engine.activations import DEFAULT_THRESHOLD, LINEARS, ActivationHistogram, ActivationStats
 from engine.smoothing import Smoothing
@@ -33,16 +34,26 @@ WEIGHT_COLOR = "#EE7733"
 
 
 def _sig(x: float) -> float:
-    """Three significant digits: the heatmap's JSON stays small (30 x 1,536 cells for down)."""
+    """Three significant digits: the figures' JSON stays small."""
     return float(f"{x:.3g}")
+
+
+def _sig_rows(rows: tuple[tuple[float, ...], ...], log: bool = False) -> list[list[float]]:
+    """``_sig`` of every value (of log10 of it, floored at 1e-6, with ``log``), vectorised: the
+    heatmap has 30 x 1,536 cells for down."""
+    t = torch.tensor(rows, dtype=torch.float64)  # [L, K]
+    if log:
+        t = t.clamp(min=1e-6).log10()
+    scale = 10.0 ** (2 - t.abs().clamp(min=1e-12).log10().floor())  # [L, K]
+    return (torch.round(t * scale) / scale).tolist()
 
 
 def absmax_heatmap(stats: ActivationStats, linear: str, font_size: int = 12, step: int | None = None) -> go.Figure:
     """z[layer][channel] = log10 max_t |x[t, channel]| of ``linear``'s input; hover shows the value.
     The colour bar's tick at log10(threshold) marks where LLM.int8() starts keeping a column in float."""
     rows = stats.absmax_of(linear)  # [L][K]
-    z = [[_sig(math.log10(max(v, 1e-6))) for v in row] for row in rows]
-    custom = [[_sig(v) for v in row] for row in rows]
+    z = _sig_rows(rows, log=True)
+    custom = _sig_rows(rows)
     top = max((max(r) for r in rows), default=1.0)
     ticks = [v for v in (0.01, 0.1, 1, 10, 100, 1000) if v <= max(top, stats.threshold) * 10]
     trace: dict[str, Any] = dict(
@@ -143,7 +154,7 @@ def smoothing_figure(smoothing: Smoothing, layer: int, linear: str, font_size: i
     w0, w1 = s.weight_spread()
 
     def line(name: str, y: tuple[float, ...], color: str) -> dict[str, Any]:
-        return dict(type="scattergl", mode="lines", name=name, x=k, y=[_sig(v) for v in y],
+        return dict(type="scatter", mode="lines", name=name, x=k, y=[_sig(v) for v in y],
                     line=dict(color=color, width=1),
                     hovertemplate=f"{name}<br>channel %{{x}}: %{{y}}<extra></extra>")
 

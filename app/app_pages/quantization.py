@@ -21,9 +21,14 @@ BF16_NOTE = ("Quantized modes compute in **bfloat16**: torch's CPU int8/int4 ker
              "`_weight_int4pack_mm_for_cpu`) have SIMD paths only for bf16 activations (with fp32 they fall back to "
              "scalar loops). RMSNorm weights stay 16-bit; the tied embedding / LM head is int8 per row (fp8 in fp8 "
              "mode). Pick the live run's scheme under Precision in the sidebar.")
-TABS = ("Weights", "Activations", "Trade-offs", "KV cache")
+TABS = ("Weights", "Activations", "SmoothQuant", "Trade-offs", "KV cache")
 SCHEMES = {"int8": ("int8", 32), "int4 g32": ("int4", 32), "int4 g64": ("int4", 64), "fp8": ("fp8", 32)}
 SMOOTHING_STRENGTHS = (0.5, 0.8)
+SMOOTHING_NOTE = ("SmoothQuant (w8a8 with quantization_smoothing_strength = α) divides each input channel of the "
+                  "activations by s = max|X|^α / max|W|^(1−α) and multiplies the weight's column by the same s, "
+                  "folded into the RMSNorm (qkv, gate/up) or up_proj (down) so nothing runs at runtime. Calibrated "
+                  "on the shipped prompts (presets/calibration.json) with the fp32 model. At α = 0.5 the two \"after\" "
+                  "curves are the same numbers.")
 Q4_NOTE = ("SmolLM2's bundled weights come from a Q4_1 GGUF (blocks of 32 with a scale and a minimum), so int4 with "
            "groups of 32 lands almost back on that grid: its error is lower than int8's. Groups of 64 show what int4 "
            "costs a model that was never 4-bit.")
@@ -39,7 +44,7 @@ def render(view: RunView, style: live.Style) -> None:
     if style.explain:
         st.caption(BF16_NOTE)
     tabs = st.tabs(TABS, key="quant_tab", on_change="rerun")
-    for tab, draw in zip(tabs, (weights_tab, activations_tab, tradeoffs_tab, kv_tab)):
+    for tab, draw in zip(tabs, (weights_tab, activations_tab, smoothing_tab, tradeoffs_tab, kv_tab)):
         if tab.open:
             with tab:
                 draw(view, style)
@@ -108,11 +113,11 @@ def activations_tab(view: RunView, style: live.Style) -> None:
                        "activation_histogram", style)
         with right:
             live.chart(qa.float_columns_figure(stats, style.font_size, view.step), "activation_float_columns", style)
-    smoothing_section(view, style)
 
 
-def smoothing_section(view: RunView, style: live.Style) -> None:
-    st.subheader("SmoothQuant: moving range from activations into weights", anchor=False)
+def smoothing_tab(view: RunView, style: live.Style) -> None:
+    if style.explain:
+        st.caption(SMOOTHING_NOTE)
     with st.container(horizontal=True, vertical_alignment="bottom"):
         strength = st.segmented_control("α (smoothing strength)", SMOOTHING_STRENGTHS, key="quant_alpha",
                                         default=0.5, required=True)
