@@ -60,6 +60,9 @@ def test_smoothing_views_show_the_range_moved() -> None:
     assert frame.iloc[0]["act max/median before"] == pytest.approx(first.act_spread()[0])
     assert frame.iloc[0]["weight max/median after"] == pytest.approx(first.weight_spread()[1])
     assert frame.iloc[0]["channels above threshold after"] == sum(v > 0.5 for v in first.act_absmax_after)
+    widest = qa.widest_layer(smoothing, "qkv")
+    spreads = [e.act_spread()[0] for e in smoothing.linears if e.linear == "qkv"]
+    assert spreads[widest] == max(spreads)
     fig = validated(qa.smoothing_figure(smoothing, 0, "qkv"))
     entry = smoothing.of(0, "qkv")
     assert len(fig.data) == 4 and len(fig.data[1].y) == len(entry.scales)

@@ -143,6 +143,13 @@ def smoothing_frame(smoothing: Smoothing, threshold: float = DEFAULT_THRESHOLD) 
     return pd.DataFrame(rows)
 
 
+def widest_layer(smoothing: Smoothing, linear: str) -> int:
+    """The layer whose ``linear`` input channels had the largest max / median absmax before
+    smoothing (where SmoothQuant has the most to move)."""
+    entries = [e for e in smoothing.linears if e.linear == linear]
+    return max(entries, key=lambda e: e.act_spread()[0]).layer if entries else 0
+
+
 def smoothing_figure(smoothing: Smoothing, layer: int, linear: str, font_size: int = 12) -> go.Figure:
     """One smoothed linear, per input channel (log y), two panels on one channel axis: the
     activation absmax before (grey) and after (green) dividing by s, and the weight's column

@@ -121,11 +121,12 @@ def smoothing_tab(view: RunView, style: live.Style) -> None:
     with st.container(horizontal=True, vertical_alignment="bottom"):
         strength = st.segmented_control("α (smoothing strength)", SMOOTHING_STRENGTHS, key="quant_alpha",
                                         default=0.5, required=True)
-        layer = st.number_input("Layer", min_value=0, max_value=num_layers(view) - 1, value=0, step=1,
-                                key="quant_smooth_layer", width=110)
+        with st.spinner("Calibrating SmoothQuant on the shipped prompts…"):
+            record = state.smoothing(view.meta.model, float(strength or 0.5))
+        layer = st.number_input("Layer", min_value=0, max_value=num_layers(view) - 1, step=1, width=110,
+                                value=qa.widest_layer(record, "qkv"), key="quant_smooth_layer",
+                                help="Opens on the layer whose qkv input channels differ most (max / median).")
         linear = st.selectbox("Linear", ("qkv", "gate_up", "down"), key="quant_smooth_linear", width=150)
-    with st.spinner("Calibrating SmoothQuant on the shipped prompts…"):
-        record = state.smoothing(view.meta.model, float(strength or 0.5))
     live.chart(qa.smoothing_figure(record, int(layer), linear, style.font_size), "smoothing", style)
     if style.explain:
         with st.expander("Every smoothed linear"):

@@ -1,10 +1,11 @@
 """`make screenshots`: the README's pictures of each view, taken in Chromium from a real run.
 
-    .venv/bin/python -m tests.browser.screenshots [OUT_DIR]     (default docs/img)
+    .venv/bin/python -m tests.browser.screenshots [OUT_DIR] [GROUP...]   (default docs/img, every group)
 
 Starts `make run`'s server, steps the chat-burst scenario on SmolLM2-135M as a viewer would
 (clicks), and saves one PNG per view; the Prefix cache page steps its own scenarios
-(shared-prefix, and cache-pressure for LRU eviction).
+(shared-prefix, and cache-pressure for LRU eviction). Groups: live (KV cache, batching,
+Generate, fit), prefix, quant (the Quantization page's five tabs).
 """
 from __future__ import annotations
 
@@ -37,44 +38,82 @@ def _step_to(page, steps: int) -> None:
         wait_for_app(page)
 
 
-def main(out: Path) -> None:
+GROUPS = ("live", "prefix", "quant")
+
+
+def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
     with streamlit_server() as url, sync_playwright() as p:
         browser = launch_chromium(p)
-        page = browser.new_page(viewport=VIEWPORT)
-        load(page, f"{url}/kv-cache?live_model={MODEL}&live_scenario={SCENARIO}", timeout=300_000)
-        _step_to(page, STEPS)
-        _shoot(page, out, "kv-cache")
-        open_page(page, url, "Batch composition")
-        _shoot(page, out, "batching")
-        _tab(page, "Latency per request")
-        _shoot(page, out, "latency")
-        _tab(page, "Static vs continuous")
-        click(page, "run_comparison")
-        wait_for_app(page, timeout=300_000)
-        _shoot(page, out, "static-vs-continuous")
-        load(page, url)
-        click(page, "generate")
-        wait_for_app(page, timeout=120_000)
-        _shoot(page, out, "generate")
-        load(page, f"{url}/fit?model=internvl2-8b&hw=atlas-300v-pro")
-        _shoot(page, out, "fit")
-        for name, scenario, steps in PREFIX_SHOTS:
-            context = browser.new_context(viewport=VIEWPORT)  # a fresh session: the scenario comes from the URL
-            fresh = context.new_page()
-            load(fresh, f"{url}/prefix-cache?live_model={MODEL}&live_scenario={scenario}", timeout=300_000)
-            _step_to(fresh, steps)
-            _shoot(fresh, out, name)
-            if scenario == "shared-prefix":
-                _tab(fresh, "Caching on vs off")
-                click(fresh, "run_caching_comparison")
-                wait_for_app(fresh, timeout=300_000)
-                _shoot(fresh, out, "prefix-cache-comparison")
-            context.close()
+        if "live" in groups:
+            _live(browser, url, out)
+        if "prefix" in groups:
+            _prefix(browser, url, out)
+        if "quant" in groups:
+            _quant(browser, url, out)
         browser.close()
 
 
+def _live(browser, url: str, out: Path) -> None:
+    page = browser.new_page(viewport=VIEWPORT)
+    load(page, f"{url}/kv-cache?live_model={MODEL}&live_scenario={SCENARIO}", timeout=300_000)
+    _step_to(page, STEPS)
+    _shoot(page, out, "kv-cache")
+    open_page(page, url, "Batch composition")
+    _shoot(page, out, "batching")
+    _tab(page, "Latency per request")
+    _shoot(page, out, "latency")
+    _tab(page, "Static vs continuous")
+    click(page, "run_comparison")
+    wait_for_app(page, timeout=300_000)
+    _shoot(page, out, "static-vs-continuous")
+    load(page, url)
+    click(page, "generate")
+    wait_for_app(page, timeout=120_000)
+    _shoot(page, out, "generate")
+    load(page, f"{url}/fit?model=internvl2-8b&hw=atlas-300v-pro")
+    _shoot(page, out, "fit")
+
+
+def _prefix(browser, url: str, out: Path) -> None:
+    for name, scenario, steps in PREFIX_SHOTS:
+        context = browser.new_context(viewport=VIEWPORT)  # a fresh session: the scenario comes from the URL
+        fresh = context.new_page()
+        load(fresh, f"{url}/prefix-cache?live_model={MODEL}&live_scenario={scenario}", timeout=300_000)
+        _step_to(fresh, steps)
+        _shoot(fresh, out, name)
+        if scenario == "shared-prefix":
+            _tab(fresh, "Caching on vs off")
+            click(fresh, "run_caching_comparison")
+            wait_for_app(fresh, timeout=300_000)
+            _shoot(fresh, out, "prefix-cache-comparison")
+        context.close()
+
+
+def _quant(browser, url: str, out: Path) -> None:
+    """The Quantization page: weights (int4 g32, layer 0 q_proj), activations after 6 steps of
+    chat-burst, SmoothQuant, the trade-offs measured from the button, the KV-cache dtypes."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    load(page, f"{url}/quantization?live_model={MODEL}&live_scenario={SCENARIO}", timeout=300_000)
+    _shoot(page, out, "quantization-weights")
+    _tab(page, "Activations")
+    _step_to(page, 6)
+    _shoot(page, out, "quantization-activations")
+    _tab(page, "SmoothQuant")
+    _shoot(page, out, "quantization-smoothquant")
+    _tab(page, "Trade-offs")
+    click(page, "measure_tradeoffs")
+    wait_for_app(page, timeout=600_000)
+    _shoot(page, out, "quantization-tradeoffs")
+    page.get_by_role("tab", name="KV cache").click()
+    wait_for_app(page, timeout=300_000)
+    _shoot(page, out, "quantization-kv")
+    context.close()
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "img")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "img",
+         tuple(sys.argv[2:]) or GROUPS)
