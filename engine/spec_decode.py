@@ -53,7 +53,8 @@ class RejectionResult:
     accept_prob   min(1, p_i(x_i) / q_i(x_i)) per draft (k), 0 where q_i(x_i) == 0; in greedy
                   mode 1.0 where x_i is the argmax of p_i, else 0.0
     residual_top  at a sampled rejection: the normalised residual's top RESIDUAL_TOP entries as
-                  (token, prob), largest first (fewer when its support is smaller); else ()
+                  (token, prob), largest first, lower id first among equals (fewer when its
+                  support is smaller); else ()
     """
 
     token_ids: tuple[int, ...]
@@ -235,7 +236,8 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor | Non
     if rejected and not greedy:
         res = dist[0]
         values, order = torch.topk(res, min(RESIDUAL_TOP, vocab))
-        top = tuple((int(t), float(v)) for t, v in zip(order.tolist(), values.tolist()) if v > 0)
+        top = tuple(sorted(((int(t), float(v)) for t, v in zip(order.tolist(), values.tolist()) if v > 0),
+                           key=lambda tv: (-tv[1], tv[0])))
     p_x = target_probs[:k].gather(1, ids[:, None]).squeeze(1).double() if k else torch.zeros(0)
     q_x = q.gather(1, ids[:, None]).squeeze(1).double() if k else torch.zeros(0)
     return RejectionResult(
