@@ -309,12 +309,14 @@ class SpeculativeConfig:
                                  f"{', '.join(own)}), got {_short(getattr(self, key))}")
         if self.method == "ngram":
             lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+            if lo is not None:
+                _require_int(name + "prompt_lookup_min", lo, 1, MAX_PROMPT_LOOKUP)
+            if hi is not None:
+                _require_int(name + "prompt_lookup_max", hi, 1, MAX_PROMPT_LOOKUP)
             if lo is None and hi is None:
                 lo, hi = DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_PROMPT_LOOKUP_MAX
             lo = hi if lo is None else lo
             hi = lo if hi is None else hi
-            _require_int(name + "prompt_lookup_min", lo, 1, MAX_PROMPT_LOOKUP)
-            _require_int(name + "prompt_lookup_max", hi, 1, MAX_PROMPT_LOOKUP)
             assert isinstance(lo, int) and isinstance(hi, int)
             if lo > hi:
                 raise ValueError(f"{name}prompt_lookup_min: must be <= prompt_lookup_max ({hi}), got {lo}")
