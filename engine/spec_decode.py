@@ -92,9 +92,16 @@ def _check_probs(name: str, probs: torch.Tensor, rows: int, vocab: int | None) -
         raise ValueError(f"{name}: the vocabulary dimension is empty")
     if not probs.is_floating_point():
         raise ValueError(f"{name}: must be a floating-point tensor, got {probs.dtype}")
-    if rows and not (torch.isfinite(probs).all() and (probs >= 0).all()):
+    if rows == 0:
+        return
+    # two passes: min() is NaN when any entry is; with every entry >= 0, a row sum is finite
+    # exactly when the row is (a NaN or +inf entry makes it NaN or inf)
+    if not bool(probs.min() >= 0):
         raise ValueError(f"{name}: must be finite and >= 0")
-    if rows and ((probs.double().sum(-1) - 1).abs() > _PROB_TOLERANCE).any():
+    sums = probs.sum(-1, dtype=torch.float64)  # [rows]
+    if not bool(torch.isfinite(sums).all()):
+        raise ValueError(f"{name}: must be finite and >= 0")
+    if bool(((sums - 1).abs() > _PROB_TOLERANCE).any()):
         raise ValueError(f"{name}: every row must sum to 1 (probabilities, not logits)")
 
 
@@ -159,24 +166,27 @@ def _rejection_core(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft
     batch, k1, vocab = target_probs.shape
     k = k1 - 1
     rows = torch.arange(batch)
-    p = target_probs.double()
-    q = draft_probs.double()
-    p_x = p[:, :k].gather(2, draft_token_ids.unsqueeze(-1)).squeeze(-1)  # [B, k]
-    q_x = q.gather(2, draft_token_ids.unsqueeze(-1)).squeeze(-1)  # [B, k]
+    index = draft_token_ids.unsqueeze(-1)  # [B, k, 1]
+    p_x = target_probs[:, :k].gather(2, index).squeeze(-1).double()  # [B, k]
+    q_x = draft_probs.gather(2, index).squeeze(-1).double()  # [B, k]
     if greedy:
-        accepted = draft_token_ids == p[:, :k].argmax(-1)  # [B, k]
+        accepted = draft_token_ids == target_probs[:, :k].argmax(-1)  # [B, k]
         accept_prob = accepted.double()
     else:
         accepted = (q_x > 0) & (u * q_x < p_x)
         accept_prob = torch.where(q_x > 0, (p_x / q_x.clamp_min(1e-300)).clamp(max=1.0), torch.zeros_like(p_x))
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]: drafts before the first rejection
-    p_j = p[rows, num_accepted]  # [B, V]: p at the final position
+    p_j = target_probs[rows, num_accepted].double()  # [B, V]: p at the final position
     if greedy:
         final = p_j.argmax(-1)  # lowest index among ties, as torch.argmax and engine/sampling.py
         dist = p_j
     else:
-        q_pad = torch.cat([q, q.new_zeros(batch, 1, vocab)], dim=1)  # [B, k+1, V]: q_{k+1} = 0
-        dist = (p_j - q_pad[rows, num_accepted]).clamp_min(0.0)  # residual; p_{k+1} at j == k
+        if k:  # q at the final position; q_{k+1} = 0 (all accepted: the bonus comes from p)
+            q_j = draft_probs[rows, num_accepted.clamp(max=k - 1)].double()
+            q_j = q_j * (num_accepted < k).double()[:, None]
+            dist = (p_j - q_j).clamp_min(0.0)  # the residual
+        else:
+            dist = p_j
         empty = dist.sum(-1, keepdim=True) == 0
         dist = torch.where(empty, p_j, dist)
         dist = dist / dist.sum(-1, keepdim=True)
