@@ -6,7 +6,7 @@ range, so a bad knob never reaches the engine's state.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -248,3 +248,121 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Rule: temperature below SAMPLING_EPS (vLLM's _SAMPLING_EPS) samples greedily."""
         return self.temperature < SAMPLING_EPS
+
+
+# Speculative decoding (issue #10; the algorithm is in engine/spec_decode.py). The config is in
+# vLLM's dict shape and kept here so this module stays torch-free.
+SpecMethod = Literal["ngram", "draft_model", "early_exit"]
+SPEC_METHODS: tuple[str, ...] = ("ngram", "draft_model", "early_exit")
+# k is capped at 16: the target verifies k + 1 query tokens per request per step (on this CPU
+# about 2x a decode step at small k, growing with k), lookahead KV slots are reserved for all k,
+# and the tokens one step can buy saturate at 1 / (1 - alpha) (10 at alpha = 0.9), so k > 16
+# only adds verification cost; best_k() searches the same range.
+MAX_SPECULATIVE_TOKENS = 16
+# prompt lookup n-gram length cap: ngram_propose costs O(len + c * n_max) per call.
+MAX_PROMPT_LOOKUP = 32
+DEFAULT_PROMPT_LOOKUP_MIN = 2
+DEFAULT_PROMPT_LOOKUP_MAX = 4
+_SPEC_KEYS: dict[str, tuple[str, ...]] = {
+    "ngram": ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"),
+    "draft_model": ("method", "num_speculative_tokens", "model", "quantization"),
+    "early_exit": ("method", "num_speculative_tokens", "num_layers"),
+}
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """One speculative-decoding setup, parsed from vLLM's ``speculative_config`` dict.
+
+    method                  "ngram" (prompt lookup, no model), "draft_model" (a second, cheaper
+                            model with the target's vocabulary) or "early_exit" (the target's
+                            first num_layers layers + final norm + LM head)
+    num_speculative_tokens  k, draft tokens proposed per step, 1 .. MAX_SPECULATIVE_TOKENS (16)
+    prompt_lookup_min/max   ngram only: n-gram lengths tried, 1 <= min <= max <= 32; both
+                            absent -> 2 and 4; one absent -> it takes the other's value (vLLM)
+    model / quantization    draft_model only: the draft model's name (required) and its weight
+                            quantization (None or one of SCHEMES)
+    num_layers              early_exit only: >= 1; the upper bound (< the target's layer count)
+                            needs the model: ``check_against_model``
+
+    Fields of the other methods are None. ``to_dict()`` gives back the vLLM-shaped dict.
+    """
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    model: str | None = None
+    quantization: str | None = None
+    num_layers: int | None = None
+
+    def __post_init__(self) -> None:
+        """Validates each field, naming it as ``speculative_config.<key>``."""
+        name = "speculative_config."
+        if not isinstance(self.method, str) or self.method not in SPEC_METHODS:
+            raise ValueError(f"{name}method: must be one of {SPEC_METHODS}, got {_short(self.method)}")
+        _require_int(name + "num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
+        own = _SPEC_KEYS[self.method]
+        for key in ("prompt_lookup_min", "prompt_lookup_max", "model", "quantization", "num_layers"):
+            if key not in own and getattr(self, key) is not None:
+                raise ValueError(f"{name}{key}: not a key of method {self.method!r} (its keys: "
+                                 f"{', '.join(own)}), got {_short(getattr(self, key))}")
+        if self.method == "ngram":
+            lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+            if lo is not None:
+                _require_int(name + "prompt_lookup_min", lo, 1, MAX_PROMPT_LOOKUP)
+            if hi is not None:
+                _require_int(name + "prompt_lookup_max", hi, 1, MAX_PROMPT_LOOKUP)
+            if lo is None and hi is None:
+                lo, hi = DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_PROMPT_LOOKUP_MAX
+            lo = hi if lo is None else lo
+            hi = lo if hi is None else hi
+            assert isinstance(lo, int) and isinstance(hi, int)
+            if lo > hi:
+                raise ValueError(f"{name}prompt_lookup_min: must be <= prompt_lookup_max ({hi}), got {lo}")
+            object.__setattr__(self, "prompt_lookup_min", lo)
+            object.__setattr__(self, "prompt_lookup_max", hi)
+        elif self.method == "draft_model":
+            if not isinstance(self.model, str) or not self.model.strip():
+                raise ValueError(f"{name}model: method 'draft_model' needs the draft model's name "
+                                 f"(e.g. 'smollm2-135m'), got {_short(self.model)}")
+            if self.quantization is not None and (not isinstance(self.quantization, str)
+                                                  or self.quantization not in SCHEMES):
+                raise ValueError(f"{name}quantization: must be None or one of {SCHEMES}, got "
+                                 f"{_short(self.quantization)}")
+        else:
+            if self.num_layers is None:
+                raise ValueError(f"{name}num_layers: method 'early_exit' needs num_layers (an integer >= 1)")
+            _require_int(name + "num_layers", self.num_layers, 1)
+
+    def check_against_model(self, num_hidden_layers: int) -> None:
+        """early_exit: num_layers must be below the target's layer count (all layers would be the
+        target itself, at the target's cost); ValueError naming the key. Other methods: no-op."""
+        if self.method == "early_exit" and self.num_layers is not None and self.num_layers >= num_hidden_layers:
+            raise ValueError(f"speculative_config.num_layers: must be in 1 .. {num_hidden_layers - 1} "
+                             f"(the target has {num_hidden_layers} layers), got {self.num_layers}")
+
+    def to_dict(self) -> dict[str, object]:
+        """The vLLM-shaped dict: the method's own keys only (parse_speculative_config inverts it)."""
+        return {key: getattr(self, key) for key in _SPEC_KEYS[self.method]}
+
+
+def parse_speculative_config(d: object) -> SpeculativeConfig | None:
+    """``speculative_config`` dict (or None: off) -> SpeculativeConfig.
+
+    Keys: "method" and "num_speculative_tokens" always; the method's own keys (see
+    SpeculativeConfig). An unknown key, a key of another method or a bad value is a ValueError
+    naming ``speculative_config.<key>``. A SpeculativeConfig passes through unchanged.
+    """
+    if d is None or isinstance(d, SpeculativeConfig):
+        return d
+    if not isinstance(d, Mapping):
+        raise ValueError(f"speculative_config: must be a dict or None, got {type(d).__name__}")
+    for key in d:
+        if not isinstance(key, str) or key not in SpeculativeConfig.__dataclass_fields__:
+            known = sorted({k for keys in _SPEC_KEYS.values() for k in keys})
+            raise ValueError(f"speculative_config.{str(key)[:40]}: unknown key (known: {', '.join(known)})")
+    for key in ("method", "num_speculative_tokens"):
+        if key not in d:
+            raise ValueError(f"speculative_config.{key}: required")
+    return SpeculativeConfig(**{str(k): v for k, v in d.items()})

@@ -40,12 +40,17 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.T
     return logits
 
 
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [V] -> probs [V] that a non-greedy request draws from: softmax of the top-k/top-p
+    filtered logits / T (the one transform; speculative decoding applies it to p and q too)."""
+    return apply_top_k_top_p(logits / params.temperature, params.top_k, params.top_p).softmax(-1)
+
+
 def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """logits [V] fp32 -> one token id."""
     if params.greedy:
         return int(torch.argmax(logits))
-    logits = apply_top_k_top_p(logits / params.temperature, params.top_k, params.top_p)
-    probs = logits.softmax(-1)
+    probs = sampling_probs(logits, params)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
