@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Mapping
 
 from engine.scenario import Scenario, build_engine, run_to_end
-from engine.schema import Length
+from engine.schema import Length, Nested
 from engine.trace import Positive, Snapshot, StepTrace
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ class RunMeta:
     model: Name
     scenario: Name
     title: Title
-    config: Mapping[str, Any]  # EngineConfig fields
+    config: Mapping[str, Annotated[Any, Nested()]]  # EngineConfig fields (speculative_config: its dict)
     max_model_len: Positive
     kv_bytes_per_token: Positive
     chat_template: bool = False

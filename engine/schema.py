@@ -112,6 +112,27 @@ class OneOf:
 Rule = Union[Range, Length, OneOf]
 
 
+@dataclass(frozen=True)
+class Nested:
+    """``Annotated[Any, Nested()]``: a JSON scalar, or an object whose values are scalars (one
+    level: a nested config such as EngineConfig.speculative_config in RunMeta.config)."""
+
+
+def _nested(value: Any) -> Any:
+    if type(value) is not dict:
+        try:
+            return _scalar(value)
+        except SchemaError:
+            raise _fail("a JSON scalar or an object of scalars", value) from None
+    out = {}
+    for k, x in value.items():
+        try:
+            out[k] = _scalar(x)
+        except SchemaError as e:
+            raise e.under(key_segment(k)) from None
+    return out
+
+
 def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
@@ -176,6 +197,8 @@ _BASIC: dict[Any, tuple[Decoder, str]] = {
 def describe(tp: Any) -> str:
     """What a value of annotation ``tp`` must be, in words ("an integer >= 1")."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated and any(isinstance(r, Nested) for r in args[1:]):
+        return "a JSON scalar or an object of scalars"
     if origin is typing.Annotated:
         return " ".join([describe(args[0]), *(rule.describe() for rule in args[1:])])
     if tp in _BASIC:
@@ -202,6 +225,8 @@ def decoder(tp: Any, tagged: frozenset[type] = frozenset()) -> Decoder:
     ``tagged``: the dataclasses that carry a ``"_type"`` key naming their class.
     """
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated and any(isinstance(r, Nested) for r in args[1:]):
+        return _nested
     if origin is typing.Annotated:
         return _annotated(decoder(args[0], tagged), args[1:], describe(tp))
     if tp in _BASIC:
