@@ -37,6 +37,7 @@ import torch
 from engine.drafter import Draft
 from engine.forward_batch import build_forward_batch
 from engine.kv_cache import cdiv
+from engine.kv_quant import KVCache
 from engine.models.llama import LlamaModel
 from engine.request import Request
 from engine.spec_decode import probs_from_logits
@@ -111,7 +112,7 @@ class ModelDrafter:
         self.num_layers = num_layers
         c = model.config
         shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)  # per layer, K and V
-        self.kv_caches = [(torch.zeros(shape, dtype=model.dtype), torch.zeros(shape, dtype=model.dtype))
+        self.kv_caches: list[tuple[KVCache, KVCache]] = [(torch.zeros(shape, dtype=model.dtype), torch.zeros(shape, dtype=model.dtype))
                           for _ in range(num_layers)]
         self.blocks = DraftBlocks(num_blocks, block_size)
 
@@ -121,7 +122,7 @@ class ModelDrafter:
 
     @property
     def kv_cache_total_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches if isinstance(k, torch.Tensor))
 
     @torch.inference_mode()
     def _forward(self, chunks: list[list[int]], starts: list[int], rids: list[str]) -> torch.Tensor:
