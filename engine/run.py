@@ -35,7 +35,8 @@ class RunMeta:
     model: Name
     scenario: Name
     title: Title
-    config: Mapping[str, Annotated[Any, Nested()]]  # EngineConfig fields (speculative_config: its dict)
+    # EngineConfig fields; speculative_config (a SpeculativeConfig) is its vLLM-shaped dict
+    config: Annotated[Mapping[str, Any], Nested(("speculative_config",))]
     max_model_len: Positive
     kv_bytes_per_token: Positive
     chat_template: bool = False
