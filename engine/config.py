@@ -222,7 +222,8 @@ class SamplingParams:
     ignore_eos   a bool
     n            parallel sequences sampled from one prompt, 1 .. MAX_N (vLLM's meaning): the
                  prompt is prefilled once and its blocks shared; sequence i draws from a
-                 generator seeded with seed + i
+                 generator seeded with seed + i. n > 1 on an engine with speculative_config
+                 set is a ValueError naming n (add_request / generate)
 
     With a seed, a request's random draws come from its own generator, so a run replays
     identically.

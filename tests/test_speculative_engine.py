@@ -8,8 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
-
+import engine.scheduler as scheduler_module
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import LLM, LLMEngine
 from tests.conftest import run_to_completion
@@ -129,10 +128,12 @@ def engine_state(engine: LLMEngine) -> tuple:
             engine.drafter.checkpoint())
 
 
+@pytest.mark.parametrize("where", ["execute", "update"])
 @pytest.mark.parametrize("method", list(METHODS))
-def test_a_failed_speculative_step_restores_target_and_draft_state(tiny, monkeypatch, method):
-    """A step whose target forward raises (after drafting) leaves requests, target blocks and
-    the draft cache exactly as before; the run then finishes as an unbroken one does."""
+def test_a_failed_speculative_step_restores_target_and_draft_state(tiny, monkeypatch, method, where):
+    """A step whose target forward (after drafting) or stop check (after verification and the
+    KV rollback) raises leaves requests, target blocks and the draft cache exactly as before;
+    the run then finishes as an unbroken one does."""
     knobs = {"block_size": 4, "num_blocks": 64, "speculative_config": spec(method, 3)}
     params = [SamplingParams(temperature=0, max_tokens=16), SamplingParams(temperature=0.8, max_tokens=16, seed=3)]
 
@@ -147,12 +148,13 @@ def test_a_failed_speculative_step_restores_target_and_draft_state(tiny, monkeyp
     for _ in range(3):
         engine.step()
     before = engine_state(engine)
-    original = engine.runner.execute
+    target = (engine.runner, "execute") if where == "execute" else (scheduler_module, "check_stop")
+    original = getattr(*target)
 
     def fail_once(*args, **kwargs):
-        monkeypatch.setattr(engine.runner, "execute", original)
+        monkeypatch.setattr(*target, original)
         raise RuntimeError("boom")
-    monkeypatch.setattr(engine.runner, "execute", fail_once)
+    monkeypatch.setattr(*target, fail_once)
     with pytest.raises(RuntimeError):
         engine.step()
     assert engine_state(engine) == before
