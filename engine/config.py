@@ -144,6 +144,11 @@ class EngineConfig:
     quantization_smoothing_strength  w8a8 only: SmoothQuant's alpha in [0, 1] (llm-compressor's
                             ``smoothing_strength``), None = off; scales from the calibration
                             prompts folded into the weights before quantizing (engine/smoothing.py)
+    speculative_config      None (off), a SpeculativeConfig, or vLLM's dict ({"method": "ngram",
+                            "num_speculative_tokens": 4, ...}; parsed by parse_speculative_config,
+                            a bad key or value is a ValueError naming speculative_config.<key>).
+                            Requests with SamplingParams(n > 1) are refused while it is set
+                            (ValueError naming n). See engine/speculative.py.
     seed                    seeds requests that carry no seed of their own
     enable_prefix_caching   share the KV of common prompt prefixes through a radix tree (on by
                             default, as in vLLM)
@@ -165,9 +170,11 @@ class EngineConfig:
     quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD
     sparsity: str | None = None
     quantization_smoothing_strength: float | None = None
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         """Every knob an int in its range (hard caps above); memory is checked by the engine."""
+        object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
         _require_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         _require_int("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS)
@@ -215,7 +222,8 @@ class SamplingParams:
     ignore_eos   a bool
     n            parallel sequences sampled from one prompt, 1 .. MAX_N (vLLM's meaning): the
                  prompt is prefilled once and its blocks shared; sequence i draws from a
-                 generator seeded with seed + i
+                 generator seeded with seed + i. n > 1 on an engine with speculative_config
+                 set is a ValueError naming n (add_request / generate)
 
     With a seed, a request's random draws come from its own generator, so a run replays
     identically.

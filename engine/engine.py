@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from engine.config import MAX_SEED, EngineConfig, SamplingParams
+from engine.config import MAX_SEED, EngineConfig, SamplingParams, SpeculativeConfig
 from engine import limits
 from engine.kv_cache import KVCacheManager, cdiv
 from engine.limits import MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS, estimate_memory
@@ -43,15 +43,18 @@ from engine.models.llama import LlamaModel
 from engine.models.loader import check_model_name, load_model
 from engine.request import Request, RequestCheckpoint, RequestStatus
 from engine.sampling import SamplingError, sample_rows
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.drafter import Draft, Drafter, NgramDrafter
+from engine.draft_runner import ModelDrafter
+from engine.spec_decode import probs_from_logits, rejection_sample
+from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from engine.prefix_cache import RadixNode
 from engine.sparsity import check_sparsity, sparsified_weights
 from engine.activations import activation_stats
 from engine.config import check_smoothing
 from engine.smoothing import Smoothing, smooth_weights
 from engine.quantization import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, QuantConfig, check_quant_knobs
-from engine.trace import (BlockState, PrefixCacheEvents, PrefixNode, RequestMetrics, RequestState, SampledToken,
-                          ScheduledChunk, Snapshot, StepTrace)
+from engine.trace import (BlockState, DraftToken, PrefixCacheEvents, PrefixNode, RequestMetrics, RequestState,
+                          ResidualToken, SampledToken, ScheduledChunk, Snapshot, SpecVerification, StepTrace)
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,8 @@ class StepCheckpoint:
     # Generator states, saved by ``_step`` just before sampling and only for the requests it
     # samples (the only generators a step advances), not for every live request up front.
     generators: list[tuple[torch.Generator, torch.Tensor]] = field(default_factory=list)
+    # The drafter's state (draft block tables, draft KV lengths) before the step.
+    drafter_state: object = None
 
 
 class LLMEngine:
@@ -196,6 +201,9 @@ class LLMEngine:
         self.eos_token_ids = frozenset(eos)
         self.scheduler = Scheduler(self.config, self.kv, self.max_model_len, self.eos_token_ids, self._decode)
         self.runner = ModelRunner(self.shared.model, self.config.num_blocks, self.config.block_size, kv_dtype)
+        self.drafter: Drafter | None = None
+        if self.config.speculative_config is not None:
+            self.drafter = self._build_drafter(self.config.speculative_config)
         self.requests: dict[str, Request] = {}
         self.reserved_ids: set[str] = set()  # ids of parallel-sampling sequences not forked yet
         self.pending: list[Request] = []  # added, arrival step not reached
@@ -203,6 +211,30 @@ class LLMEngine:
         self.trace_seconds = 0.0  # time spent building StepTraces (for the benchmark)
         self.lock = threading.RLock()
         self._ids = itertools.count()
+
+    def _build_drafter(self, spec: SpeculativeConfig) -> Drafter:
+        """The speculative drafter (engine/drafter.py, engine/draft_runner.py), checked against
+        the target: early_exit's num_layers below its layer count; a draft model's vocabulary
+        equal to the target's (ValueError naming speculative_config.model otherwise). A model
+        drafter's own KV pool has the target's num_blocks x block_size geometry (for its own
+        layer count), on top of the memory the target's configuration was checked for."""
+        mc = self.shared.model.config
+        spec.check_against_model(mc.num_hidden_layers)
+        c = self.config
+        if spec.method == "ngram":
+            assert spec.prompt_lookup_min is not None and spec.prompt_lookup_max is not None
+            return NgramDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        if spec.method == "early_exit":
+            assert spec.num_layers is not None
+            return ModelDrafter("early_exit", self.shared.model, spec.num_layers, c.num_blocks, c.block_size)
+        assert spec.model is not None
+        draft = get_shared_model(spec.model, quantization=spec.quantization)
+        if draft.model.config.vocab_size != mc.vocab_size:
+            raise ValueError(f"speculative_config.model: the draft model {spec.model!r} has a vocabulary of "
+                             f"{draft.model.config.vocab_size} tokens, the target {self.shared.name!r} has "
+                             f"{mc.vocab_size}; a draft model must share the target's tokenizer")
+        return ModelDrafter("draft_model", draft.model, draft.model.config.num_hidden_layers,
+                            c.num_blocks, c.block_size)
 
     # -- properties the calculator and views read -----------------------------------------
     @property
@@ -226,6 +258,9 @@ class LLMEngine:
         params = _check_params(sampling_params)
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n: {params.n} parallel sequences exceed max_num_seqs={self.config.max_num_seqs}")
+        if params.n > 1 and self.config.speculative_config is not None:
+            raise ValueError(f"n: parallel sampling (n={params.n}) cannot be combined with speculative decoding "
+                             f"(speculative_config is set); use n=1")
         token_ids, text = self._tokenize(prompt)
         self._validate_request(token_ids, arrival_step)
         return token_ids, text, params
@@ -333,6 +368,8 @@ class LLMEngine:
                     self.pending.remove(request)
                     request.status = RequestStatus.WAITING  # so finish() finds it in no queue
                 self.scheduler.finish(request, "abort", self.step_count)
+                if self.drafter is not None:
+                    self.drafter.release(request.request_id)
 
     def _sequences(self, request: Request) -> list[Request]:
         """A request and its parallel-sampling sequences (only those forked so far)."""
@@ -371,7 +408,8 @@ class LLMEngine:
         """Copy what a step may change (live requests only), then open the KV journal."""
         live = (*self.pending, *self.scheduler.waiting, *self.scheduler.running)
         checkpoint = StepCheckpoint(self.step_count, tuple(self.pending), self.scheduler.queues(),
-                                    tuple((r, r.checkpoint()) for r in live))
+                                    tuple((r, r.checkpoint()) for r in live),
+                                    drafter_state=None if self.drafter is None else self.drafter.checkpoint())
         self.kv.begin()
         return checkpoint
 
@@ -381,8 +419,10 @@ class LLMEngine:
         for child in cp.forked:
             del self.requests[child.request_id]
             self.reserved_ids.add(child.request_id)
-        for generator, state in cp.generators:
+        for generator, state in reversed(cp.generators):  # the earliest saved state wins
             generator.set_state(state)
+        if self.drafter is not None:
+            self.drafter.restore(cp.drafter_state)
         self.pending = list(cp.pending)
         self.scheduler.restore_queues(cp.queues)
         self.kv.rollback()
@@ -391,14 +431,19 @@ class LLMEngine:
     def _step(self, cp: StepCheckpoint) -> StepTrace:
         t0 = time.perf_counter()
         arrived = self._admit_arrivals()
+        drafts = self._propose_drafts(cp)
+        td = time.perf_counter()
         output = self.scheduler.schedule()
         t1 = time.perf_counter()
         sampled: list[tuple[Request, int]] = []
         failed: list[tuple[Request, str]] = []
+        spec: list[SpecVerification] = []
+        num_accepted: dict[str, int] = {}
         if not output.is_empty:
             logits = self.runner.execute(self.runner.prepare(output, self.requests, self.kv))
             t2 = time.perf_counter()
-            to_sample, rows = self._sampling_targets(output, cp)
+            row_of = self._logits_rows(output)
+            to_sample, rows = self._sampling_targets(output, cp, row_of)
             cp.generators.extend((r.generator, r.generator.get_state()) for r in to_sample if r.generator is not None)
             results = sample_rows(logits[rows], [r.sampling_params for r in to_sample],
                                   [r.generator for r in to_sample])
@@ -407,26 +452,127 @@ class LLMEngine:
                     failed.append((r, str(result)))
                 else:
                     sampled.append((r, result))
+            for s in output.scheduled:
+                if s.num_spec_tokens:
+                    self._verify(s, logits[row_of[s.request_id]:row_of[s.request_id] + s.num_spec_tokens + 1],
+                                 drafts, cp, sampled, failed, spec, num_accepted)
         else:
             t2 = t1
+        before = {id(r): len(r.output_token_ids) for r, _ in sampled}
         finished = self.scheduler.postprocess(output, self.requests, sampled, failed, cp.forked,
-                                              self.step_count)
+                                              self.step_count, num_accepted)
+        appended = self._appended(sampled, before)
+        if self.drafter is not None:
+            for rid in (*finished, *output.preempted):
+                self.drafter.release(rid)
         t3 = time.perf_counter()
-        trace = self._build_trace(output, arrived, finished, sampled, cp.forked,
-                                  (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+        trace = self._build_trace(output, arrived, finished, appended, cp.forked,
+                                  (t1 - td) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, tuple(spec), (td - t0) * 1e3)
         self.trace_seconds += time.perf_counter() - t3
         self.step_count += 1
         return trace
 
-    def _sampling_targets(self, output: SchedulerOutput, cp: StepCheckpoint) -> tuple[list[Request], torch.Tensor]:
-        """The sequences that sample this step and the logits row each samples from. A
-        parallel-sampling request at its first sample forks here, and its new sequences sample
-        from its row."""
+    @staticmethod
+    def _appended(sampled: list[tuple[Request, int]], before: dict[int, int]) -> list[tuple[Request, int]]:
+        """The sampled tokens the stop rules kept (a speculative step may emit tokens after the
+        one that ended its request; those are dropped)."""
+        kept: dict[int, int] = {}
+        out = []
+        for r, t in sampled:
+            n = kept.get(id(r), 0)
+            if n < len(r.output_token_ids) - before[id(r)]:
+                out.append((r, t))
+                kept[id(r)] = n + 1
+        return out
+
+    # -- speculative decoding ------------------------------------------------------------
+    def _propose_drafts(self, cp: StepCheckpoint) -> dict[str, Draft]:
+        """Before scheduling: up to k drafts for each running request in decode, into its
+        ``spec_token_ids``. Rule: k is capped so that the request can emit all of them plus one
+        token within max_tokens and the context (num_tokens + k < max_model_len). The
+        generators of the drafted requests are saved first (a sampled draft draws from them)."""
+        if self.drafter is None or self.config.speculative_config is None:
+            return {}
+        k_max = self.config.speculative_config.num_speculative_tokens
+        todo: list[tuple[Request, int]] = []
+        for r in self.scheduler.running:
+            if r.spec_token_ids or r.num_computed_tokens != r.num_tokens - 1 or not r.output_token_ids:
+                continue
+            k = min(k_max, r.sampling_params.max_tokens - len(r.output_token_ids) - 1,
+                    self.max_model_len - r.num_tokens - 1)
+            if k > 0:
+                todo.append((r, k))
+        if not todo:
+            return {}
+        cp.generators.extend((r.generator, r.generator.get_state()) for r, _ in todo if r.generator is not None)
+        drafts = self.drafter.propose(todo)
+        for r, _ in todo:
+            draft = drafts.get(r.request_id)
+            if draft is not None:
+                r.spec_token_ids = list(draft.token_ids)
+        return drafts
+
+    def _verify(self, s: ScheduledRequest, rows: torch.Tensor, drafts: dict[str, Draft], cp: StepCheckpoint,
+                sampled: list[tuple[Request, int]], failed: list[tuple[Request, str]],
+                spec: list[SpecVerification], num_accepted: dict[str, int]) -> None:
+        """Verify one request's k drafts against the target's rows [k + 1, V] (the logits at its
+        last token and at each draft). Greedy: accept while the draft is the argmax. Sampled:
+        engine.spec_decode.rejection_sample with p = the request's transform of the rows and q
+        from the drafter (None: one-hot, n-gram), drawing from the request's generator. The
+        emitted tokens go to ``sampled`` in order; an error here (non-finite logits) fails only
+        this request, as in plain sampling."""
+        r = self.requests[s.request_id]
+        k = s.num_spec_tokens
+        ids = r.spec_token_ids[:k]
+        params = r.sampling_params
+        if r.generator is not None:
+            cp.generators.append((r.generator, r.generator.get_state()))
+        try:
+            if not bool(torch.isfinite(rows).all()):
+                raise ValueError("the model produced non-finite logits (NaN or inf)")
+            p = probs_from_logits(rows, params.temperature, params.top_k, params.top_p)  # [k+1, V]
+            draft = drafts.get(r.request_id)
+            q = None if params.greedy or draft is None or draft.probs is None else draft.probs[:k]
+            result = rejection_sample(p, q, ids, r.generator, greedy=params.greedy)
+        except Exception as e:  # noqa: BLE001 - attributed to this request, as sample_rows does
+            failed.append((r, f"verification failed: {e}"))
+            return
+        sampled.extend((r, t) for t in result.token_ids)
+        num_accepted[r.request_id] = result.num_accepted
+        r.num_draft_tokens += k
+        r.num_accepted_tokens += result.num_accepted
+        r.num_verify_steps += 1
+        assert self.drafter is not None
+        self.drafter.rewind(r, s.start + 1 + result.num_accepted)
+        pieces = self.tokenizer.convert_ids_to_tokens(list(ids) + [t for t, _ in result.residual_top])
+        spec.append(SpecVerification(
+            request_id=r.request_id, method=self.drafter.method,  # type: ignore[arg-type]
+            drafts=tuple(DraftToken(t, text, _prob(pv), _prob(qv), outcome) for t, text, pv, qv, outcome in
+                         zip(ids, pieces, result.draft_p, result.draft_q, result.outcomes)),
+            emitted=result.token_ids, final_kind=result.final_kind,
+            residual_top=tuple(ResidualToken(t, text, _prob(v))
+                               for (t, v), text in zip(result.residual_top, pieces[k:]))))
+
+    def _logits_rows(self, output: SchedulerOutput) -> dict[str, int]:
+        """The first logits row of each scheduled request that samples: one row per request,
+        1 + k consecutive rows for one verifying k drafts."""
+        row_of, row = {}, 0
+        for s in output.scheduled:
+            if not s.is_prefill:
+                row_of[s.request_id] = row
+                row += 1 + s.num_spec_tokens
+        return row_of
+
+    def _sampling_targets(self, output: SchedulerOutput, cp: StepCheckpoint,
+                          row_of: dict[str, int]) -> tuple[list[Request], torch.Tensor]:
+        """The sequences that sample one token this step (not the speculative verifications) and
+        the logits row each samples from. A parallel-sampling request at its first sample forks
+        here, and its new sequences sample from its row."""
         to_sample: list[Request] = []
         rows: list[int] = []
-        for s in (s for s in output.scheduled if not s.is_prefill):
+        for s in (s for s in output.scheduled if not s.is_prefill and not s.num_spec_tokens):
             r = self.requests[s.request_id]
-            row = len(set(rows))
+            row = row_of[s.request_id]
             group = [r]
             if r.needs_fork:
                 children = self.scheduler.fork(r)
@@ -461,13 +607,15 @@ class LLMEngine:
     # -- records --------------------------------------------------------------------------
     def _build_trace(self, output: SchedulerOutput, arrived: tuple[str, ...], finished: tuple[str, ...],
                      sampled: list[tuple[Request, int]], forked: list[Request],
-                     schedule_ms: float, forward_ms: float, sample_ms: float) -> StepTrace:
+                     schedule_ms: float, forward_ms: float, sample_ms: float,
+                     spec: tuple[SpecVerification, ...] = (), draft_ms: float = 0.0) -> StepTrace:
         allocated, freed, events = self.kv.drain_events()
         tokens = [t for _, t in sampled]
         pieces = self.tokenizer.convert_ids_to_tokens(tokens) if tokens else []
         return StepTrace(
             step=self.step_count,
-            scheduled=tuple(ScheduledChunk(s.request_id, s.num_new_tokens, s.kind, s.start, s.resumed) for s in output.scheduled),
+            scheduled=tuple(ScheduledChunk(s.request_id, s.num_new_tokens, s.kind, s.start, s.resumed, s.num_spec_tokens)
+                            for s in output.scheduled),
             token_budget=self.config.max_num_batched_tokens,
             num_batched_tokens=output.num_batched_tokens,
             arrived=arrived,
@@ -489,6 +637,8 @@ class LLMEngine:
                 forked=tuple(r.request_id for r in forked)),
             num_cached_blocks=sum(1 for b in self.kv.pool.blocks if b.cached),
             num_evictable_blocks=self.kv.pool.num_evictable,
+            spec=spec,
+            draft_ms=draft_ms,
         )
 
     def _prefix_node(self, node: RadixNode) -> PrefixNode:
@@ -510,7 +660,8 @@ class LLMEngine:
             num_output_tokens=len(r.output_token_ids),
             ttft_steps=None if r.first_token_step is None else r.first_token_step - r.arrival_step + 1,
             ttft_ms=ttft_ms, tpot_ms=tpot_ms, e2e_ms=e2e_ms, num_preemptions=r.num_preemptions,
-            num_cached_tokens=r.num_cached_tokens or 0)
+            num_cached_tokens=r.num_cached_tokens or 0, num_draft_tokens=r.num_draft_tokens,
+            num_accepted_tokens=r.num_accepted_tokens, num_verify_steps=r.num_verify_steps)
 
     def snapshot(self) -> Snapshot:
         """An immutable copy of the engine's state, taken under the lock."""
@@ -593,6 +744,10 @@ class LLMEngine:
             self._check_every_request_is_somewhere()
             if not self.has_unfinished_requests() and self.kv.pool.num_used:
                 raise AssertionError("all requests finished but blocks are still in use")
+            if self.drafter is not None:
+                self.drafter.check_integrity(self.scheduler.running)
+                if not self.has_unfinished_requests() and self.drafter.num_used_blocks:
+                    raise AssertionError("all requests finished but draft blocks are still in use")
 
     def _check_every_request_is_somewhere(self) -> None:
         queued: dict[int, int] = {}
@@ -678,6 +833,11 @@ def _params_list(sampling_params: object, n: int) -> list[SamplingParams | None]
     if len(sampling_params) != n:
         raise ValueError("sampling_params: one per prompt, or a single one for all")
     return list(sampling_params)
+
+
+def _prob(x: float) -> float:
+    """A probability for a record: float rounding can put p a hair outside [0, 1]."""
+    return min(1.0, max(0.0, float(x)))
 
 
 def _check_params(params: SamplingParams | None) -> SamplingParams:

@@ -6,7 +6,8 @@
     seq_lens         [17, 9, 30]       context length after this step, per request
     slot_mapping     where each token's K/V is written in the paged pool
     logits_indices   rows whose logits are sampled (the last token of requests that reached
-                     the end of their known tokens; mid-prompt chunks sample nothing)
+                     the end of their known tokens; mid-prompt chunks sample nothing; a
+                     speculative verification of k drafts gets its last k + 1 rows)
 
 Built once per step by the model runner and passed explicitly to every layer (no globals),
 so two engines can live in one process. Everything attention needs that does not depend on
@@ -31,6 +32,7 @@ len_i slots are exactly its own context slots in position order; the rest are pa
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -134,14 +136,16 @@ def build_forward_batch(
     token_chunks: list[list[int]],
     starts: list[int],
     slot_tables: list[list[int]],
-    sample_flags: list[bool],
+    sample_flags: Sequence[int],
 ) -> ForwardBatch:
     """Flatten per-request chunks into a ForwardBatch.
 
     token_chunks[i]  the tokens request i computes this step
     starts[i]        its first position (num_computed_tokens before the step)
     slot_tables[i]   flat slots of positions 0 .. starts[i] + len(chunk) - 1
-    sample_flags[i]  whether the last token of the chunk is sampled
+    sample_flags[i]  how many of the chunk's last tokens get a logits row: False / 0 (a
+                     mid-prompt chunk), True / 1 (the last token is sampled), or 1 + k for a
+                     speculative verification (the last known token and its k drafts)
     """
     input_ids: list[int] = []
     positions: list[int] = []
@@ -161,7 +165,7 @@ def build_forward_batch(
         qsl.append(row + n)
         seq_lens.append(seq_len)
         if sample:
-            logits_indices.append(row + n - 1)
+            logits_indices.extend(range(row + n - int(sample), row + n))
         if n == 1:
             decode_rows.append(row)
             decode_contexts.append(slots[:seq_len])

@@ -189,6 +189,26 @@ class KVCacheManager:
             self.prefix_cache.lock(prefix.node)
             self.cached_prefix[child.request_id] = prefix
 
+    def truncate(self, request: Request, num_tokens: int) -> list[int]:
+        """Speculative rollback: keep only the blocks that positions 0 .. num_tokens - 1 need
+        (ceil(num_tokens / block_size)) and return the rest to the pool, tail first (journaled
+        like every change). Rule: the released blocks hold only rejected draft positions, which
+        are never cached (the prefix cache only takes full blocks of verified tokens), so each
+        goes back with ref count 0 to the free queue. -> the released block ids."""
+        rid = request.request_id
+        table = self.block_tables.get(rid)
+        keep = cdiv(max(num_tokens, 0), self.block_size)
+        if table is None or len(table) <= keep:
+            return []
+        prefix = self.cached_prefix.get(rid)
+        if prefix is not None and prefix.num_blocks > keep:
+            raise AssertionError(f"request {rid}: truncate below its cached prefix")
+        self._save(rid)
+        self.block_tables[rid] = table[:keep]
+        released = self.pool.free(reversed(table[keep:]))
+        self.freed.extend(released)
+        return released
+
     def free(self, request: Request) -> list[int]:
         """Release a finished or preempted request's blocks, tail first; its cached blocks stay
         in the tree (evictable once no one else uses them)."""

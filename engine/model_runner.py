@@ -78,14 +78,17 @@ class ModelRunner:
                 kv: KVCacheManager) -> ForwardBatch:
         """Copy-on-write copies first (the chunks below write into the copies), then the batch."""
         self.copy_blocks([(c.src_block, c.dst_block) for c in output.copies])
-        chunks, starts, slots, sample_flags = [], [], [], []
+        chunks: list[list[int]] = []
+        starts: list[int] = []
+        slots: list[list[int]] = []
+        sample_flags: list[int] = []
         for s in output.scheduled:
             r = requests[s.request_id]
             end = s.start + s.num_new_tokens
             chunks.append(r.all_token_ids[s.start:end])
             starts.append(s.start)
             slots.append(kv.slot_mapping(s.request_id, 0, end))
-            sample_flags.append(not s.is_prefill)
+            sample_flags.append(0 if s.is_prefill else 1 + s.num_spec_tokens)
         return build_forward_batch(chunks, starts, slots, sample_flags)
 
     @torch.inference_mode()
@@ -105,7 +108,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
-        """-> logits [S, V] fp32 for the rows in batch.logits_indices."""
+        """-> logits [S, V] fp32 for the rows in batch.logits_indices (k + 1 consecutive rows for
+        a request verifying k drafts)."""
         return self.model.forward(batch, self.kv_caches, self.observer)
 
 

@@ -333,7 +333,7 @@ def check_meta(meta: RunMeta, first: Snapshot) -> None:
         config = EngineConfig(**meta.config)
     except (ValueError, TypeError) as e:  # EngineConfig names the field first: "block_size: must be >= 1, got 0"
         name, _, problem = str(e).partition(": ")
-        if name in known and problem:
+        if name.split(".")[0] in known and problem:
             raise SchemaError(problem, f"meta.config.{name}") from None
         raise SchemaError(str(e), "meta.config") from None
     for name in ("block_size", "num_blocks"):

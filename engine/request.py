@@ -39,6 +39,10 @@ class Request:
     num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache (first admission)
     output_text: str = ""
     error: str | None = None  # why the request finished with finish_reason "error"
+    # Speculative decoding: drafts verified, drafts accepted, target steps that verified drafts.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_verify_steps: int = 0
     # Timing, in engine steps and in wall-clock seconds (perf_counter).
     arrival_time: float | None = None
     first_scheduled_step: int | None = None
@@ -56,6 +60,8 @@ class Request:
             num_preemptions=self.num_preemptions, forked=self.forked,
             num_cached_tokens=self.num_cached_tokens, finish_reason=self.finish_reason,
             stop_reason=self.stop_reason, output_text=self.output_text, error=self.error,
+            num_draft_tokens=self.num_draft_tokens, num_accepted_tokens=self.num_accepted_tokens,
+            num_verify_steps=self.num_verify_steps,
             arrival_time=self.arrival_time, first_scheduled_step=self.first_scheduled_step,
             first_token_step=self.first_token_step, first_token_time=self.first_token_time,
             finished_step=self.finished_step, finished_time=self.finished_time)
@@ -65,7 +71,7 @@ class Request:
         del self.output_token_ids[cp.num_output_tokens:]
         self.spec_token_ids = list(cp.spec_token_ids)
         for name in ("status", "num_computed_tokens", "num_preemptions", "forked", "num_cached_tokens",
-                     "finish_reason", "stop_reason",
+                     "finish_reason", "stop_reason", "num_draft_tokens", "num_accepted_tokens", "num_verify_steps",
                      "output_text", "error", "arrival_time", "first_scheduled_step", "first_token_step",
                      "first_token_time", "finished_step", "finished_time"):
             setattr(self, name, getattr(cp, name))
@@ -122,6 +128,9 @@ class RequestCheckpoint:
     stop_reason: str | None
     output_text: str
     error: str | None
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_verify_steps: int
     arrival_time: float | None
     first_scheduled_step: int | None
     first_token_step: int | None

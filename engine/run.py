@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Mapping
 
 from engine.scenario import Scenario, build_engine, run_to_end
-from engine.schema import Length
+from engine.schema import Length, Nested
 from engine.trace import Positive, Snapshot, StepTrace
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ class RunMeta:
     model: Name
     scenario: Name
     title: Title
-    config: Mapping[str, Any]  # EngineConfig fields
+    # EngineConfig fields; speculative_config (a SpeculativeConfig) is its vLLM-shaped dict
+    config: Annotated[Mapping[str, Any], Nested(("speculative_config",))]
     max_model_len: Positive
     kv_bytes_per_token: Positive
     chat_template: bool = False

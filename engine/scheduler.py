@@ -48,11 +48,14 @@ class ScheduledRequest:
     is_prefill: bool  # True when the chunk ends before the last known token (no sample)
     resumed: bool = False  # admitted again after a preemption
     after_prompt: bool = False  # the chunk starts past the prompt (a generated token)
+    num_spec_tokens: int = 0  # speculative drafts verified in this chunk (it has 1 + this many tokens)
 
     @property
     def kind(self) -> ChunkKind:
-        """"decode" when this computes one generated token and samples the next, else "prefill"."""
-        return "prefill" if self.is_prefill or self.num_new_tokens > 1 or not self.after_prompt else "decode"
+        """"decode" when this computes one generated token (plus the drafts it verifies) and
+        samples the next, else "prefill"."""
+        return "prefill" if self.is_prefill or self.num_new_tokens > 1 + self.num_spec_tokens \
+            or not self.after_prompt else "decode"
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,12 @@ class Scheduler:
         request's block table covers num_computed_tokens + its new tokens; a request
         preempted this step is not scheduled; nothing is admitted in a step that preempted.
         ``num_computed_tokens`` advances optimistically here.
+
+        Speculative decoding: a running request with drafts (``spec_token_ids``) is scheduled
+        for 1 + k query tokens (its last token and the k drafts), all or none: when the budget
+        cannot hold them all its drafts are trimmed to fit (a verification is never split), and
+        when its blocks cannot be allocated its drafts are dropped before anyone is preempted.
+        A running request not scheduled this step loses its drafts (they are re-proposed).
         """
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
@@ -124,17 +133,25 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            if request.spec_token_ids and 1 + len(request.spec_token_ids) > budget:
+                del request.spec_token_ids[max(budget - 1, 0):]
             n = self._chunk_size(request.num_tokens_with_spec - request.num_computed_tokens, budget)
             if n <= 0:
                 i += 1
                 continue
-            while not self._allocate(request, n):
+            ok = self._allocate(request, n)
+            if not ok and request.spec_token_ids:
+                request.spec_token_ids.clear()  # drafts never cost a preemption
+                n = self._chunk_size(request.num_tokens_with_spec - request.num_computed_tokens, budget)
+                ok = self._allocate(request, n)
+            while not ok:
                 victim = self.running.pop()  # newest first
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is request:
                     n = 0
                     break
+                ok = self._allocate(request, n)
             if n == 0:
                 break
             scheduled.append(self._commit(request, n))
@@ -143,6 +160,10 @@ class Scheduler:
 
         if not preempted and self._may_admit():
             budget = self._admit(budget, scheduled)
+        chosen = {s.request_id for s in scheduled}
+        for request in self.running:
+            if request.spec_token_ids and request.request_id not in chosen:
+                request.spec_token_ids.clear()
 
         total = self.config.max_num_batched_tokens - budget
         return SchedulerOutput(tuple(scheduled), tuple(preempted), total, tuple(self._lookups), tuple(self._copies))
@@ -236,6 +257,7 @@ class Scheduler:
             is_prefill=start + n < request.num_tokens,
             resumed=resumed,
             after_prompt=start >= request.num_prompt_tokens,
+            num_spec_tokens=max(0, start + n - request.num_tokens),
         )
 
     # -- after the forward: the request lifecycle ---------------------------------------------
@@ -263,7 +285,8 @@ class Scheduler:
 
     def postprocess(self, output: SchedulerOutput, requests: Mapping[str, Request],
                     sampled: list[tuple[Request, int]], failed: list[tuple[Request, str]],
-                    forked: Sequence[Request], step: int) -> tuple[str, ...]:
+                    forked: Sequence[Request], step: int,
+                    num_accepted: Mapping[str, int] | None = None) -> tuple[str, ...]:
         """Everything after the forward (nano-vllm's ``Scheduler.postprocess``).
 
         For every scheduled request: newly full blocks go to the prefix cache (not for a
@@ -272,13 +295,27 @@ class Scheduler:
         parent's lock in the tree). For every sampled one: append the token, apply the stop rules (``engine.stop``), free a
         finished request's blocks. A failed request finishes with reason "error".
         -> the ids of the requests that finished.
+
+        Speculative decoding: ``num_accepted[request_id]`` = drafts accepted for each request
+        that verified drafts; ``sampled`` then holds its emitted tokens in order (accepted
+        drafts, then the bonus or recovered token). First the rejected drafts roll back:
+        ``num_computed_tokens`` rewinds to start + 1 + accepted (the verified length), blocks
+        beyond what those positions need return to the pool (``KVCacheManager.truncate``) and
+        ``spec_token_ids`` is cleared, so only verified tokens are ever cached. The emitted
+        tokens then pass the stop rules one by one; tokens after the one that finishes the
+        request are dropped.
         """
         now = time.perf_counter()
         bad = {id(r) for r, _ in failed}
+        accepted = num_accepted or {}
         for s in output.scheduled:
             request = requests[s.request_id]
             if request.first_scheduled_step is None:
                 request.first_scheduled_step = step
+            if s.num_spec_tokens:
+                request.spec_token_ids.clear()
+                request.num_computed_tokens = s.start + 1 + accepted.get(s.request_id, 0)
+                self.kv.truncate(request, request.num_computed_tokens)
             if id(request) not in bad:
                 self.kv.cache_blocks(request)
         for child in forked:
@@ -286,6 +323,8 @@ class Scheduler:
             self.kv.fork(requests[child.parent_id], child)
         finished = []
         for request, token in sampled:
+            if request.is_finished:
+                continue  # a speculative token after the one that ended the request
             request.output_token_ids.append(token)
             if request.first_token_step is None:
                 request.first_token_step, request.first_token_time = step, now
@@ -315,6 +354,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
+        request.spec_token_ids.clear()
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1

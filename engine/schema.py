@@ -112,6 +112,42 @@ class OneOf:
 Rule = Union[Range, Length, OneOf]
 
 
+@dataclass(frozen=True)
+class Nested:
+    """``Annotated[Mapping[str, Any], Nested(("speculative_config",))]``: an object of JSON
+    scalars in which the named keys may also hold an object of scalars (one level: a nested
+    config such as EngineConfig.speculative_config inside RunMeta.config)."""
+
+    keys: tuple[str, ...]
+
+
+def _nested_mapping(keys: frozenset[str]) -> Decoder:
+    def decode_nested(value: Any) -> dict[str, Any]:
+        if type(value) is not dict:
+            raise _fail("an object", value)
+        out: dict[str, Any] = {}
+        for k, x in value.items():
+            try:
+                if k in keys and type(x) is dict:
+                    out[k] = _scalar_object(x)
+                else:
+                    out[k] = _scalar(x)
+            except SchemaError as e:
+                raise e.under(key_segment(k)) from None
+        return out
+    return decode_nested
+
+
+def _scalar_object(value: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, x in value.items():
+        try:
+            out[k] = _scalar(x)
+        except SchemaError as e:
+            raise e.under(key_segment(k)) from None
+    return out
+
+
 def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
@@ -176,6 +212,8 @@ _BASIC: dict[Any, tuple[Decoder, str]] = {
 def describe(tp: Any) -> str:
     """What a value of annotation ``tp`` must be, in words ("an integer >= 1")."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated and any(isinstance(r, Nested) for r in args[1:]):
+        return "an object"
     if origin is typing.Annotated:
         return " ".join([describe(args[0]), *(rule.describe() for rule in args[1:])])
     if tp in _BASIC:
@@ -202,6 +240,8 @@ def decoder(tp: Any, tagged: frozenset[type] = frozenset()) -> Decoder:
     ``tagged``: the dataclasses that carry a ``"_type"`` key naming their class.
     """
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated and any(isinstance(r, Nested) for r in args[1:]):
+        return _nested_mapping(frozenset(k for r in args[1:] if isinstance(r, Nested) for k in r.keys))
     if origin is typing.Annotated:
         return _annotated(decoder(args[0], tagged), args[1:], describe(tp))
     if tp in _BASIC:

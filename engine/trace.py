@@ -20,6 +20,10 @@ BlockId = Annotated[int, Range(0)]  # also < the pool's num_blocks (checked per 
 TokenId = Annotated[int, Range(0, 2**31 - 1)]
 Millis = Annotated[float, Range(0.0)]  # a measured duration: finite, >= 0
 RequestId = Annotated[str, Length(1, 256)]
+Probability = Annotated[float, Range(0.0, 1.0)]
+SpecMethodName = Literal["ngram", "draft_model", "early_exit"]
+DraftOutcomeName = Literal["accepted", "rejected", "unverified"]
+FinalKindName = Literal["bonus", "recovered"]
 FinishReason = Annotated[str, Length(1, 64)]
 
 
@@ -40,6 +44,7 @@ class ScheduledChunk:
     kind: ChunkKind  # "prefill": a prompt (or recompute) chunk; "decode": one new position
     start: Count  # first position computed
     resumed: bool = False  # first chunk after a preemption
+    num_spec_tokens: Count = 0  # speculative drafts verified (the chunk is 1 + this many tokens)
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,56 @@ class SampledToken:
     request_id: RequestId
     token_id: TokenId
     text: str | None  # the tokenizer's piece; None for an id it has no piece for
+
+
+@dataclass(frozen=True)
+class DraftToken:
+    """One draft token as the target verified it (engine.spec_decode.rejection_sample).
+
+    p, q: the target's and the draft's probability of this token after the request's sampling
+    transform (q = 1.0 for n-gram drafts, which have no distribution: one-hot, as vLLM); greedy
+    requests record the one-hot argmax distributions (p = 1.0 where the draft is the target's
+    argmax, else 0.0). outcome: "accepted", "rejected" (the first rejection) or "unverified"
+    (after a rejection: discarded untested)."""
+
+    token_id: TokenId
+    text: str | None
+    p: Probability
+    q: Probability
+    outcome: DraftOutcomeName
+
+
+@dataclass(frozen=True)
+class ResidualToken:
+    """One of the top entries of the residual distribution normalize(max(0, p - q)) at a
+    sampled rejection: where the recovered token was drawn from."""
+
+    token_id: TokenId
+    text: str | None
+    prob: Probability
+
+
+@dataclass(frozen=True)
+class SpecVerification:
+    """One request's speculative verification in one target step.
+
+    drafts: the k drafts verified (k + 1 query tokens in the step's batch). emitted: the
+    tokens the verification produced, 1 .. k + 1: the accepted drafts, then the final token,
+    a "bonus" from p_{k+1} when all k were accepted, else the "recovered" token at the first
+    rejection. The stop rules then append them one by one (``StepTrace.sampled``), dropping the
+    ones after a token that ends the request. residual_top: at a sampled rejection, the
+    residual distribution's top entries, largest first (else empty)."""
+
+    request_id: RequestId
+    method: SpecMethodName
+    drafts: tuple[DraftToken, ...]
+    emitted: tuple[TokenId, ...]
+    final_kind: FinalKindName
+    residual_top: tuple[ResidualToken, ...] = ()
+
+    @property
+    def num_accepted(self) -> int:
+        return sum(1 for d in self.drafts if d.outcome == "accepted")
 
 
 @dataclass(frozen=True)
@@ -130,6 +185,10 @@ class StepTrace:
     prefix: PrefixCacheEvents = PrefixCacheEvents()
     num_cached_blocks: Count = 0  # blocks held by the prefix cache (locked or evictable)
     num_evictable_blocks: Count = 0  # cached blocks no running request uses (evicted first)
+    # Speculative decoding: one record per request that verified drafts this step, and the time
+    # spent proposing drafts before scheduling (counted in total_ms).
+    spec: tuple[SpecVerification, ...] = ()
+    draft_ms: Millis = 0.0
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -141,7 +200,7 @@ class StepTrace:
 
     @property
     def total_ms(self) -> float:
-        return self.schedule_ms + self.forward_ms + self.sample_ms
+        return self.draft_ms + self.schedule_ms + self.forward_ms + self.sample_ms
 
 
 @dataclass(frozen=True)
@@ -188,6 +247,23 @@ class RequestMetrics:
     e2e_ms: Millis | None
     num_preemptions: Count
     num_cached_tokens: Count = 0  # vLLM's name: prompt tokens served from the prefix cache
+    # Speculative decoding: drafts verified, drafts accepted, target steps that verified drafts.
+    num_draft_tokens: Count = 0
+    num_accepted_tokens: Count = 0
+    num_verify_steps: Count = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """alpha: accepted / verified drafts; None before any draft was verified."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_tokens_per_verify_step(self) -> float | None:
+        """Tokens one verifying target step emitted on average: (accepted + one final token per
+        step) / steps (before the stop rules cut a last step short); None without such steps."""
+        if not self.num_verify_steps:
+            return None
+        return (self.num_accepted_tokens + self.num_verify_steps) / self.num_verify_steps
 
 
 @dataclass(frozen=True)
@@ -220,7 +296,7 @@ class Snapshot:
 # of to_dict (engine.recording loads with it)
 TAGGED: frozenset[type] = frozenset({ScheduledChunk, SampledToken, StepTrace, BlockState, RequestState,
                                      RequestMetrics, Snapshot, PrefixNode, PrefixLookup, BlockCopy,
-                                     PrefixCacheEvents})
+                                     PrefixCacheEvents, DraftToken, ResidualToken, SpecVerification})
 
 
 def to_dict(record: Any) -> Any:
