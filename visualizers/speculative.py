@@ -246,3 +246,83 @@ def spec_text_markdown(traces: Sequence[StepTrace], request_id: str) -> str:
         piece = escape_markdown(text if text is not None else f"#{token_id}").replace("Ġ", " ").replace("Ċ", "↵")
         parts.append(f":{TEXT_MARKS[kind]}-background[{piece}]" if kind in TEXT_MARKS else piece)
     return "".join(parts) or "No output yet."
+
+
+# -- with vs without speculation (engine.run.compare_speculation) ------------------------------
+
+SPEC_RUN, PLAIN_RUN = "speculative", "plain"
+RUN_COLORS = {SPEC_RUN: "#228833", PLAIN_RUN: "#BBBBBB"}
+
+
+def _engine_ms(traces: Sequence[StepTrace]) -> float:
+    return sum(t.total_ms for t in traces)
+
+
+def _decode_only(traces: Sequence[StepTrace]) -> list[StepTrace]:
+    return [t for t in traces if t.scheduled and all(c.kind == "decode" for c in t.scheduled)]
+
+
+def draft_cost(traces: Sequence[StepTrace], plain: Sequence[StepTrace] | None = None) -> float:
+    """c = drafting time per draft token / one target step's time. The target step: the median
+    decode-only step of the run without speculation when given, else the median forward of this
+    run's verifying steps (k + 1 tokens per request: an overestimate of a decode step)."""
+    drafted = [t for t in traces if t.spec]
+    per_token = sum(t.draft_ms for t in drafted) / max(1, sum(len(v.drafts) for t in drafted for v in t.spec))
+    steps = sorted(t.total_ms for t in _decode_only(plain)) if plain else sorted(t.forward_ms for t in drafted)
+    target = steps[len(steps) // 2] if steps else 0.0
+    return per_token / target if target > 0 else 0.0
+
+
+def measured_speedup(runs: dict) -> float | None:
+    """Engine time without speculation / with it (the same scenario to the end)."""
+    spec, plain = runs.get(SPEC_RUN), runs.get(PLAIN_RUN)
+    if spec is None or plain is None or _engine_ms(spec.traces) <= 0:
+        return None
+    return _engine_ms(plain.traces) / _engine_ms(spec.traces)
+
+
+def _outputs(run: Any) -> dict[str, str]:
+    return {r.request_id: r.output_text for r in run.final.requests}
+
+
+def comparison_frame(runs: dict) -> pd.DataFrame:
+    """One row per run: target steps, output tokens, engine time, tokens per second, α, and
+    whether every request's text equals the other run's."""
+    same = _outputs(runs[SPEC_RUN]) == _outputs(runs[PLAIN_RUN]) if {SPEC_RUN, PLAIN_RUN} <= set(runs) else None
+    rows = []
+    for name in (SPEC_RUN, PLAIN_RUN):
+        run = runs.get(name)
+        if run is None:
+            continue
+        tokens = sum(r.num_output_tokens for r in run.final.requests)
+        ms = _engine_ms(run.traces)
+        alpha = spec_summary(run.traces)["alpha"]
+        rows.append({"run": name, "target steps": len(run.traces), "output tokens": tokens,
+                     "engine time (ms)": round(ms, 1), "tokens / s": round(tokens / ms * 1e3, 1) if ms else None,
+                     "alpha": None if alpha is None else round(float(alpha), 3),
+                     "same text as the other run": same})
+    return pd.DataFrame(rows)
+
+
+def comparison_figure(runs: dict, font_size: int = 12) -> go.Figure:
+    """Cumulative output tokens over target steps, both runs: speculation reaches the end in
+    fewer steps when drafts are accepted."""
+    data = []
+    for name in (SPEC_RUN, PLAIN_RUN):
+        run = runs.get(name)
+        if run is None:
+            continue
+        total, xs, ys = 0, [], []
+        for t in run.traces:
+            total += len(t.sampled)
+            xs.append(t.step + 1)
+            ys.append(total)
+        data.append(dict(type="scatter", mode="lines", name=name, x=xs, y=ys, line=dict(color=RUN_COLORS[name], width=3),
+                         hovertemplate=f"{name}: %{{y}} tokens after %{{x}} steps<extra></extra>"))
+    speed = measured_speedup(runs)
+    title = "Output tokens over target steps" + (f" — engine time ×{speed:.2f} faster with speculation"
+                                                  if speed else "")
+    layout = live_layout(title, None, font_size, height=320, margin=dict(l=60, r=20, t=60, b=50),
+                         legend=dict(orientation="h", y=-0.25), xaxis=dict(title=dict(text="target steps")),
+                         yaxis=dict(title=dict(text="output tokens")))
+    return figure(data, layout)
