@@ -105,7 +105,18 @@ def comparison_tab(view: RunView, style: live.Style) -> None:
             runs = state.spec_comparison()
     if not runs:
         return
-    live.table(sv.comparison_frame(runs), "spec_comparison")
+    frame = sv.comparison_frame(runs)
+    cols = st.columns(3)
+    cols[0].metric("Same text with and without", "yes" if bool(frame["same text as the other run"].all()) else "no",
+                   help="Every request's output text equal in the two runs (greedy: token for token).")
+    steps = dict(zip(frame["run"], frame["target steps"]))
+    cols[1].metric("Target steps", f"{steps.get(sv.SPEC_RUN, 0)} vs {steps.get(sv.PLAIN_RUN, 0)}",
+                   help="Engine steps (target forwards) to finish the scenario, with vs without speculation.")
+    speed = sv.measured_speedup(runs)
+    cols[2].metric("Engine time, without / with", f"×{speed:.2f}" if speed else "—",
+                   help="Sum of the engine's step times; on this CPU verifying k tokens costs more than one "
+                        "decode step, so fewer steps need not mean less time.")
+    live.table(frame, "spec_comparison")
     live.chart(sv.comparison_figure(runs, style.font_size), "spec_comparison", style)
 
 
