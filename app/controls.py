@@ -75,6 +75,7 @@ def sidebar() -> None:
         _run_buttons()
         _workload()
         _precision()
+        _speculation()
         _knobs()
         _record_replay()
         st.toggle("Presentation mode", key=K.present, bind="query-params", persist_state="session",
@@ -124,6 +125,34 @@ def _precision() -> None:
                      format_func=lambda d: KV_LABELS.get(d, str(d)), help=KV_HELP, persist_state="session",
                      disabled=disabled)
         st.caption(PRECISION_CAPTION)
+
+
+SPEC_LABELS = {"none": "off", "ngram": "n-gram (prompt lookup)", "early_exit": "early exit (first layers)",
+               "draft_model": "draft model (self, quantized)"}
+SPEC_HELP = ("speculative_config: a drafter proposes k tokens, the model verifies them in one forward and keeps "
+             "the accepted ones (exact: greedy output is unchanged, sampled output has the same distribution). "
+             "n-gram: the tokens that followed an earlier occurrence of the last few tokens; early exit: the "
+             "model's own first layers + its LM head; draft model: the same model quantized.")
+
+
+def _speculation() -> None:
+    """speculative_config as four widgets (state.speculative_config builds the dict)."""
+    disabled = state.is_replay()
+    ss = st.session_state
+    with st.expander("Speculative decoding", expanded=False):
+        method = ss.get(K.spec_method)
+        st.selectbox("Drafter", _options(tuple(SPEC_LABELS), method), key=K.spec_method, help=SPEC_HELP,
+                     format_func=lambda m: SPEC_LABELS.get(m, str(m)), persist_state="session", disabled=disabled)
+        off = disabled or method == "none"
+        st.number_input("Draft tokens per step (k)", min_value=1, max_value=16, step=1, key=K.spec_k,
+                        persist_state="session", disabled=off, help="num_speculative_tokens (1 to 16).")
+        st.number_input("Early-exit layers", min_value=1, max_value=64, step=1, key=K.spec_layers,
+                        persist_state="session", disabled=off or method != "early_exit",
+                        help="num_layers: how many of the model's first layers draft (fewer than it has).")
+        st.selectbox("Draft model precision", _options(("int4", "int8", "none"), ss.get(K.spec_draft_quant)),
+                     key=K.spec_draft_quant, persist_state="session", disabled=off or method != "draft_model",
+                     format_func=lambda q: "fp32" if q == "none" else q,
+                     help="The draft model is the run's own model, quantized (cheaper per token).")
 
 
 def _knobs() -> None:

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import charts, state, timing
-from engine.run import RunView
+from engine.run import RunView, speculation_label
 from engine.trace import RequestStatus
 from visualizers.steps import step_table_csv
 from visualizers.text import escape_markdown
@@ -126,6 +126,8 @@ def status(view: RunView, style: Style) -> None:
         else:
             st.badge("LIVE engine", icon=":material/memory:", color="green")
         precision = f" · {m.precision}" if m.precision else ""  # e.g. "int4 g32 · KV int8"; nothing for fp32
+        spec = speculation_label(m.config)
+        precision += f" · {spec}" if spec else ""  # e.g. "ngram k=4"
         st.badge(escape_markdown(f"{m.title} · {m.model} · {m.policy}{precision}", brackets=False),
                  color="gray")  # it escapes [ ]
         if view.done:

@@ -21,13 +21,15 @@ KV_CACHE = st.Page("app_pages/kv_cache.py", title="Paged KV cache", icon="🧱",
 BATCHING = st.Page("app_pages/batching.py", title="Batch composition", icon="📊", url_path="batching")
 PREFIX_CACHE = st.Page("app_pages/prefix_cache.py", title="Prefix cache", icon="🌳", url_path="prefix-cache")
 QUANTIZATION = st.Page("app_pages/quantization.py", title="Quantization", icon="🎚️", url_path="quantization")
+SPECULATIVE = st.Page("app_pages/speculative.py", title="Speculative decoding", icon="🎯", url_path="speculative")
 PAGES = {
-    "Engine": [GENERATE, KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION],
+    "Engine": [GENERATE, KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE],
     "Sizing": [
         st.Page("app_pages/fit.py", title="Will it fit?", icon="📐", url_path="fit"),
     ],
 }
-LIVE_PAGES = (KV_CACHE.url_path, BATCHING.url_path, PREFIX_CACHE.url_path, QUANTIZATION.url_path)
+LIVE_PAGES = (KV_CACHE.url_path, BATCHING.url_path, PREFIX_CACHE.url_path, QUANTIZATION.url_path,
+              SPECULATIVE.url_path)
 
 with timing.phase("script"):
     page = st.navigation(PAGES, position="top")

@@ -15,7 +15,7 @@ import os
 import threading
 import uuid
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
@@ -41,6 +41,12 @@ MAX_SHARED_MODELS = 6  # weight copies kept per process: SmolLM2 is ~540 MB in f
 class K:
     """Session-state keys (widgets and plain values)."""
 
+    # speculative decoding (one engine knob, speculative_config, from four widgets)
+    spec_method = "spec_method"
+    spec_k = "spec_k"
+    spec_layers = "spec_layers"
+    spec_draft_quant = "spec_draft_quant"
+
     model = "live_model"
     scenario = "live_scenario"
     knob = "knob_"  # + knob name
@@ -59,6 +65,7 @@ class K:
     stop_play = "_stop_play"
     generate = "_generate_result"
     caching_runs = "_caching_runs"  # (RunSpec, runs): the prefix-caching on/off comparison
+    spec_runs = "_spec_runs"  # (RunSpec, runs): with and without speculation
     step_queue = "step_queue"  # the browser's Step-press counter (app/step_queue.py)
     steps_applied = "_step_presses_applied"
     epoch = "_session_epoch"
@@ -144,6 +151,8 @@ def init_defaults() -> None:
         ss[K.model] = name if name in MODELS else MODELS[0]
     for knob, value in scenario_knobs(sc).items():
         ss.setdefault(K.knob + knob, widget_value(knob, value))
+    for key, value in spec_widgets(sc.knobs.get("speculative_config")).items():
+        ss.setdefault(key, value)
     ss.setdefault(K.run_n, 10)
     ss.setdefault(K.tick, 0.5)
     ss.setdefault(K.playing, False)
@@ -169,6 +178,8 @@ def on_scenario_change() -> None:
         return
     for knob, value in scenario_knobs(sc).items():
         ss[K.knob + knob] = widget_value(knob, value)
+    for key, value in spec_widgets(sc.knobs.get("speculative_config")).items():
+        ss[key] = value
     ss[K.playing] = False
 
 
@@ -198,7 +209,40 @@ def requested_spec() -> RunSpec:
     knobs = {k: engine_value(k, ss[K.knob + k]) for k in KNOBS}
     if knobs["quantization"] != "int4":
         knobs["quantization_group_size"] = DEFAULT_GROUP_SIZE
+    knobs["speculative_config"] = speculative_config(ss[K.model])
     return RunSpec(ss[K.model], ss[K.scenario], tuple(knobs.items()))
+
+
+SPEC_METHOD_NONE = "none"
+SPEC_DEFAULTS = {K.spec_method: SPEC_METHOD_NONE, K.spec_k: 4, K.spec_layers: 8, K.spec_draft_quant: "int4"}
+
+
+def spec_widgets(config: Any) -> dict[str, Any]:
+    """The speculation widgets' values for a scenario's ``speculative_config`` (a vLLM-shaped
+    dict or None; a bad one is left to the engine, whose message names the key)."""
+    out = dict(SPEC_DEFAULTS)
+    if isinstance(config, Mapping):
+        out[K.spec_method] = config.get("method", SPEC_METHOD_NONE)
+        out[K.spec_k] = config.get("num_speculative_tokens", out[K.spec_k])
+        out[K.spec_layers] = config.get("num_layers", out[K.spec_layers])
+        out[K.spec_draft_quant] = config.get("quantization") or "none"
+    return out
+
+
+def speculative_config(model: str) -> dict[str, Any] | None:
+    """The widgets as vLLM's ``speculative_config`` dict (None when off). draft_model drafts with
+    the run's own model at the chosen quantization (a self-draft: same vocabulary)."""
+    ss = st.session_state
+    method = ss.get(K.spec_method, SPEC_METHOD_NONE)
+    if method == SPEC_METHOD_NONE:
+        return None
+    config: dict[str, Any] = {"method": method, "num_speculative_tokens": ss.get(K.spec_k)}
+    if method == "early_exit":
+        config["num_layers"] = ss.get(K.spec_layers)
+    elif method == "draft_model":
+        quant = ss.get(K.spec_draft_quant)
+        config.update(model=model, quantization=None if quant == "none" else quant)
+    return config
 
 
 def spec_scenario(spec: RunSpec) -> Scenario:
@@ -461,6 +505,34 @@ def run_caching_comparison(progress: Callable[[str, int], None] | None = None) -
         ss[K.error] = f"comparison failed: {e}"
         return
     ss[K.caching_runs] = (spec, runs)
+
+
+# -- speculation on vs off -------------------------------------------------------------------------
+
+def spec_comparison() -> dict[str, PolicyRun]:
+    """The with/without-speculation runs of the current live set-up, if run (not in recordings)."""
+    ss = st.session_state
+    stored = ss.get(K.spec_runs)
+    if is_replay() or stored is None or stored[0] != ss.get(K.run_spec):
+        return {}
+    return dict(stored[1])
+
+
+def run_spec_comparison(progress: Callable[[str, int], None] | None = None) -> None:
+    """Run the current scenario to the end with its speculative_config and without (live only)."""
+    from engine.run import compare_speculation
+
+    ss = st.session_state
+    spec = ss.get(K.run_spec)
+    if run() is None or is_replay() or spec is None:
+        return
+    try:
+        sc = spec_scenario(spec)
+        runs = compare_speculation(sc, spec_model(spec, sc), on_step=progress)
+    except (ValueError, RuntimeError) as e:
+        ss[K.error] = f"comparison failed: {e}"
+        return
+    ss[K.spec_runs] = (spec, runs)
 
 
 # -- presentation -----------------------------------------------------------------------------

@@ -85,6 +85,21 @@ def precision_label(config: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def speculation_label(config: Mapping[str, Any]) -> str:
+    """The speculative_config of an EngineConfig (as a dict) in a few words, "" when off:
+    ``"ngram k=4"``, ``"early exit 8 layers k=4"``, ``"draft smollm2-135m int4 k=4"``."""
+    spec = config.get("speculative_config")
+    if not isinstance(spec, Mapping):
+        return ""
+    k = spec.get("num_speculative_tokens")
+    method = spec.get("method")
+    if method == "early_exit":
+        return f"early exit {spec.get('num_layers')} layers k={k}"
+    if method == "draft_model":
+        return f"draft {spec.get('model')} {spec.get('quantization') or 'fp32'} k={k}"
+    return f"{method} k={k}"
+
+
 @dataclass(frozen=True)
 class PolicyRun:
     """One complete run of a scenario under one scheduling policy (for side-by-side views)."""

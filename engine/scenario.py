@@ -28,7 +28,7 @@ SCENARIO_DIR = Path(__file__).resolve().parent.parent / "presets" / "scenarios"
 KNOB_NAMES = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs",
               "enable_chunked_prefill", "policy", "max_model_len", "dtype", "kv_cache_dtype", "seed", "enable_prefix_caching",
               "quantization", "quantization_group_size", "quantization_outlier_threshold",
-              "quantization_smoothing_strength", "sparsity")
+              "quantization_smoothing_strength", "sparsity", "speculative_config")
 _REQUEST_FIELDS = {"prompt", "arrival_step", "max_tokens", "temperature", "seed", "ignore_eos", "top_k", "top_p", "n"}
 
 

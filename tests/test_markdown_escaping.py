@@ -363,3 +363,37 @@ def test_patterns_found_in_text_are_broken_invisibly() -> None:
     assert not TEXT_AUTOLINK.search(rendered_text(escaped, joiners=True))
     assert ":material/" not in rendered_text(escaped, joiners=True)
     assert rendered_text(escaped) == "https://a.example/x www.b.example c@d.example :material/warning: a:b"
+
+
+def test_speculative_page_escapes_a_replays_tokens_and_ids() -> None:
+    """A speculative recording whose request ids and every token piece (sampled, drafts and
+    residual entries) are the payloads: the marked output text and the request picker escape them."""
+    from engine.engine import get_shared_model
+    from engine.recording import record, to_json
+    from engine.run import LiveRun
+    from engine.scenario import load_scenario
+
+    run = LiveRun.from_scenario(load_scenario("chat-burst"), get_shared_model("tiny-random"),
+                                speculative_config={"method": "early_exit", "num_layers": 1,
+                                                    "num_speculative_tokens": 3})
+    run.step(4)
+    data = json.loads(to_json(record(run)))
+    data = _rename_ids(data, {str(i): p for i, p in enumerate(PAYLOADS)})
+
+    def poison(node: Any, i: list[int]) -> None:
+        if isinstance(node, dict):
+            if "text" in node and "token_id" in node:
+                node["text"] = PAYLOADS[i[0] % len(PAYLOADS)]
+                i[0] += 1
+            for v in node.values():
+                poison(v, i)
+        elif isinstance(node, list):
+            for v in node:
+                poison(v, i)
+
+    poison(data["steps"], [0])
+    at = open_replay("app_pages/speculative.py", json.dumps(data).encode())
+    for _ in range(4):
+        at.button(key="step").click().run()
+    strings = assert_no_injection(at)
+    assert any("-background[" in s for s in strings), "the marked output text is on the page"

@@ -39,7 +39,7 @@ against the unchanged target (so it reads MISSED) with that reason in its ``note
 
     .venv/bin/python -m tests.bench bench_prefix
 
-(``-m tests.bench prefix`` also selects bench_ui_prefix, the browser benchmark, by substring.)
+(``-m tests.bench prefix`` selects only this module; the Prefix cache page's browser benchmark is bench_ui_pages.)
 Wall time about 2 minutes on an idle 2-core CPU.
 """
 from __future__ import annotations
