@@ -192,7 +192,7 @@ class LLMEngine:
         self.max_model_len = min(model_limit, self.config.pool_tokens)
         kv_dtype = self.config.kv_cache_dtype or self.config.dtype  # a name: float, "int8" or "fp8"
         self.memory_need = estimate_memory(self.config, mc, self.max_model_len,
-                                           kv_cache_bytes_per_token(mc, kv_dtype))
+                                           kv_cache_bytes_per_token(mc, kv_dtype) + self._draft_kv_bytes_per_token())
         limits.check_memory(self.config, self.memory_need, limits.available_memory_bytes())
         self.kv = KVCacheManager(self.config.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         eos = set(mc.eos_token_ids)
@@ -211,6 +211,22 @@ class LLMEngine:
         self.trace_seconds = 0.0  # time spent building StepTraces (for the benchmark)
         self.lock = threading.RLock()
         self._ids = itertools.count()
+
+    def _draft_kv_bytes_per_token(self) -> int:
+        """KV bytes per token of a model drafter's own pool (same num_blocks x block_size as the
+        target's, in the draft model's compute dtype), counted in the memory check: 0 for none and
+        ngram; early_exit: its num_layers of the target; draft_model: the draft model's layers."""
+        spec = self.config.speculative_config
+        if spec is None or spec.method == "ngram":
+            return 0
+        if spec.method == "early_exit":
+            model, layers = self.shared.model, int(spec.num_layers or 0)
+        else:
+            assert spec.model is not None
+            model = get_shared_model(spec.model, quantization=spec.quantization).model
+            layers = model.config.num_hidden_layers
+        c = model.config
+        return 2 * layers * c.num_key_value_heads * c.head_dim * torch.empty((), dtype=model.dtype).element_size()
 
     def _build_drafter(self, spec: SpeculativeConfig) -> Drafter:
         """The speculative drafter (engine/drafter.py, engine/draft_runner.py), checked against

@@ -53,7 +53,8 @@ def _bytes(n: float) -> str:
 class MemoryNeed:
     """What one engine's knobs cost in host memory (an upper-bound estimate, in bytes).
 
-    kv_cache     num_blocks x block_size x KV bytes per token (K and V, every layer)
+    kv_cache     num_blocks x block_size x KV bytes per token (K and V, every layer; plus a
+                 speculative model drafter's own pool of the same geometry)
     block_pool   num_blocks x BLOCK_OBJECT_BYTES of Python objects
     batch        one step's activations at max_num_batched_tokens tokens (fp32 upper bound:
                  residual, norms, qkv, attention output, MLP) + the attention scores of the

@@ -233,3 +233,16 @@ def test_config_validation_and_replay(tiny):
     bad = to_json(rec).replace('"num_speculative_tokens":4', '"num_speculative_tokens":0')
     with pytest.raises(ValueError, match="speculative_config"):
         from_json(bad)
+
+
+def test_memory_check_counts_the_drafters_own_kv_pool(tiny):
+    """A model drafter allocates its own pool (num_blocks x block_size) for its layers: the memory
+    check counts it (draft_model = the same tiny model: exactly twice the KV; early exit with 1 of
+    2 layers: half again; ngram: nothing)."""
+    plain = LLMEngine(tiny, block_size=4, num_blocks=64).memory_need.kv_cache
+    knobs = dict(block_size=4, num_blocks=64)
+    assert LLMEngine(tiny, speculative_config=NGRAM, **knobs).memory_need.kv_cache == plain
+    draft = {"method": "draft_model", "model": "tiny-random", "num_speculative_tokens": 2}
+    assert LLMEngine(tiny, speculative_config=draft, **knobs).memory_need.kv_cache == 2 * plain
+    early = {"method": "early_exit", "num_layers": 1, "num_speculative_tokens": 2}
+    assert LLMEngine(tiny, speculative_config=early, **knobs).memory_need.kv_cache == plain + plain // 2
