@@ -4,7 +4,8 @@ A scenario is data in ``presets/scenarios/<name>.json``::
 
     {"name": "chat-burst", "title": "...", "description": "...", "model": "smollm2-135m",
      "chat_template": true,
-     "knobs": {"block_size": 16, "num_blocks": 96, "max_num_batched_tokens": 256, ...},
+     "knobs": {"block_size": 16, "num_blocks": 96, "max_num_batched_tokens": 256, ...,
+               "speculative_config": {"method": "ngram", "num_speculative_tokens": 4}},
      "requests": [{"prompt": "...", "arrival_step": 0, "max_tokens": 32,
                    "temperature": 0, "seed": null, "ignore_eos": false, "n": 1}, ...]}
 
@@ -64,7 +65,12 @@ class Scenario:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def engine_config(self, **overrides: Any) -> EngineConfig:
-        """The scenario's knobs with ``overrides`` on top; ValueError names a bad knob."""
+        """The scenario's knobs with ``overrides`` on top; ValueError names a bad knob.
+
+        An override of None keeps the scenario's value (the page passes unset controls as None);
+        to switch speculation off use ``without_speculation``. ``speculative_config`` is vLLM's
+        dict, validated by EngineConfig (a bad key or value names ``speculative_config.<key>``).
+        """
         knobs = {**self.knobs, **{k: v for k, v in overrides.items() if v is not None}}
         unknown = set(knobs) - set(KNOB_NAMES)
         if unknown:
@@ -180,6 +186,11 @@ def run_to_end(engine: Any, max_steps: int = 100_000,
         if len(traces) >= max_steps:
             raise RuntimeError(f"scenario did not finish within {max_steps} steps")
     return traces
+
+
+def without_speculation(scenario: Scenario) -> Scenario:
+    """A copy of the scenario with ``speculative_config`` removed (plain decoding)."""
+    return replace(scenario, knobs={k: v for k, v in scenario.knobs.items() if k != "speculative_config"})
 
 
 def with_knobs(scenario: Scenario, **knobs: Any) -> Scenario:
