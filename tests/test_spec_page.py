@@ -77,3 +77,17 @@ def test_a_speculative_recording_replays_the_same_drafts() -> None:
     assert chart(at, "chart_spec_drafts") == live_chart
     open_tab(at, "With vs without")
     assert any("Recordings do not hold" in i.value for i in at.info)
+
+
+def test_with_and_without_runs_both_for_real() -> None:
+    at = open_tab(speculating("ngram", 4), "With vs without")
+    at.button(key="run_spec_comparison").click()
+    ok(at.run())
+    assert not errors(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Same text with and without"] == "yes"  # greedy: token for token
+    with_spec, without = (int(x) for x in metrics["Target steps"].split(" vs "))
+    assert with_spec <= without
+    assert "chart_spec_comparison" in charts(at)
+    frame = next(d.value for d in at.dataframe if "target steps" in d.value.columns)
+    assert list(frame["run"]) == ["with speculation", "without speculation"]

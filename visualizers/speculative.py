@@ -25,6 +25,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.spec_decode import best_k, expected_speedup, expected_tokens_per_step
+from engine.run import SPECULATION_RUNS
 from engine.trace import SpecVerification, StepTrace
 from visualizers.figures import Panel, figure, live_layout, stack
 from visualizers.text import escape_markdown, escape_plotly
@@ -250,12 +251,8 @@ def spec_text_markdown(traces: Sequence[StepTrace], request_id: str) -> str:
 
 # -- with vs without speculation (engine.run.compare_speculation) ------------------------------
 
-SPEC_RUN, PLAIN_RUN = "speculative", "plain"
+SPEC_RUN, PLAIN_RUN = SPECULATION_RUNS  # engine.run.compare_speculation's keys
 RUN_COLORS = {SPEC_RUN: "#228833", PLAIN_RUN: "#BBBBBB"}
-
-
-def _engine_ms(traces: Sequence[StepTrace]) -> float:
-    return sum(t.total_ms for t in traces)
 
 
 def _decode_only(traces: Sequence[StepTrace]) -> list[StepTrace]:
@@ -276,28 +273,24 @@ def draft_cost(traces: Sequence[StepTrace], plain: Sequence[StepTrace] | None = 
 def measured_speedup(runs: dict) -> float | None:
     """Engine time without speculation / with it (the same scenario to the end)."""
     spec, plain = runs.get(SPEC_RUN), runs.get(PLAIN_RUN)
-    if spec is None or plain is None or _engine_ms(spec.traces) <= 0:
+    if spec is None or plain is None or spec.engine_ms <= 0:
         return None
-    return _engine_ms(plain.traces) / _engine_ms(spec.traces)
-
-
-def _outputs(run: Any) -> dict[str, str]:
-    return {r.request_id: r.output_text for r in run.final.requests}
+    return plain.engine_ms / spec.engine_ms
 
 
 def comparison_frame(runs: dict) -> pd.DataFrame:
     """One row per run: target steps, output tokens, engine time, tokens per second, α, and
     whether every request's text equals the other run's."""
-    same = _outputs(runs[SPEC_RUN]) == _outputs(runs[PLAIN_RUN]) if {SPEC_RUN, PLAIN_RUN} <= set(runs) else None
+    same = runs[SPEC_RUN].outputs == runs[PLAIN_RUN].outputs if {SPEC_RUN, PLAIN_RUN} <= set(runs) else None
     rows = []
     for name in (SPEC_RUN, PLAIN_RUN):
         run = runs.get(name)
         if run is None:
             continue
-        tokens = sum(r.num_output_tokens for r in run.final.requests)
-        ms = _engine_ms(run.traces)
+        tokens = run.num_output_tokens
+        ms = run.engine_ms
         alpha = spec_summary(run.traces)["alpha"]
-        rows.append({"run": name, "target steps": len(run.traces), "output tokens": tokens,
+        rows.append({"run": name, "target steps": run.num_steps, "output tokens": tokens,
                      "engine time (ms)": round(ms, 1), "tokens / s": round(tokens / ms * 1e3, 1) if ms else None,
                      "alpha": None if alpha is None else round(float(alpha), 3),
                      "same text as the other run": same})

@@ -74,7 +74,8 @@ def theory_tab(view: RunView, style: live.Style) -> None:
         st.info("No drafts verified yet: step the run.", icon=":material/info:")
         return
     runs = state.spec_comparison()
-    c = sv.draft_cost(view.traces, runs.get("plain").traces if runs else None)
+    plain = runs.get(sv.PLAIN_RUN)
+    c = sv.draft_cost(view.traces, plain.traces if plain else None)
     speedup = sv.measured_speedup(runs) if runs else None
     live.chart(sv.theory_figure(float(s["alpha"]), int(s["k"]), c, s["tokens_per_verification"], speedup,
                                 style.font_size), "spec_theory", style)
