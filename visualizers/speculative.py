@@ -50,8 +50,13 @@ TEXT_MARKS = {"accepted": "green", "bonus": "blue", "recovered": "orange"}
 P_COLOR, Q_COLOR = "#222255", "#BBBBBB"
 
 
+def readable(text: str) -> str:
+    """A byte-level BPE piece as a reader sees it: "Ġ" (a leading space) as a space, "Ċ" as ↵."""
+    return text.replace("Ġ", " ").replace("Ċ", "↵")
+
+
 def _piece(text: str | None, token_id: int) -> str:
-    return escape_plotly(text) if text is not None else f"#{token_id}"
+    return escape_plotly(readable(text)) if text is not None else f"#{token_id}"
 
 
 def _final_text(v: SpecVerification, pieces: dict[int, str | None]) -> str | None:
@@ -86,7 +91,7 @@ def drafts_figure(trace: StepTrace | None, font_size: int = 12, step: int | None
                              + (f"<br>residual max(0, p − q), top entries:{residual}" if residual else ""))
     data = [dict(type="scatter", mode="markers+text", name=SPEC_LABELS[kind], x=xs[kind], y=ys[kind],
                  text=texts[kind], textposition="middle center", textfont=dict(size=font_size - 1),
-                 marker=dict(symbol="square", size=font_size * 4.2, color=SPEC_COLORS[kind],
+                 marker=dict(symbol="square", size=font_size * 3.6, color=SPEC_COLORS[kind],
                              line=dict(width=1, color="white")),
                  hovertext=hovers[kind], hoverinfo="text", cliponaxis=False)
             for kind in SPEC_COLORS]
@@ -95,8 +100,9 @@ def drafts_figure(trace: StepTrace | None, font_size: int = 12, step: int | None
     title = (f"Step {trace.step if trace else '—'}: {len(spec)} requests verified drafts, "
              f"{sum(v.num_accepted for v in spec)} of {sum(len(v.drafts) for v in spec)} accepted, "
              f"{emitted} tokens from {1 if spec else 0} target forward")
-    layout = live_layout(title, step, font_size, height=max(220, 120 + 46 * len(spec)),
-                         margin=dict(l=70, r=20, t=60, b=50), legend=dict(orientation="h", y=-0.25),
+    layout = live_layout(title, step, font_size, height=190 + 4 * font_size * max(len(spec), 1),
+                         margin=dict(l=70, r=20, t=85, b=50),
+                         legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom"),
                          xaxis=dict(title=dict(text="draft position (then the token the target added)"),
                                     range=[0.4, k_max + 1.6], dtick=1, zeroline=False),
                          yaxis=dict(categoryorder="array", categoryarray=labels, autorange="reversed",
@@ -199,9 +205,9 @@ def theory_figure(alpha: float, k: int, c: float, measured_tokens: float | None 
                            line=dict(color="#228833", dash="dash", width=2))],
               annotations=[dict(xref="x", x=best, yref="y domain", y=1, text=f"best k = {best}", showarrow=False,
                                 xanchor="left", yanchor="top")],
-              title=f"expected speedup (1 − α^(k+1)) / ((1 − α)(k·c + 1)), c = {c:.2f}"),
+              title=f"expected speedup (1 − α^(k+1)) / ((1 − α)(k·c + 1)), c = {c:.3g}"),
     ]
-    layout = live_layout(f"Theory for the measured α = {alpha:.2f} and draft cost c = {c:.2f}", None, font_size,
+    layout = live_layout(f"Theory for the measured α = {alpha:.2f} and draft cost c = {c:.3g}", None, font_size,
                          legend=dict(orientation="h", y=-0.15), margin=dict(l=60, r=20, t=80, b=60))
     return stack(panels, layout, shared_x=True, margin_px=(80, 60))
 
@@ -244,7 +250,7 @@ def spec_text_markdown(traces: Sequence[StepTrace], request_id: str) -> str:
     recovered tokens on orange; every piece escaped (model text never reaches Markdown raw)."""
     parts = []
     for token_id, text, kind in token_kinds(traces, request_id):
-        piece = escape_markdown(text if text is not None else f"#{token_id}").replace("Ġ", " ").replace("Ċ", "↵")
+        piece = escape_markdown(readable(text) if text is not None else f"#{token_id}")
         parts.append(f":{TEXT_MARKS[kind]}-background[{piece}]" if kind in TEXT_MARKS else piece)
     return "".join(parts) or "No output yet."
 

@@ -80,7 +80,10 @@ def theory_tab(view: RunView, style: live.Style) -> None:
     live.chart(sv.theory_figure(float(s["alpha"]), int(s["k"]), c, s["tokens_per_verification"], speedup,
                                 style.font_size), "spec_theory", style)
     if style.explain:
-        st.caption(f"c = {c:.2f}: drafting time per draft token / a target step's time"
+        st.caption("The theory assumes each draft is accepted independently with probability α and a verification "
+                   "costs one target step; copied text is accepted in runs (measured above the curve), and on this "
+                   "CPU verifying k drafts costs 1.0–1.45 decode steps (make bench: bench_spec).")
+        st.caption(f"c = {c:.3g}: drafting time per draft token / a target step's time"
                    + (" (decode steps of the run without speculation)." if runs else
                       " (this run's verifying steps; run the comparison for a plain decode step and the measured "
                       "speedup)."))

@@ -5,7 +5,7 @@
 Starts `make run`'s server, steps the chat-burst scenario on SmolLM2-135M as a viewer would
 (clicks), and saves one PNG per view; the Prefix cache page steps its own scenarios
 (shared-prefix, and cache-pressure for LRU eviction). Groups: live (KV cache, batching,
-Generate, fit), prefix, quant (the Quantization page's five tabs).
+Generate, fit), prefix, quant (the Quantization page's five tabs), spec (Speculative decoding).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _step_to(page, steps: int) -> None:
         wait_for_app(page)
 
 
-GROUPS = ("live", "prefix", "quant")
+GROUPS = ("live", "prefix", "quant", "spec")
 
 
 def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
@@ -53,6 +53,8 @@ def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
             _prefix(browser, url, out)
         if "quant" in groups:
             _quant(browser, url, out)
+        if "spec" in groups:
+            _spec(browser, url, out)
         browser.close()
 
 
@@ -111,6 +113,23 @@ def _quant(browser, url: str, out: Path) -> None:
     page.get_by_role("tab", name="KV cache").click()
     wait_for_app(page, timeout=300_000)
     _shoot(page, out, "quantization-kv")
+    context.close()
+
+
+def _spec(browser, url: str, out: Path) -> None:
+    """The Speculative decoding page on spec-copy (n-gram, k = 4) after 10 steps: the drafts, the
+    acceptance and theory, the with/without comparison."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    load(page, f"{url}/speculative?live_model={MODEL}&live_scenario=spec-copy", timeout=300_000)
+    _step_to(page, 10)
+    _shoot(page, out, "speculative")
+    _tab(page, "Acceptance & theory")
+    _shoot(page, out, "speculative-theory")
+    _tab(page, "With vs without")
+    click(page, "run_spec_comparison")
+    wait_for_app(page, timeout=300_000)
+    _shoot(page, out, "speculative-comparison")
     context.close()
 
 
