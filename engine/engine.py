@@ -57,6 +57,9 @@ from engine.trace import (BlockState, DraftToken, PrefixCacheEvents, PrefixNode,
                           ResidualToken, SampledToken, ScheduledChunk, Snapshot, SpecVerification, StepTrace)
 
 
+TOP_ALTERNATIVES = 3  # the target's top entries kept per draft position (StepTrace.spec)
+
+
 @dataclass(frozen=True)
 class SharedModel:
     """Weights and tokenizer, shared read-only by every engine in the process."""
@@ -561,10 +564,16 @@ class LLMEngine:
         assert self.drafter is not None
         self.drafter.rewind(r, s.start + 1 + result.num_accepted)
         pieces = self.tokenizer.convert_ids_to_tokens(list(ids) + [t for t, _ in result.residual_top])
+        top_p, top_ids = p[:k].topk(min(TOP_ALTERNATIVES, p.shape[-1]), dim=-1)  # [k, 3]: what the target wanted
+        alternatives = [tuple(ResidualToken(int(t), text, _prob(float(v)))
+                              for t, v, text in zip(row_ids.tolist(), row_p.tolist(),
+                                                    self.tokenizer.convert_ids_to_tokens(row_ids.tolist())) if v > 0)
+                        for row_ids, row_p in zip(top_ids, top_p)]
         spec.append(SpecVerification(
             request_id=r.request_id, method=self.drafter.method,  # type: ignore[arg-type]
-            drafts=tuple(DraftToken(t, text, _prob(pv), _prob(qv), outcome) for t, text, pv, qv, outcome in
-                         zip(ids, pieces, result.draft_p, result.draft_q, result.outcomes)),
+            drafts=tuple(DraftToken(t, text, _prob(pv), _prob(qv), outcome, alt)
+                         for t, text, pv, qv, outcome, alt in
+                         zip(ids, pieces, result.draft_p, result.draft_q, result.outcomes, alternatives)),
             emitted=result.token_ids, final_kind=result.final_kind,
             residual_top=tuple(ResidualToken(t, text, _prob(v))
                                for (t, v), text in zip(result.residual_top, pieces[k:]))))

@@ -69,12 +69,14 @@ class DraftToken:
     p: Probability
     q: Probability
     outcome: DraftOutcomeName
+    alternatives: tuple[ResidualToken, ...] = ()  # the target's top entries of p at this position
 
 
 @dataclass(frozen=True)
 class ResidualToken:
-    """One of the top entries of the residual distribution normalize(max(0, p - q)) at a
-    sampled rejection: where the recovered token was drawn from."""
+    """A token with a probability: one of the top entries of the residual distribution
+    normalize(max(0, p - q)) at a sampled rejection (where the recovered token was drawn from),
+    or of the target's p at a draft position (``DraftToken.alternatives``)."""
 
     token_id: TokenId
     text: str | None

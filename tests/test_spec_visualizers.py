@@ -50,6 +50,11 @@ def test_drafts_figure_has_one_cell_per_draft_and_final_token(early_sampled) -> 
     assert fig.layout.meta["step"] == trace.step
     rec = next(v for v in trace.spec if v.final_kind == "recovered")
     assert rec.residual_top and "residual" in " ".join(by_name[sv.SPEC_LABELS["recovered"]].hovertext)
+    # every draft carries the target's top choices at its position, largest first, and shows them
+    draft = rec.drafts[0]
+    assert draft.alternatives and list(a.prob for a in draft.alternatives) == sorted(
+        (a.prob for a in draft.alternatives), reverse=True)
+    assert "the target's top choices" in " ".join(by_name[sv.SPEC_LABELS[draft.outcome]].hovertext)
 
 
 def test_pq_figure_shows_each_drafts_p_and_q(early_sampled) -> None:

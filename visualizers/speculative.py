@@ -79,8 +79,10 @@ def drafts_figure(trace: StepTrace | None, font_size: int = 12, step: int | None
             xs[d.outcome].append(i + 1)
             ys[d.outcome].append(label)
             texts[d.outcome].append(_piece(d.text, d.token_id))
+            wanted = "".join(f"<br>  {_piece(a.text, a.token_id)!r}: {a.prob:.3f}" for a in d.alternatives)
             hovers[d.outcome].append(f"{label} draft {i + 1}: {_piece(d.text, d.token_id)!r}<br>p = {d.p:.3f}, "
-                                     f"q = {d.q:.3f}, min(1, p/q) = {ratio:.3f}<br>{d.outcome}")
+                                     f"q = {d.q:.3f}, min(1, p/q) = {ratio:.3f}<br>{d.outcome}"
+                                     + (f"<br>the target's top choices:{wanted}" if wanted else ""))
         final = v.final_kind
         xs[final].append(len(v.drafts) + 1)
         ys[final].append(label)
