@@ -23,7 +23,8 @@ from streamlit.errors import StreamlitAPIException
 from app import step_queue, timing
 from engine.config import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, EngineConfig
 from engine.recording import Recording, from_json, record, to_json
-from engine.run import LiveRun, PolicyRun, ReplayRun, RunView, compare_policies, compare_prefix_caching
+from engine.run import (LiveRun, PolicyRun, ReplayRun, RunView, compare_policies, compare_prefix_caching,
+                        compare_speculation)
 from engine.scenario import Scenario, list_scenarios, load_scenario, with_knobs
 
 MODELS = ("smollm2-135m", "tiny-random")
@@ -477,62 +478,56 @@ def run_comparison(progress: Callable[[str, int], None] | None = None) -> None:
         current.comparison.update(runs)
 
 
-# -- prefix caching on vs off ------------------------------------------------------------------
+# -- side-by-side comparisons kept per set-up: prefix caching on vs off, speculation on vs off ----
+# Not part of a recording (engine/recording.py accepts only the two scheduling policies as
+# comparison runs), so a replay has none; a change of model, scenario or knob drops them.
 
-def caching_comparison() -> dict[str, PolicyRun]:
-    """The caching on/off runs of the current live set-up (same model, scenario and knobs), if run.
+Compare = Callable[..., dict[str, PolicyRun]]  # engine.run.compare_*(scenario, model, on_step=...)
 
-    Not part of a recording (engine/recording.py accepts only the two scheduling policies as
-    comparison runs), so a replay has none.
-    """
+
+def _stored_comparison(key: str) -> dict[str, PolicyRun]:
+    """The runs stored under ``key`` for the current live set-up, if run."""
     ss = st.session_state
-    stored = ss.get(K.caching_runs)
+    stored = ss.get(key)
     if is_replay() or stored is None or stored[0] != ss.get(K.run_spec):
         return {}
     return dict(stored[1])
+
+
+def _run_stored_comparison(key: str, compare: Compare, progress: Callable[[str, int], None] | None) -> None:
+    """Run the current scenario to the end both ways with ``compare`` and store the runs under
+    ``key`` (live runs only); a failure is a message."""
+    ss = st.session_state
+    spec = ss.get(K.run_spec)
+    if run() is None or is_replay() or spec is None:
+        return
+    try:
+        sc = spec_scenario(spec)
+        runs = compare(sc, spec_model(spec, sc), on_step=progress)
+    except (ValueError, RuntimeError) as e:
+        ss[K.error] = f"comparison failed: {e}"
+        return
+    ss[key] = (spec, runs)
+
+
+def caching_comparison() -> dict[str, PolicyRun]:
+    """The caching on/off runs of the current live set-up (same model, scenario and knobs), if run."""
+    return _stored_comparison(K.caching_runs)
 
 
 def run_caching_comparison(progress: Callable[[str, int], None] | None = None) -> None:
     """Run the current scenario to the end with prefix caching on and off (live runs only)."""
-    ss = st.session_state
-    spec = ss.get(K.run_spec)
-    if run() is None or is_replay() or spec is None:
-        return
-    try:
-        sc = spec_scenario(spec)
-        runs = compare_prefix_caching(sc, spec_model(spec, sc), on_step=progress)
-    except (ValueError, RuntimeError) as e:
-        ss[K.error] = f"comparison failed: {e}"
-        return
-    ss[K.caching_runs] = (spec, runs)
+    _run_stored_comparison(K.caching_runs, compare_prefix_caching, progress)
 
-
-# -- speculation on vs off -------------------------------------------------------------------------
 
 def spec_comparison() -> dict[str, PolicyRun]:
-    """The with/without-speculation runs of the current live set-up, if run (not in recordings)."""
-    ss = st.session_state
-    stored = ss.get(K.spec_runs)
-    if is_replay() or stored is None or stored[0] != ss.get(K.run_spec):
-        return {}
-    return dict(stored[1])
+    """The with/without-speculation runs of the current live set-up, if run."""
+    return _stored_comparison(K.spec_runs)
 
 
 def run_spec_comparison(progress: Callable[[str, int], None] | None = None) -> None:
     """Run the current scenario to the end with its speculative_config and without (live only)."""
-    from engine.run import compare_speculation
-
-    ss = st.session_state
-    spec = ss.get(K.run_spec)
-    if run() is None or is_replay() or spec is None:
-        return
-    try:
-        sc = spec_scenario(spec)
-        runs = compare_speculation(sc, spec_model(spec, sc), on_step=progress)
-    except (ValueError, RuntimeError) as e:
-        ss[K.error] = f"comparison failed: {e}"
-        return
-    ss[K.spec_runs] = (spec, runs)
+    _run_stored_comparison(K.spec_runs, compare_speculation, progress)
 
 
 # -- presentation -----------------------------------------------------------------------------
