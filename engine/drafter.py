@@ -64,8 +64,8 @@ class Drafter(Protocol):
 
 
 class NgramDrafter:
-    """Prompt lookup (vLLM's ``ngram`` method): the tokens that followed the latest earlier
-    occurrence of the context's suffix (engine.spec_decode.ngram_propose over prompt + output).
+    """Prompt lookup (vLLM's ``ngram`` method): the tokens that followed the earliest occurrence
+    of the context's longest matching suffix (engine.spec_decode.ngram_propose over prompt + output).
     Stateless, so rewind/release/checkpoint have nothing to do."""
 
     method = "ngram"
