@@ -129,23 +129,13 @@ def _nested_mapping(keys: frozenset[str]) -> Decoder:
         for k, x in value.items():
             try:
                 if k in keys and type(x) is dict:
-                    out[k] = _scalar_object(x)
+                    out[k] = _mapping(_scalar)(x)  # an object of scalars
                 else:
                     out[k] = _scalar(x)
             except SchemaError as e:
                 raise e.under(key_segment(k)) from None
         return out
     return decode_nested
-
-
-def _scalar_object(value: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, x in value.items():
-        try:
-            out[k] = _scalar(x)
-        except SchemaError as e:
-            raise e.under(key_segment(k)) from None
-    return out
 
 
 def _number(x: float) -> str:

@@ -45,6 +45,14 @@ def hf_generate(hf, tokenizer, eos: list[int], prompt: str, max_tokens: int) -> 
     return tuple(out[0, ids.shape[1]:].tolist())
 
 
+def hf_outputs(hf, shared, prompts: list[str], max_tokens: int) -> list[tuple[int, ...]]:
+    """``hf_generate`` for each prompt, stopping at the engine's EOS ids (the model's and the
+    tokenizer's): the reference of a run over ``shared``'s weights as ``hf`` holds them."""
+    tok = shared.tokenizer
+    eos = sorted(set(shared.model.config.eos_token_ids) | {tok.eos_token_id})
+    return [hf_generate(hf, tok, eos, prompt, max_tokens) for prompt in prompts]
+
+
 @lru_cache(maxsize=256)
 def hf_greedy(name: str, prompt: str, max_tokens: int) -> tuple[int, ...]:
     """Hugging Face ``generate`` (greedy, batch 1, no padding): the oracle for every path."""

@@ -23,7 +23,7 @@ from engine.model_runner import ModelRunner
 from engine.models.loader import load_model
 from engine.quantization import (FP8_CHUNK_CODES, QuantConfig, QuantizedLinear, dequantize, dequantized_weights,
                                  fp8_to_bf16, linear, quantize_fp8, quantize_int4, quantize_int8, quantize_weight)
-from tests.parity import PROMPTS, hf_from_weights, hf_generate, run_engine
+from tests.parity import PROMPTS, hf_from_weights, hf_outputs, run_engine
 
 SCHEMES = ["int8", "int4", "fp8", "w8a8"]
 EPS = 1e-6  # fp32 arithmetic in the quantizer itself (a division and a rounding per element)
@@ -193,9 +193,7 @@ def test_parity_with_hf_on_dequantized_weights(name: str, scheme: str) -> None:
     prompts = PROMPTS[:3] if name == "tiny-random" else PROMPTS[:1]
     engine = LLMEngine(shared, quantization=scheme, num_blocks=64)
     outputs, _ = run_engine(engine, prompts, N_TOKENS)
-    eos = sorted(set(shared.model.config.eos_token_ids) | {tok.eos_token_id})
-    for prompt, got in zip(prompts, outputs):
-        want = hf_generate(hf, tok, eos, prompt, N_TOKENS)
+    for prompt, got, want in zip(prompts, outputs, hf_outputs(hf, shared, prompts, N_TOKENS)):
         n = min(len(got), len(want))
         assert got[:n] == want[:n], f"{scheme} {prompt[:30]!r}: engine {got} != HF {want}"
 

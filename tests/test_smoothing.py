@@ -24,7 +24,7 @@ from engine.models.llama import LlamaModel
 from engine.models.loader import load_model
 from engine.quantization import QuantConfig, dequantized_weights
 from engine.smoothing import apply_smoothing, smoothing_scales
-from tests.parity import PROMPTS, hf_from_weights, hf_generate, run_engine
+from tests.parity import PROMPTS, hf_from_weights, hf_outputs, run_engine
 
 ALPHA = 0.5
 
@@ -180,9 +180,7 @@ def test_w8a8_smoothed_parity_with_hf_on_smoothed_dequantized_weights(name: str)
     prompts = PROMPTS[:3] if name == "tiny-random" else PROMPTS[:1]
     engine = LLMEngine(shared, quantization="w8a8", quantization_smoothing_strength=ALPHA, num_blocks=64)
     outputs, _ = run_engine(engine, prompts, N_TOKENS)
-    eos = sorted(set(shared.model.config.eos_token_ids) | {tok.eos_token_id})
-    for prompt, got in zip(prompts, outputs):
-        want = hf_generate(hf, tok, eos, prompt, N_TOKENS)
+    for prompt, got, want in zip(prompts, outputs, hf_outputs(hf, shared, prompts, N_TOKENS)):
         n = min(len(got), len(want))
         assert got[:n] == want[:n], f"{prompt[:30]!r}: engine {got} != HF {want}"
 

@@ -10,7 +10,7 @@ from engine.config import EngineConfig
 from engine.engine import get_shared_model
 from engine.models.loader import load_model
 from engine.sparsity import prune_2_4, sparsified_weights
-from tests.parity import PROMPTS, hf_from_weights, hf_generate, run_engine
+from tests.parity import PROMPTS, hf_from_weights, hf_outputs, run_engine
 
 
 def test_two_largest_of_every_four_are_kept() -> None:
@@ -68,10 +68,8 @@ def test_fp32_greedy_parity_with_hf_on_pruned_weights(name: str, n_prompts: int,
     assert shared.sparsity == "2:4" and shared.model.dtype == torch.float32
     prompts = PROMPTS[:n_prompts]
     outputs, _ = run_engine(LLMEngine(shared, sparsity="2:4", num_blocks=64), prompts, n_tokens)
-    hf, tok = _hf_pruned(name), shared.tokenizer
-    eos = sorted(set(shared.model.config.eos_token_ids) | {tok.eos_token_id})
-    for prompt, got in zip(prompts, outputs):
-        assert got == hf_generate(hf, tok, eos, prompt, n_tokens), prompt
+    for prompt, got, want in zip(prompts, outputs, hf_outputs(_hf_pruned(name), shared, prompts, n_tokens)):
+        assert got == want, prompt
 
 
 def test_sparse_then_quantized_runs_and_differs_from_dense() -> None:

@@ -10,6 +10,8 @@ Generate, fit), prefix, quant (the Quantization page's five tabs), spec (Specula
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.browser.server import (ROOT, click, launch_chromium, load, open_page, streamlit_server, wait_for_app,
@@ -26,9 +28,9 @@ def _shoot(page, out: Path, name: str) -> None:
     print(f"  {out / (name + '.png')}", flush=True)
 
 
-def _tab(page, title: str) -> None:
+def _tab(page, title: str, timeout: float = 60_000) -> None:
     page.get_by_role("tab", name=title).click()
-    wait_for_app(page)
+    wait_for_app(page, timeout=timeout)
 
 
 def _step_to(page, steps: int) -> None:
@@ -79,58 +81,63 @@ def _live(browser, url: str, out: Path) -> None:
     _shoot(page, out, "fit")
 
 
+@contextmanager
+def _session(browser, url: str, path: str, scenario: str) -> Iterator:
+    """A fresh browser session (its own Streamlit session) on ``path`` with ``scenario`` from the URL."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    load(page, f"{url}/{path}?live_model={MODEL}&live_scenario={scenario}", timeout=300_000)
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+def _press(page, key: str, timeout: float = 300_000) -> None:
+    """Click a button that runs something long (a comparison, a measurement) and wait for it."""
+    click(page, key)
+    wait_for_app(page, timeout=timeout)
+
+
 def _prefix(browser, url: str, out: Path) -> None:
     for name, scenario, steps in PREFIX_SHOTS:
-        context = browser.new_context(viewport=VIEWPORT)  # a fresh session: the scenario comes from the URL
-        fresh = context.new_page()
-        load(fresh, f"{url}/prefix-cache?live_model={MODEL}&live_scenario={scenario}", timeout=300_000)
-        _step_to(fresh, steps)
-        _shoot(fresh, out, name)
-        if scenario == "shared-prefix":
-            _tab(fresh, "Caching on vs off")
-            click(fresh, "run_caching_comparison")
-            wait_for_app(fresh, timeout=300_000)
-            _shoot(fresh, out, "prefix-cache-comparison")
-        context.close()
+        with _session(browser, url, "prefix-cache", scenario) as page:
+            _step_to(page, steps)
+            _shoot(page, out, name)
+            if scenario == "shared-prefix":
+                _tab(page, "Caching on vs off")
+                _press(page, "run_caching_comparison")
+                _shoot(page, out, "prefix-cache-comparison")
 
 
 def _quant(browser, url: str, out: Path) -> None:
     """The Quantization page: weights (int4 g32, layer 0 q_proj), activations after 6 steps of
     chat-burst, SmoothQuant, the trade-offs measured from the button, the KV-cache dtypes."""
-    context = browser.new_context(viewport=VIEWPORT)
-    page = context.new_page()
-    load(page, f"{url}/quantization?live_model={MODEL}&live_scenario={SCENARIO}", timeout=300_000)
-    _shoot(page, out, "quantization-weights")
-    _tab(page, "Activations")
-    _step_to(page, 6)
-    _shoot(page, out, "quantization-activations")
-    _tab(page, "SmoothQuant")
-    _shoot(page, out, "quantization-smoothquant")
-    _tab(page, "Trade-offs")
-    click(page, "measure_tradeoffs")
-    wait_for_app(page, timeout=600_000)
-    _shoot(page, out, "quantization-tradeoffs")
-    page.get_by_role("tab", name="KV cache").click()
-    wait_for_app(page, timeout=300_000)
-    _shoot(page, out, "quantization-kv")
-    context.close()
+    with _session(browser, url, "quantization", SCENARIO) as page:
+        _shoot(page, out, "quantization-weights")
+        _tab(page, "Activations")
+        _step_to(page, 6)
+        _shoot(page, out, "quantization-activations")
+        _tab(page, "SmoothQuant")
+        _shoot(page, out, "quantization-smoothquant")
+        _tab(page, "Trade-offs")
+        _press(page, "measure_tradeoffs", timeout=600_000)
+        _shoot(page, out, "quantization-tradeoffs")
+        _tab(page, "KV cache", timeout=300_000)
+        _shoot(page, out, "quantization-kv")
 
 
 def _spec(browser, url: str, out: Path) -> None:
     """The Speculative decoding page on spec-copy (n-gram, k = 4) after 10 steps: the drafts, the
     acceptance and theory, the with/without comparison."""
-    context = browser.new_context(viewport=VIEWPORT)
-    page = context.new_page()
-    load(page, f"{url}/speculative?live_model={MODEL}&live_scenario=spec-copy", timeout=300_000)
-    _step_to(page, 10)
-    _shoot(page, out, "speculative")
-    _tab(page, "Acceptance & theory")
-    _shoot(page, out, "speculative-theory")
-    _tab(page, "With vs without")
-    click(page, "run_spec_comparison")
-    wait_for_app(page, timeout=300_000)
-    _shoot(page, out, "speculative-comparison")
-    context.close()
+    with _session(browser, url, "speculative", "spec-copy") as page:
+        _step_to(page, 10)
+        _shoot(page, out, "speculative")
+        _tab(page, "Acceptance & theory")
+        _shoot(page, out, "speculative-theory")
+        _tab(page, "With vs without")
+        _press(page, "run_spec_comparison")
+        _shoot(page, out, "speculative-comparison")
 
 
 if __name__ == "__main__":
