@@ -104,9 +104,7 @@ class ModelDrafter:
     """A draft model (or the target's first layers) with its own KV; see the module doc."""
 
     def __init__(self, method: str, model: LlamaModel, num_layers: int, num_blocks: int, block_size: int) -> None:
-        if not 1 <= num_layers <= model.config.num_hidden_layers:
-            raise ValueError(f"speculative_config.num_layers: must be in 1 .. {model.config.num_hidden_layers}, "
-                             f"got {num_layers}")
+        """``num_layers`` of ``model`` (checked by SpeculativeConfig.check_against_model)."""
         self.method = method
         self.model = model
         self.num_layers = num_layers
@@ -119,10 +117,6 @@ class ModelDrafter:
     @property
     def num_used_blocks(self) -> int:
         return self.blocks.num_blocks - len(self.blocks.free)
-
-    @property
-    def kv_cache_total_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches if isinstance(k, torch.Tensor))
 
     @torch.inference_mode()
     def _forward(self, chunks: list[list[int]], starts: list[int], rids: list[str]) -> torch.Tensor:

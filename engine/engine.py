@@ -215,45 +215,43 @@ class LLMEngine:
         self.lock = threading.RLock()
         self._ids = itertools.count()
 
+    def _draft_target(self, spec: SpeculativeConfig) -> tuple[LlamaModel, int]:
+        """The model a model drafter runs and how many of its layers: the target's first
+        num_layers (early_exit) or the whole draft model (draft_model, shared process-wide)."""
+        if spec.method == "early_exit":
+            assert spec.num_layers is not None
+            return self.shared.model, spec.num_layers
+        assert spec.model is not None
+        model = get_shared_model(spec.model, quantization=spec.quantization).model
+        return model, model.config.num_hidden_layers
+
     def _draft_kv_bytes_per_token(self) -> int:
         """KV bytes per token of a model drafter's own pool (same num_blocks x block_size as the
         target's, in the draft model's compute dtype), counted in the memory check: 0 for none and
-        ngram; early_exit: its num_layers of the target; draft_model: the draft model's layers."""
+        ngram; else its layers' share of ``kv_cache_bytes_per_token`` (linear in the layers)."""
         spec = self.config.speculative_config
         if spec is None or spec.method == "ngram":
             return 0
-        if spec.method == "early_exit":
-            model, layers = self.shared.model, int(spec.num_layers or 0)
-        else:
-            assert spec.model is not None
-            model = get_shared_model(spec.model, quantization=spec.quantization).model
-            layers = model.config.num_hidden_layers
-        c = model.config
-        return 2 * layers * c.num_key_value_heads * c.head_dim * torch.empty((), dtype=model.dtype).element_size()
+        model, layers = self._draft_target(spec)
+        return kv_cache_bytes_per_token(model.config, model.dtype) * layers // model.config.num_hidden_layers
 
     def _build_drafter(self, spec: SpeculativeConfig) -> Drafter:
         """The speculative drafter (engine/drafter.py, engine/draft_runner.py), checked against
         the target: early_exit's num_layers below its layer count; a draft model's vocabulary
         equal to the target's (ValueError naming speculative_config.model otherwise). A model
         drafter's own KV pool has the target's num_blocks x block_size geometry (for its own
-        layer count), on top of the memory the target's configuration was checked for."""
+        layer count), counted by the memory check (``_draft_kv_bytes_per_token``)."""
         mc = self.shared.model.config
         spec.check_against_model(mc.num_hidden_layers)
-        c = self.config
         if spec.method == "ngram":
             assert spec.prompt_lookup_min is not None and spec.prompt_lookup_max is not None
             return NgramDrafter(spec.prompt_lookup_min, spec.prompt_lookup_max)
-        if spec.method == "early_exit":
-            assert spec.num_layers is not None
-            return ModelDrafter("early_exit", self.shared.model, spec.num_layers, c.num_blocks, c.block_size)
-        assert spec.model is not None
-        draft = get_shared_model(spec.model, quantization=spec.quantization)
-        if draft.model.config.vocab_size != mc.vocab_size:
+        model, layers = self._draft_target(spec)
+        if model.config.vocab_size != mc.vocab_size:
             raise ValueError(f"speculative_config.model: the draft model {spec.model!r} has a vocabulary of "
-                             f"{draft.model.config.vocab_size} tokens, the target {self.shared.name!r} has "
+                             f"{model.config.vocab_size} tokens, the target {self.shared.name!r} has "
                              f"{mc.vocab_size}; a draft model must share the target's tokenizer")
-        return ModelDrafter("draft_model", draft.model, draft.model.config.num_hidden_layers,
-                            c.num_blocks, c.block_size)
+        return ModelDrafter(spec.method, model, layers, self.config.num_blocks, self.config.block_size)
 
     # -- properties the calculator and views read -----------------------------------------
     @property

@@ -264,12 +264,23 @@ def compare_policies(scenario: Scenario, model: Any, knob_overrides: Mapping[str
                      policies: tuple[str, ...] = ("static", "continuous"),
                      on_step: Callable[[str, int], None] | None = None) -> dict[str, PolicyRun]:
     """Run the same scenario to the end once per policy, with every other knob equal."""
+    knobs = dict(knob_overrides or {})
+    return _run_variants(model, [(policy, scenario, {**knobs, "policy": policy}) for policy in policies], on_step)
+
+
+Variant = tuple[str, Scenario, Mapping[str, Any]]  # (label, scenario, knob overrides)
+
+
+def _run_variants(model: Any, variants: list[Variant],
+                  on_step: Callable[[str, int], None] | None) -> dict[str, PolicyRun]:
+    """Each variant's engine run to the end, in order -> {label: run}; ``on_step(label, n)``
+    after each step. Every side-by-side comparison of a page is one call of this."""
     out = {}
-    for policy in policies:
-        engine = build_engine(scenario, model, **{**(knob_overrides or {}), "policy": policy})
-        callback = None if on_step is None else (lambda n, p=policy: on_step(p, n))
+    for label, sc, knobs in variants:
+        engine = build_engine(sc, model, **knobs)
+        callback = None if on_step is None else (lambda n, name=label: on_step(name, n))
         traces = run_to_end(engine, on_step=callback)
-        out[policy] = PolicyRun(policy, tuple(traces), engine.snapshot())
+        out[label] = PolicyRun(engine.config.policy, tuple(traces), engine.snapshot())
     return out
 
 
@@ -282,13 +293,9 @@ def compare_prefix_caching(scenario: Scenario, model: Any, knob_overrides: Mappi
 
     -> {"caching on": run, "caching off": run}; each run's ``policy`` is the scheduling policy used.
     """
-    out = {}
-    for name, enabled in CACHING_RUNS:
-        engine = build_engine(scenario, model, **{**(knob_overrides or {}), "enable_prefix_caching": enabled})
-        callback = None if on_step is None else (lambda n, label=name: on_step(label, n))
-        traces = run_to_end(engine, on_step=callback)
-        out[name] = PolicyRun(engine.config.policy, tuple(traces), engine.snapshot())
-    return out
+    knobs = dict(knob_overrides or {})
+    return _run_variants(model, [(name, scenario, {**knobs, "enable_prefix_caching": enabled})
+                                 for name, enabled in CACHING_RUNS], on_step)
 
 
 SPECULATION_RUNS: tuple[str, str] = ("with speculation", "without speculation")
@@ -311,12 +318,5 @@ def compare_speculation(scenario: Scenario, model: Any, knob_overrides: Mapping[
     if not spec:
         raise ValueError("speculative_config: the scenario has none and none was given; "
                          "nothing to compare")
-    plain = without_speculation(scenario)
-    out = {}
-    for name, sc, extra in ((SPECULATION_RUNS[0], scenario, {"speculative_config": spec}),
-                            (SPECULATION_RUNS[1], plain, {})):
-        engine = build_engine(sc, model, **{**overrides, **extra})
-        callback = None if on_step is None else (lambda n, label=name: on_step(label, n))
-        traces = run_to_end(engine, on_step=callback)
-        out[name] = PolicyRun(engine.config.policy, tuple(traces), engine.snapshot())
-    return out
+    return _run_variants(model, [(SPECULATION_RUNS[0], scenario, {**overrides, "speculative_config": spec}),
+                                 (SPECULATION_RUNS[1], without_speculation(scenario), overrides)], on_step)

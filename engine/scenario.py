@@ -15,7 +15,7 @@ the same knobs give the same batches, the same blocks and the same tokens.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -26,10 +26,7 @@ if TYPE_CHECKING:
     from engine.engine import LLMEngine
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "presets" / "scenarios"
-KNOB_NAMES = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs",
-              "enable_chunked_prefill", "policy", "max_model_len", "dtype", "kv_cache_dtype", "seed", "enable_prefix_caching",
-              "quantization", "quantization_group_size", "quantization_outlier_threshold",
-              "quantization_smoothing_strength", "sparsity", "speculative_config")
+KNOB_NAMES = tuple(f.name for f in fields(EngineConfig))  # a scenario may set any engine knob
 _REQUEST_FIELDS = {"prompt", "arrival_step", "max_tokens", "temperature", "seed", "ignore_eos", "top_k", "top_p", "n"}
 
 
