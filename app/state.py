@@ -572,6 +572,11 @@ def fp32_weights(name: str) -> dict:
 
 
 def num_layers(name: str) -> int:
+    """The model's layer count: from the session's live engine when it runs ``name`` (no load),
+    else from the fp32 weights the Weights tab loads anyway (a replay)."""
+    current = run()
+    if isinstance(current, LiveRun) and current.meta.model == name:
+        return int(current.engine.runner.model.config.num_hidden_layers)
     return int(fp32_model(name).config.num_hidden_layers)
 
 

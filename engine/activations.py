@@ -271,7 +271,7 @@ class ActivationRecorder:
         self.absmax[key] = am if prev is None else torch.maximum(prev, am)
         top = float(am.max())
         r = self.ranges.get(key) or 2.0 ** math.ceil(math.log2(max(top, 1e-30)))
-        counts = self.counts.get(key, torch.zeros(self.bins, dtype=torch.float64))
+        counts = self.counts[key] if key in self.counts else torch.zeros(self.bins, dtype=torch.float64)
         while top > r:  # merge neighbour pairs into the middle half
             merged = counts.view(-1, 2).sum(dim=1)  # [bins / 2]
             counts = torch.zeros_like(counts)

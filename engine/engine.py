@@ -49,7 +49,7 @@ from engine.spec_decode import probs_from_logits, rejection_sample
 from engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from engine.prefix_cache import RadixNode
 from engine.sparsity import check_sparsity, sparsified_weights
-from engine.activations import activation_stats
+from engine.activations import ActivationStats, activation_stats
 from engine.config import check_smoothing
 from engine.smoothing import Smoothing, smooth_weights
 from engine.quantization import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, QuantConfig, check_quant_knobs
@@ -114,9 +114,15 @@ def calibrated_smoothing(model: str, strength: float, weights: dict[str, torch.T
     (engine/smoothing.py) of ``weights`` (the model's fp32 weights; read from disk when the
     caller has not loaded them already). Returns the smoothed fp32 weights and the record.
     Deterministic."""
-    fp32 = _shared_model(model, "float32")
-    stats = activation_stats(LLMEngine(fp32, num_blocks=16, enable_prefix_caching=False))
-    return smooth_weights(load_model(model).weights if weights is None else weights, stats, strength)
+    return smooth_weights(load_model(model).weights if weights is None else weights, calibration_stats(model),
+                          strength)
+
+
+@lru_cache(maxsize=4)
+def calibration_stats(model: str) -> ActivationStats:
+    """Activation statistics of the shipped calibration prompts on the fp32 model: the same for
+    every smoothing strength, so computed once per model and process."""
+    return activation_stats(LLMEngine(_shared_model(model, "float32"), num_blocks=16, enable_prefix_caching=False))
 
 
 @dataclass(frozen=True)

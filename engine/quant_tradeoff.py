@@ -263,9 +263,8 @@ def load_modes(model: str, modes: Sequence[Mode] = MODES, progress: Progress | N
     for i, m in enumerate(modes):
         if progress is not None:
             progress(f"loading {m.label} weights", (done + i) / total)
-        kw = m.kwargs
         t0 = time.perf_counter()
-        shared = get_shared_model(model, kw["dtype"], kw.get("quantization"), kw.get("quantization_group_size", 32))
+        shared = get_shared_model(model, **m.kwargs)
         out[m.label] = LoadedMode(m, shared, time.perf_counter() - t0)
     return out
 
@@ -397,7 +396,7 @@ def measure_tradeoffs(model: str, settings: Settings, modes: Sequence[Mode] = MO
     ppl: dict[str, float] = {}
     for i, m in enumerate(modes):
         report(f"perplexity of {m.label}", done + 3 + i)
-        ppl[m.label] = perplexity(LLMEngine(loaded[m.label].shared, **m.kwargs, max_num_seqs=1), text,
+        ppl[m.label] = perplexity(LLMEngine(loaded[m.label].shared, **m.kwargs, max_num_seqs=1, num_blocks=1), text,
                                   window=PPL_WINDOW, stride=PPL_STRIDE, max_tokens=settings.ppl_tokens).ppl
     report("calculator and read bandwidth again", done + 3 + n)
     bw = max(bw, read_bandwidth(bw_bytes))  # the better of the two bounds the steps

@@ -228,9 +228,7 @@ def int4_codes(q: QuantizedTensor) -> torch.Tensor:
 def dequantize(q: QuantizedTensor) -> torch.Tensor:
     """The weight the codes stand for, exactly, in fp32 [N, K]."""
     n, k = q.shape
-    if q.scheme == "int8":
-        return q.data.float() * q.scales.float()[:, None]
-    if q.scheme == "fp8":
+    if q.scheme in ("int8", "fp8"):  # per output channel: code x scale
         return q.data.float() * q.scales.float()[:, None]
     if q.scheme == "int4":
         assert q.group_size is not None

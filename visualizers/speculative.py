@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.spec_decode import best_k, expected_speedup, expected_tokens_per_step
+from engine.spec_theory import best_k, expected_speedup, expected_tokens_per_step
 from engine.run import SPECULATION_RUNS
 from engine.trace import SpecVerification, StepTrace
 from visualizers.figures import Panel, figure, live_layout, stack

@@ -164,8 +164,7 @@ def kv_tab(view: RunView, style: live.Style) -> None:
 
 
 def quant_label(view: RunView) -> str:
-    scheme = view.meta.config.get("quantization")
-    return "fp32" if scheme is None else str(scheme)
+    return view.meta.precision or "fp32"
 
 
 live.page("Quantization", render, INTRO)

@@ -78,13 +78,6 @@ class FusedLayer:
         return FusedLayer(self.input_layernorm.to(dtype), self.post_attention_layernorm.to(dtype), w(self.qkv),
                           c(self.qkv_bias), w(self.o), c(self.o_bias), w(self.gate_up), w(self.down))
 
-    def quantized(self, config: QuantConfig) -> FusedLayer:
-        """The same layer with its four projections quantized (norms and biases stay as they are)."""
-        def q(w: Weight) -> Weight:
-            return quantize_weight(w, config) if isinstance(w, torch.Tensor) else w
-        return FusedLayer(self.input_layernorm, self.post_attention_layernorm, q(self.qkv), self.qkv_bias,
-                          q(self.o), self.o_bias, q(self.gate_up), q(self.down))
-
 
 #: The four projections of a layer a scheme quantizes (FusedLayer field names).
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
