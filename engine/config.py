@@ -54,6 +54,14 @@ def check_quant_knobs(quantization: object, group_size: object, outlier_threshol
                          f"{str(outlier_threshold)[:40]!r}")
 
 
+# Parallelism (engine/executor.py): worker processes, the two pipeline schedules.
+PipelineSchedule = Literal["gpipe", "batch_queue"]
+PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "batch_queue")
+MAX_WORKERS = 8
+MAX_MICROBATCHES = 64
+MAX_WORKER_TIMEOUT_S = 3600.0
+
+
 # Weight sparsity patterns (engine/sparsity.py): 2 nonzeros in every 4 consecutive input weights.
 SPARSITY_PATTERNS: tuple[str, ...] = ("2:4",)
 
@@ -149,6 +157,22 @@ class EngineConfig:
                             a bad key or value is a ValueError naming speculative_config.<key>).
                             Requests with SamplingParams(n > 1) are refused while it is set
                             (ValueError naming n). See engine/speculative.py.
+    pipeline_parallel_size  p: the layers split into p contiguous stages, each a worker process
+                            (engine/executor.py); 1 = no pipeline (vLLM's name)
+    tensor_parallel_size    t: every stage's attention heads and MLP columns split across t
+                            worker processes joined by all-reduces (vLLM's name); p * t <= 8
+                            workers (p * t = 1 runs in this process). t > 1 refuses a weight
+                            quantization (its packed codes are not sliced)
+    pipeline_schedule       "gpipe": each step's batch split into num_microbatches micro-batches
+                            that fill and drain the pipeline within the step; "batch_queue"
+                            (vLLM's way): up to p independent batches, each scheduled over
+                            requests no other in-flight batch holds, in flight at once
+    num_microbatches        m for "gpipe" (1 .. 64; fewer when the batch has fewer requests);
+                            must be 1 for "batch_queue"
+    pipeline_layer_split    layers per stage, e.g. (20, 10); None = as even as possible; its
+                            length must be p and it must sum to the model's layer count
+    worker_timeout_s        a worker that does not answer within this many seconds is declared
+                            hung: the step raises and the workers are stopped
     seed                    seeds requests that carry no seed of their own
     enable_prefix_caching   share the KV of common prompt prefixes through a radix tree (on by
                             default, as in vLLM)
@@ -171,6 +195,12 @@ class EngineConfig:
     sparsity: str | None = None
     quantization_smoothing_strength: float | None = None
     speculative_config: SpeculativeConfig | None = None
+    pipeline_parallel_size: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_schedule: PipelineSchedule = "gpipe"
+    num_microbatches: int = 1
+    pipeline_layer_split: tuple[int, ...] | None = None
+    worker_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         """Every knob an int in its range (hard caps above); memory is checked by the engine."""
@@ -202,6 +232,53 @@ class EngineConfig:
                                                 or self.kv_cache_dtype not in KV_CACHE_DTYPES):
             raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES}, got {_short(self.kv_cache_dtype)}")
         _require_int("seed", self.seed, 0, MAX_SEED)
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        """The parallel knobs: sizes, the schedule, the split's shape (its sum is checked against
+        the model at engine start) and what a multi-process engine does not run."""
+        _require_int("pipeline_parallel_size", self.pipeline_parallel_size, 1, MAX_WORKERS)
+        _require_int("tensor_parallel_size", self.tensor_parallel_size, 1, MAX_WORKERS)
+        if self.num_workers > MAX_WORKERS:
+            raise ValueError(f"tensor_parallel_size: pipeline_parallel_size x tensor_parallel_size must be <= "
+                             f"{MAX_WORKERS} worker processes, got {self.pipeline_parallel_size} x "
+                             f"{self.tensor_parallel_size}")
+        if not isinstance(self.pipeline_schedule, str) or self.pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise ValueError(f"pipeline_schedule: must be one of {PIPELINE_SCHEDULES}, got "
+                             f"{_short(self.pipeline_schedule)}")
+        _require_int("num_microbatches", self.num_microbatches, 1, MAX_MICROBATCHES)
+        if self.pipeline_schedule == "batch_queue" and self.num_microbatches != 1:
+            raise ValueError(f"num_microbatches: the 'batch_queue' schedule keeps up to pipeline_parallel_size "
+                             f"whole batches in flight and does not split them; must be 1, got "
+                             f"{self.num_microbatches}")
+        split = self.pipeline_layer_split
+        if split is not None:
+            if not isinstance(split, (list, tuple)) or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                                           for n in split):
+                raise ValueError(f"pipeline_layer_split: must be None or a list of layer counts >= 1, one per "
+                                 f"stage, got {_short(split)}")
+            if len(split) != self.pipeline_parallel_size:
+                raise ValueError(f"pipeline_layer_split: needs one layer count per stage "
+                                 f"({self.pipeline_parallel_size}), got {len(split)}")
+            object.__setattr__(self, "pipeline_layer_split", tuple(split))
+        if (not _is_number(self.worker_timeout_s) or not 0 < self.worker_timeout_s <= MAX_WORKER_TIMEOUT_S
+                or math.isnan(self.worker_timeout_s)):
+            raise ValueError(f"worker_timeout_s: must be a number of seconds in (0, {MAX_WORKER_TIMEOUT_S}], "
+                             f"got {_short(self.worker_timeout_s)}")
+        if self.num_workers == 1:
+            return
+        if self.speculative_config is not None:
+            raise ValueError("speculative_config: speculative decoding runs in a single process; set "
+                             "pipeline_parallel_size = tensor_parallel_size = 1 to use it")
+        if self.tensor_parallel_size > 1 and self.quantization is not None:
+            raise ValueError(f"quantization: tensor_parallel_size > 1 slices the weights by heads and columns, "
+                             f"which the packed {self.quantization!r} codes do not support; use "
+                             f"tensor_parallel_size = 1 (pipeline stages may be quantized)")
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes the engine starts: p x t (1 = none, the model runs in this process)."""
+        return self.pipeline_parallel_size * self.tensor_parallel_size
 
     @property
     def pool_tokens(self) -> int:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -38,6 +38,7 @@ from engine.config import MAX_SEED, EngineConfig, SamplingParams, SpeculativeCon
 from engine import limits
 from engine.kv_cache import KVCacheManager, cdiv
 from engine.limits import MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS, estimate_memory
+from engine.executor import ParallelRunner
 from engine.model_runner import DTYPES, ModelRunner, kv_cache_bytes_per_token
 from engine.models.llama import LlamaModel
 from engine.models.loader import check_model_name, load_model
@@ -165,8 +166,11 @@ class StepCheckpoint:
 
 class LLMEngine:
     def __init__(self, model: str | SharedModel = "smollm2-135m", config: EngineConfig | None = None,
-                 **knobs: Any) -> None:
-        """Validate knobs, then the memory they need, then allocate (KV tensors, block pool)."""
+                 progress: Callable[[str], None] | None = None, **knobs: Any) -> None:
+        """Validate knobs, then the memory they need, then allocate (KV tensors, block pool).
+        With pipeline_parallel_size x tensor_parallel_size > 1 the model runs in worker processes
+        (engine/executor.py), started here (``progress`` hears how far start-up got); stop them
+        with ``shutdown()`` (garbage collection and interpreter exit stop them too)."""
         if config is not None and not isinstance(config, EngineConfig):
             raise ValueError(f"config: must be an EngineConfig (or pass knobs as keywords), got "
                              f"{type(config).__name__}")
@@ -209,7 +213,12 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.scheduler = Scheduler(self.config, self.kv, self.max_model_len, self.eos_token_ids, self._decode)
-        self.runner = ModelRunner(self.shared.model, self.config.num_blocks, self.config.block_size, kv_dtype)
+        self.runner: ModelRunner | ParallelRunner
+        if self.config.num_workers > 1:
+            self.runner = ParallelRunner(model if isinstance(model, str) else self.shared.name, self.shared.model,
+                                         self.config, progress)
+        else:
+            self.runner = ModelRunner(self.shared.model, self.config.num_blocks, self.config.block_size, kv_dtype)
         self.drafter: Drafter | None = None
         if self.config.speculative_config is not None:
             self.drafter = self._build_drafter(self.config.speculative_config)
@@ -427,6 +436,16 @@ class LLMEngine:
             self.kv.commit()
             return trace
 
+    def shutdown(self) -> None:
+        """Stop the worker processes, if any (idempotent; later steps raise WorkerError)."""
+        self.runner.shutdown()
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
     def _checkpoint(self) -> StepCheckpoint:
         """Copy what a step may change (live requests only), then open the KV journal."""
         live = (*self.pending, *self.scheduler.waiting, *self.scheduler.running)
@@ -456,14 +475,15 @@ class LLMEngine:
         arrived = self._admit_arrivals()
         drafts = self._propose_drafts(cp)
         td = time.perf_counter()
-        output = self.scheduler.schedule()
+        batches = self.scheduler.schedule_batches(self.runner.max_batches)
+        output = SchedulerOutput.merge(batches)
         t1 = time.perf_counter()
         sampled: list[tuple[Request, int]] = []
         failed: list[tuple[Request, str]] = []
         spec: list[SpecVerification] = []
         num_accepted: dict[str, int] = {}
         if not output.is_empty:
-            logits = self.runner.execute(self.runner.prepare(output, self.requests, self.kv))
+            logits = self.runner.forward(batches, self.requests, self.kv)
             t2 = time.perf_counter()
             row_of = self._logits_rows(output)
             to_sample, rows = self._sampling_targets(output, cp, row_of)
@@ -645,7 +665,7 @@ class LLMEngine:
             step=self.step_count,
             scheduled=tuple(ScheduledChunk(s.request_id, s.num_new_tokens, s.kind, s.start, s.resumed, s.num_spec_tokens)
                             for s in output.scheduled),
-            token_budget=self.config.max_num_batched_tokens,
+            token_budget=self.config.max_num_batched_tokens * self.runner.max_batches,
             num_batched_tokens=output.num_batched_tokens,
             arrived=arrived,
             preempted=output.preempted,
@@ -668,6 +688,7 @@ class LLMEngine:
             num_evictable_blocks=self.kv.pool.num_evictable,
             spec=spec,
             draft_ms=draft_ms,
+            pipeline=None if output.is_empty else self.runner.timeline,
         )
 
     def _prefix_node(self, node: RadixNode) -> PrefixNode:
@@ -722,7 +743,7 @@ class LLMEngine:
                     r.request_id for r in self.scheduler.waiting),
                 running=tuple(r.request_id for r in self.scheduler.running),
                 metrics=tuple(self.metrics(r) for r in self.requests.values()),
-                prefix_tree=tuple(tree))
+                prefix_tree=tuple(tree), parallel=self.runner.layout)
 
     def _request_state(self, r: Request) -> RequestState:
         return RequestState(
@@ -773,6 +794,7 @@ class LLMEngine:
             self._check_every_request_is_somewhere()
             if not self.has_unfinished_requests() and self.kv.pool.num_used:
                 raise AssertionError("all requests finished but blocks are still in use")
+            self.runner.check_integrity()
             if self.drafter is not None:
                 self.drafter.check_integrity(self.scheduler.running)
                 if not self.has_unfinished_requests() and self.drafter.num_used_blocks:
@@ -792,10 +814,21 @@ class LLMEngine:
 
 
 class LLM:
-    """Offline batch generation, as vLLM's ``LLM``: ``LLM(model).generate(prompts, params)``."""
+    """Offline batch generation, as vLLM's ``LLM``: ``LLM(model).generate(prompts, params)``.
+    ``with LLM(..., pipeline_parallel_size=2) as llm:`` stops its worker processes on exit."""
 
     def __init__(self, model: str = "smollm2-135m", **knobs: Any) -> None:
         self.llm_engine = LLMEngine(model, **knobs)
+
+    def shutdown(self) -> None:
+        """Stop the worker processes, if any (idempotent; later steps raise WorkerError)."""
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer

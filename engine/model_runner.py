@@ -7,6 +7,9 @@ quantized ``kv_cache_dtype`` ("int8", "fp8") each also carries fp32 scales
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import torch
 
 from engine import kv_quant
@@ -16,7 +19,8 @@ from engine.kv_cache import KVCacheManager
 from engine.kv_quant import KVCache, QuantizedKV
 from engine.models.llama import LlamaModel, ModelConfig, Observer
 from engine.request import Request
-from engine.scheduler import SchedulerOutput
+from engine.trace import ParallelLayout, PipelineTimeline
+from engine.scheduler import ScheduledRequest, SchedulerOutput
 
 #: The engine's dtype names (engine/hf_config.py, the one vocabulary) -> torch dtypes.
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in ENGINE_DTYPES}
@@ -49,6 +53,30 @@ def kv_cache_bytes_per_token(config: ModelConfig, kv_cache_dtype: str | torch.dt
     return 2 * config.num_hidden_layers * config.num_key_value_heads * (config.head_dim * elem + extra)
 
 
+class BatchInputs(NamedTuple):
+    """What build_forward_batch needs for a run of scheduled requests (plain lists, so a worker
+    process can be sent them): per request its new tokens, first position, slots of positions
+    0 .. start + len - 1, and how many logits rows it samples."""
+
+    chunks: list[list[int]]
+    starts: list[int]
+    slots: list[list[int]]
+    sample_flags: list[int]
+
+
+def batch_inputs(scheduled: Sequence[ScheduledRequest], requests: dict[str, Request],
+                 kv: KVCacheManager) -> BatchInputs:
+    out = BatchInputs([], [], [], [])
+    for s in scheduled:
+        r = requests[s.request_id]
+        end = s.start + s.num_new_tokens
+        out.chunks.append(r.all_token_ids[s.start:end])
+        out.starts.append(s.start)
+        out.slots.append(kv.slot_mapping(s.request_id, 0, end))
+        out.sample_flags.append(0 if s.is_prefill else 1 + s.num_spec_tokens)
+    return out
+
+
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
                  kv_cache_dtype: str | torch.dtype) -> None:
@@ -59,11 +87,24 @@ class ModelRunner:
         float_dtype = DTYPES.get(name)
         self.kv_caches: list[tuple[KVCache, KVCache]] = [
             (kv_quant.allocate(shape, name, float_dtype), kv_quant.allocate(shape, name, float_dtype))
-            for _ in range(c.num_hidden_layers)
+            for _ in model.layers  # a pipeline stage's shard holds its own layers only
         ]
         self.kv_cache_dtype = name
         # Sees every linear input of every step (engine/activations.py ActivationRecorder); None = off.
         self.observer: Observer | None = None
+        self.layout: ParallelLayout | None = None  # one process: no split
+        self.timeline: PipelineTimeline | None = None  # one process: no workers to time
+
+    @property
+    def max_batches(self) -> int:
+        """Batches the scheduler forms per step: one (no pipeline to keep full)."""
+        return 1
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the model runs in this process."""
+
+    def check_integrity(self) -> None:
+        """Nothing to check beyond the tensors' shapes, which never change."""
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
@@ -78,18 +119,13 @@ class ModelRunner:
                 kv: KVCacheManager) -> ForwardBatch:
         """Copy-on-write copies first (the chunks below write into the copies), then the batch."""
         self.copy_blocks([(c.src_block, c.dst_block) for c in output.copies])
-        chunks: list[list[int]] = []
-        starts: list[int] = []
-        slots: list[list[int]] = []
-        sample_flags: list[int] = []
-        for s in output.scheduled:
-            r = requests[s.request_id]
-            end = s.start + s.num_new_tokens
-            chunks.append(r.all_token_ids[s.start:end])
-            starts.append(s.start)
-            slots.append(kv.slot_mapping(s.request_id, 0, end))
-            sample_flags.append(0 if s.is_prefill else 1 + s.num_spec_tokens)
-        return build_forward_batch(chunks, starts, slots, sample_flags)
+        return build_forward_batch(*batch_inputs(output.scheduled, requests, kv))
+
+    def forward(self, batches: Sequence[SchedulerOutput], requests: dict[str, Request],
+                kv: KVCacheManager) -> torch.Tensor:
+        """The step's batches (one here: this runner has no pipeline) -> logits [S, V]."""
+        (output,) = batches
+        return self.execute(self.prepare(output, requests, kv))
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:

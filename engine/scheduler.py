@@ -70,6 +70,18 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    @staticmethod
+    def merge(batches: Sequence[SchedulerOutput]) -> SchedulerOutput:
+        """A step's batches as one output (their requests are disjoint): what the step as a
+        whole scheduled, preempted, looked up and copied, batch after batch."""
+        if len(batches) == 1:
+            return batches[0]
+        return SchedulerOutput(tuple(s for b in batches for s in b.scheduled),
+                               tuple(r for b in batches for r in b.preempted),
+                               sum(b.num_batched_tokens for b in batches),
+                               tuple(x for b in batches for x in b.lookups),
+                               tuple(c for b in batches for c in b.copies))
+
 
 class Scheduler:
     def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int,
@@ -111,8 +123,25 @@ class Scheduler:
         self.running = list(queues[1])
 
     # -- the algorithm ------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
-        """Decide this step's tokens per request.
+    def schedule_batches(self, n: int) -> list[SchedulerOutput]:
+        """Up to ``n`` batches for one step, each over requests no earlier batch holds (vLLM's
+        batch queue for pipeline parallelism: the batches are in flight in the pipeline at the
+        same time, so a request's next token cannot be computed before its last one is out).
+        Each batch has the whole token budget; it may preempt only requests no earlier batch
+        holds. Stops at the first empty batch. -> [one batch] when n == 1."""
+        batches = [self.schedule()]
+        busy = {s.request_id for s in batches[0].scheduled}
+        while len(batches) < n:
+            nxt = self.schedule(exclude=frozenset(busy))
+            if nxt.is_empty and not nxt.preempted:
+                break
+            batches.append(nxt)
+            busy.update(s.request_id for s in nxt.scheduled)
+        return batches
+
+    def schedule(self, exclude: frozenset[str] = frozenset()) -> SchedulerOutput:
+        """Decide this step's tokens per request (``exclude``: running requests another batch
+        of this step holds; they are neither scheduled nor preempted).
 
         Invariants: the sum of scheduled tokens <= max_num_batched_tokens; every scheduled
         request's block table covers num_computed_tokens + its new tokens; a request
@@ -133,6 +162,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            if request.request_id in exclude:
+                i += 1
+                continue
             if request.spec_token_ids and 1 + len(request.spec_token_ids) > budget:
                 del request.spec_token_ids[max(budget - 1, 0):]
             n = self._chunk_size(request.num_tokens_with_spec - request.num_computed_tokens, budget)
@@ -145,7 +177,10 @@ class Scheduler:
                 n = self._chunk_size(request.num_tokens_with_spec - request.num_computed_tokens, budget)
                 ok = self._allocate(request, n)
             while not ok:
-                victim = self.running.pop()  # newest first
+                victim = self._newest_preemptable(exclude)
+                if victim is None:  # everyone else is in another batch of this step
+                    n = 0
+                    break
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is request:
@@ -160,13 +195,20 @@ class Scheduler:
 
         if not preempted and self._may_admit():
             budget = self._admit(budget, scheduled)
-        chosen = {s.request_id for s in scheduled}
+        chosen = {s.request_id for s in scheduled} | exclude
         for request in self.running:
             if request.spec_token_ids and request.request_id not in chosen:
                 request.spec_token_ids.clear()
 
         total = self.config.max_num_batched_tokens - budget
         return SchedulerOutput(tuple(scheduled), tuple(preempted), total, tuple(self._lookups), tuple(self._copies))
+
+    def _newest_preemptable(self, exclude: frozenset[str]) -> Request | None:
+        """Take the newest running request not in ``exclude`` out of ``running``."""
+        for i in range(len(self.running) - 1, -1, -1):
+            if self.running[i].request_id not in exclude:
+                return self.running.pop(i)
+        return None
 
     def _allocate(self, request: Request, n: int, computed: KVCacheBlocks = NO_BLOCKS) -> bool:
         """allocate_slots, keeping its copy-on-write copies for the runner."""

@@ -25,6 +25,8 @@ SpecMethodName = Literal["ngram", "draft_model", "early_exit"]
 DraftOutcomeName = Literal["accepted", "rejected", "unverified"]
 FinalKindName = Literal["bonus", "recovered"]
 FinishReason = Annotated[str, Length(1, 64)]
+WorkKind = Literal["forward", "recv", "send", "all_reduce"]
+ScheduleName = Literal["gpipe", "batch_queue"]
 
 
 class RequestStatus(str, enum.Enum):
@@ -164,6 +166,90 @@ class PrefixCacheEvents:
 
 
 @dataclass(frozen=True)
+class WorkEvent:
+    """One timed unit of a worker's work in a step, on the clock the driver shares
+    (CLOCK_MONOTONIC), in ms from the moment the driver sent the step.
+
+    kind "forward": the stage's layers over one unit (embedding on stage 0, logits on the last);
+    "recv": blocked waiting for the previous stage's activations (a bubble, not work);
+    "send": posting the activations to the next stage; "all_reduce": a tensor-parallel
+    all-reduce inside a forward (communication, drawn over it)."""
+
+    rank: Count
+    stage: Count
+    tp_rank: Count
+    unit: Count  # position of the micro-batch / batch in the step's order
+    kind: WorkKind
+    start_ms: Millis
+    end_ms: Millis
+
+
+@dataclass(frozen=True)
+class PipelineUnit:
+    """One micro-batch ("gpipe") or one in-flight batch ("batch_queue") of a step."""
+
+    unit: Count
+    batch: Count  # which scheduled batch (always 0 for "gpipe")
+    microbatch: Count  # its piece of that batch (always 0 for "batch_queue")
+    num_tokens: Count
+    request_ids: tuple[RequestId, ...]
+
+
+@dataclass(frozen=True)
+class PipelineTimeline:
+    """Every worker's timed work in one step: what the Gantt chart draws and the bubble
+    fraction is measured from (engine/pipeline_stats.py)."""
+
+    schedule: ScheduleName
+    pipeline_parallel_size: Positive
+    tensor_parallel_size: Positive
+    num_microbatches: Positive  # as configured; len(units) may be fewer
+    units: tuple[PipelineUnit, ...]
+    events: tuple[WorkEvent, ...]
+    span_ms: Millis  # the driver's wait: sending the step until the last result arrived
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """Pipeline stage ``stage`` owns layers [start_layer, end_layer) and their KV cache."""
+
+    stage: Count
+    start_layer: Count
+    end_layer: Count
+
+
+@dataclass(frozen=True)
+class TensorShard:
+    """What tensor-parallel rank ``tp_rank`` of every stage holds: query heads [q_start, q_end),
+    KV heads [kv_start, kv_end) (a KV head may be on several ranks when t exceeds the KV heads),
+    MLP columns [mlp_start, mlp_end)."""
+
+    tp_rank: Count
+    q_start: Count
+    q_end: Count
+    kv_start: Count
+    kv_end: Count
+    mlp_start: Count
+    mlp_end: Count
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """How the model is split over the worker processes (rank = stage * t + tp_rank)."""
+
+    pipeline_parallel_size: Positive
+    tensor_parallel_size: Positive
+    schedule: ScheduleName
+    num_microbatches: Positive
+    stages: tuple[StageLayout, ...]
+    shards: tuple[TensorShard, ...]
+
+    @property
+    def num_workers(self) -> int:
+        return self.pipeline_parallel_size * self.tensor_parallel_size
+
+
+@dataclass(frozen=True)
 class StepTrace:
     """What one engine step scheduled, computed, allocated, freed, preempted and finished."""
 
@@ -191,6 +277,8 @@ class StepTrace:
     # spent proposing drafts before scheduling (counted in total_ms).
     spec: tuple[SpecVerification, ...] = ()
     draft_ms: Millis = 0.0
+    # Pipeline / tensor parallelism: every worker's timed work this step (None in one process).
+    pipeline: PipelineTimeline | None = None
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -282,6 +370,7 @@ class Snapshot:
     running: tuple[RequestId, ...]
     metrics: tuple[RequestMetrics, ...]
     prefix_tree: tuple[PrefixNode, ...] = ()  # parents before children; () with caching off
+    parallel: ParallelLayout | None = None  # the layer split over worker processes; None in one process
 
     @property
     def num_free_blocks(self) -> int:
@@ -298,7 +387,9 @@ class Snapshot:
 # of to_dict (engine.recording loads with it)
 TAGGED: frozenset[type] = frozenset({ScheduledChunk, SampledToken, StepTrace, BlockState, RequestState,
                                      RequestMetrics, Snapshot, PrefixNode, PrefixLookup, BlockCopy,
-                                     PrefixCacheEvents, DraftToken, ResidualToken, SpecVerification})
+                                     PrefixCacheEvents, DraftToken, ResidualToken, SpecVerification,
+                                     WorkEvent, PipelineUnit, PipelineTimeline, StageLayout, TensorShard,
+                                     ParallelLayout})
 
 
 def to_dict(record: Any) -> Any:

@@ -29,12 +29,16 @@ from engine.quantization import QuantConfig, QuantizedLinear, Weight, check_grou
 if TYPE_CHECKING:
     from engine.smoothing import Smoothing
 
-__all__ = ["FusedLayer", "LlamaModel", "ModelConfig", "Observer", "SUPPORTED_ARCHITECTURES", "rms_norm", "rotate_half"]
+__all__ = ["AllReduce", "FusedLayer", "LlamaModel", "ModelConfig", "Observer", "SUPPORTED_ARCHITECTURES", "rms_norm", "rotate_half"]
 
 #: Called as observer(layer_index, linear, x) with x, the input of one of a layer's four
 #: linear calls: "qkv" [T, h], "o" [T, nq * d], "gate_up" [T, h], "down" [T, intermediate].
 #: It must not modify x (engine/activations.py reads it; the forward's arithmetic is unchanged).
 Observer = Callable[[int, str, torch.Tensor], None]
+
+#: Tensor parallelism's all-reduce (engine/shard.py): sums a rank's partial o_proj / down_proj
+#: output [T, h] over the ranks of its stage, in place, and returns it.
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -137,6 +141,10 @@ class LlamaModel:
             self.embed_tokens = q["embed_tokens"]
             self.lm_head = self.embed_tokens if c.tie_word_embeddings else q["lm_head"]
         c = config
+        # A pipeline / tensor-parallel shard (engine/shard.py) holds layers [first_layer, ...)
+        # only, with its share of the heads and columns, and sums partial outputs with all_reduce.
+        self.first_layer = 0
+        self.all_reduce: AllReduce | None = None
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
         self._inv_freq = inv_freq  # [head_dim / 2] fp32, the same arithmetic as HF
 
@@ -172,7 +180,12 @@ class LlamaModel:
     def run_layers(self, hidden: torch.Tensor, batch: ForwardBatch,
                    kv_caches: list[tuple[KVCache, KVCache]],
                    start: int = 0, end: int | None = None, observer: Observer | None = None) -> torch.Tensor:
-        """Layers [start, end) over the batch; kv_caches is indexed by absolute layer.
+        """Layers [start, end) over the batch; ``self.layers`` and ``kv_caches`` hold layers
+        first_layer .. (all of them, except in a pipeline stage's shard).
+
+        Tensor parallel (``all_reduce`` set): each rank computes its heads' attention and its
+        MLP columns; o_proj and down_proj (row-parallel) give partial sums, all-reduced before
+        the residual add, so every rank ends the layer with the full hidden state.
 
         ``observer`` (see ``Observer``) sees the input of every linear call just before it;
         when it is None nothing extra is computed, and either way the output is bit-identical.
@@ -184,8 +197,8 @@ class LlamaModel:
         scale = d ** -0.5
         T = hidden.shape[0]
         for i in range(start, end):
-            layer = self.layers[i]
-            k_cache, v_cache = kv_caches[i]
+            layer = self.layers[i - self.first_layer]
+            k_cache, v_cache = kv_caches[i - self.first_layer]
             x = rms_norm(hidden, layer.input_layernorm, c.rms_norm_eps)
             if observer is not None:
                 observer(i, "qkv", x)
@@ -201,7 +214,7 @@ class LlamaModel:
             a = attn.reshape(T, nq * d)
             if observer is not None:
                 observer(i, "o", a)
-            hidden = hidden + linear(a, layer.o, layer.o_bias)
+            hidden = hidden + self._reduce(linear(a, layer.o, layer.o_bias))
             x = rms_norm(hidden, layer.post_attention_layernorm, c.rms_norm_eps)
             if observer is not None:
                 observer(i, "gate_up", x)
@@ -209,8 +222,11 @@ class LlamaModel:
             act = F.silu(gate) * up  # [T, intermediate]
             if observer is not None:
                 observer(i, "down", act)
-            hidden = hidden + linear(act, layer.down)
+            hidden = hidden + self._reduce(linear(act, layer.down))
         return hidden
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.all_reduce is None else self.all_reduce(partial)
 
     def compute_logits(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Final norm and LM head for the sampled rows only: [S, V] fp32."""

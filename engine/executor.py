@@ -1,0 +1,251 @@
+"""Pipeline and tensor parallelism on real processes: the driver's side.
+
+``ParallelExecutor`` starts p x t worker processes (torch.multiprocessing, spawn) that join one
+torch.distributed gloo group on 127.0.0.1 (engine/worker.py), sends them each step, collects
+the logits and every worker's timed events, and stops them. ``ParallelRunner`` is the model
+runner an ``LLMEngine`` uses when p x t > 1: it turns the scheduler's batches into units
+(micro-batches for "gpipe", whole batches for "batch_queue") and the workers' events into the
+step's ``PipelineTimeline``.
+
+Failure rule: a worker that dies, reports an error, or does not answer within
+``worker_timeout_s`` makes the step raise ``WorkerError`` naming it; every worker is then
+stopped (its peers may be blocked on it) and the executor refuses further steps, so the engine
+must be restarted. Workers end on ``shutdown()``, on garbage collection (``weakref.finalize``),
+at interpreter exit, and by themselves when the driver process disappears.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any, NoReturn
+
+import torch
+
+from engine.config import EngineConfig
+from engine.kv_cache import KVCacheManager
+from engine.model_runner import batch_inputs, kv_cache_bytes_per_token
+from engine.models.llama import LlamaModel
+from engine.parallel_layout import build_layout
+from engine.request import Request
+from engine.scheduler import ScheduledRequest, SchedulerOutput
+from engine.trace import ParallelLayout, PipelineTimeline, PipelineUnit, WorkEvent
+from engine.worker import Failed, Ready, RunStep, StepDone, Unit, WorkerSpec, clock_ns, worker_main
+
+START_TIMEOUT_S = 120.0  # spawn + import torch + load the model, per worker, on a busy 2-core machine
+STOP_GRACE_S = 3.0
+
+Progress = Callable[[str], None]
+
+
+class WorkerError(RuntimeError):
+    """A worker died, failed or hung; the executor has stopped every worker."""
+
+
+class ParallelExecutor:
+    """p x t worker processes and the pipes to them (rank = stage * t + tp_rank)."""
+
+    def __init__(self, model: str, config: EngineConfig, layout: ParallelLayout,
+                 progress: Progress | None = None) -> None:
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+
+        self.layout = layout
+        self.timeout_s = config.worker_timeout_s
+        self.error: str | None = None
+        say = progress or (lambda _: None)
+        n = layout.num_workers
+        # The driver hosts the rendezvous store (port 0: the OS picks a free one, no race).
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        ctx = mp.get_context("spawn")
+        threads = max(1, (os.cpu_count() or 1) // n)
+        self.processes: list[Any] = []
+        self.conns: list[Connection] = []
+        say(f"starting {n} worker processes (p = {layout.pipeline_parallel_size}, "
+            f"t = {layout.tensor_parallel_size})")
+        for rank in range(n):
+            parent, child = ctx.Pipe()
+            spec = WorkerSpec(rank, model, config, layout, self._store.port, threads, os.getpid())
+            process = ctx.Process(target=worker_main, args=(spec, child), daemon=True,
+                                  name=f"inferscope-worker-{rank}")
+            process.start()
+            child.close()
+            self.processes.append(process)
+            self.conns.append(parent)
+        self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns)
+        self.pids: tuple[int, ...] = ()
+        try:
+            ready = self._collect(START_TIMEOUT_S + self.timeout_s, "start",
+                                  lambda k: say(f"worker {k} of {n} ready"))
+        except BaseException:
+            self.shutdown()
+            raise
+        self.pids = tuple(r.pid for r in ready if isinstance(r, Ready))
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and self._finalizer.alive
+
+    def run(self, step: RunStep) -> list[StepDone]:
+        """Send one step to every worker; -> their results, by rank. Raises WorkerError."""
+        if not self.alive:
+            raise WorkerError(f"the worker processes were stopped ({self.error or 'shut down'}); "
+                              f"restart the engine")
+        try:
+            for conn in self.conns:
+                conn.send(step)
+        except OSError as e:
+            self._fail(f"a worker's pipe is closed ({e})")
+        return [r for r in self._collect(self.timeout_s, "step") if isinstance(r, StepDone)]
+
+    def _collect(self, timeout_s: float, what: str, on_each: Callable[[int], None] | None = None) -> list[object]:
+        """One message from every worker, watching for deaths, failures and the deadline."""
+        results: dict[int, object] = {}
+        deadline = clock_ns() + int(timeout_s * 1e9)
+        while len(results) < len(self.conns):
+            waiting = [r for r in range(len(self.conns)) if r not in results]
+            left = (deadline - clock_ns()) / 1e9
+            ready = wait([self.conns[r] for r in waiting], timeout=max(0.0, min(left, 0.5))) if left > 0 else []
+            for r in waiting:
+                if self.conns[r] in ready:
+                    try:
+                        message = self.conns[r].recv()
+                    except (EOFError, OSError):
+                        self._fail(self._describe(r) + f" died during {what} "
+                                   f"(exit code {self.processes[r].exitcode})")
+                    if isinstance(message, Failed):
+                        self._fail(self._describe(r) + f" failed during {what}: {message.message}")
+                    results[r] = message
+                    if on_each is not None:
+                        on_each(len(results))
+                elif not self.processes[r].is_alive():
+                    self._fail(self._describe(r) + f" died during {what} (exit code {self.processes[r].exitcode})")
+            if len(results) < len(self.conns) and clock_ns() >= deadline:
+                late = [self._describe(r) for r in range(len(self.conns)) if r not in results]
+                self._fail(f"{', '.join(late)} did not answer within {timeout_s:g} s during {what} (hung?)")
+        return [results[r] for r in range(len(self.conns))]
+
+    def _describe(self, rank: int) -> str:
+        stage, tp = divmod(rank, self.layout.tensor_parallel_size)
+        return f"worker {rank} (stage {stage}, tp rank {tp}, pid {self.processes[rank].pid})"
+
+    def _fail(self, reason: str) -> NoReturn:
+        self.error = reason
+        self.shutdown()
+        raise WorkerError(reason + "; every worker was stopped: restart the engine")
+
+    def shutdown(self) -> None:
+        """Stop every worker (idempotent): ask, then terminate, then kill."""
+        self._finalizer()
+
+    def check_integrity(self) -> None:
+        """Running: every worker alive. Stopped: none alive."""
+        for r, process in enumerate(self.processes):
+            if self.alive and not process.is_alive():
+                raise AssertionError(f"{self._describe(r)} is dead but the executor is running")
+            if not self.alive and process.is_alive():
+                raise AssertionError(f"{self._describe(r)} is alive after the executor stopped")
+
+
+def _stop(processes: list[Any], conns: list[Connection]) -> None:
+    """Ask each worker to stop, then terminate, then kill what is left, and reap them all. A
+    SIGSTOPped (hung) worker ignores the first two; SIGKILL always works."""
+    for conn in conns:
+        try:
+            conn.send(None)
+        except OSError:
+            pass
+    deadline = clock_ns() + int(STOP_GRACE_S * 1e9)
+    for process in processes:
+        process.join(max(0.0, (deadline - clock_ns()) / 1e9))
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+            process.join(0.5)
+        if process.is_alive():
+            process.kill()
+            process.join(STOP_GRACE_S)
+    for conn in conns:
+        conn.close()
+
+
+class ParallelRunner:
+    """The engine's model runner over worker processes (same ``forward`` as ModelRunner)."""
+
+    def __init__(self, model_name: str, model: LlamaModel, config: EngineConfig,
+                 progress: Progress | None = None) -> None:
+        c = model.config
+        self.config = config
+        self.model_config = c
+        self.layout = build_layout(c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+                                   c.intermediate_size, config.pipeline_parallel_size,
+                                   config.tensor_parallel_size, config.pipeline_schedule,
+                                   config.num_microbatches, config.pipeline_layer_split)
+        self.kv_cache_dtype = config.kv_cache_dtype or config.dtype
+        self.observer = None  # activations are not observed across processes
+        self.timeline: PipelineTimeline | None = None
+        self.executor = ParallelExecutor(model_name, config, self.layout, progress)
+
+    @property
+    def kv_cache_bytes_per_token(self) -> int:
+        return kv_cache_bytes_per_token(self.model_config, self.kv_cache_dtype)
+
+    @property
+    def kv_cache_total_bytes(self) -> int:
+        """The whole pool, over every worker (with t beyond the KV heads, replicas count once)."""
+        return self.kv_cache_bytes_per_token * self.config.pool_tokens
+
+    @property
+    def max_batches(self) -> int:
+        """Batches the scheduler forms per step: p in flight for "batch_queue", else one."""
+        return self.layout.pipeline_parallel_size if self.layout.schedule == "batch_queue" else 1
+
+    def forward(self, batches: Sequence[SchedulerOutput], requests: dict[str, Request],
+                kv: KVCacheManager) -> torch.Tensor:
+        """-> logits [S, V] for the batches' sampled rows, in the order of their scheduled
+        requests (batch after batch), as one process would give them."""
+        units: list[Unit] = []
+        described: list[PipelineUnit] = []
+        for b, output in enumerate(batches):
+            for j, group in enumerate(split_microbatches(output.scheduled, self.layout.num_microbatches
+                                                         if self.layout.schedule == "gpipe" else 1)):
+                copies = [(c.src_block, c.dst_block) for c in output.copies] if j == 0 else []
+                units.append(Unit(copies, *batch_inputs(group, requests, kv)))
+                described.append(PipelineUnit(len(described), b, j, sum(s.num_new_tokens for s in group),
+                                              tuple(s.request_id for s in group)))
+        t0 = clock_ns()
+        results = self.executor.run(RunStep(t0, units))
+        span_ms = (clock_ns() - t0) / 1e6
+        logits = [torch.from_numpy(x) for r in results for x in r.logits]
+        t = self.layout.tensor_parallel_size
+        events = tuple(WorkEvent(r.rank, r.rank // t, r.rank % t, unit, kind, max(0.0, a), max(0.0, e))  # type: ignore[arg-type]
+                       for r in results for unit, kind, a, e in r.events)
+        self.timeline = PipelineTimeline(self.layout.schedule, self.layout.pipeline_parallel_size, t,
+                                         self.layout.num_microbatches, tuple(described), events, span_ms)
+        return torch.cat(logits) if logits else torch.empty(0, self.model_config.vocab_size)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+    def check_integrity(self) -> None:
+        self.executor.check_integrity()
+
+
+def split_microbatches(scheduled: Sequence[ScheduledRequest], m: int) -> list[list[ScheduledRequest]]:
+    """Cut the scheduled requests, in order, into min(m, len) contiguous groups of about equal
+    tokens (cut j goes where the running token count first reaches j/k of the total), each
+    non-empty. A request is never split: its chunk stays in one micro-batch."""
+    k = min(m, len(scheduled))
+    if k <= 1:
+        return [list(scheduled)] if scheduled else []
+    total = sum(s.num_new_tokens for s in scheduled)
+    groups: list[list[ScheduledRequest]] = [[]]
+    seen = 0
+    for i, s in enumerate(scheduled):
+        left_items, left_groups = len(scheduled) - i, k - len(groups)
+        if groups[-1] and (left_items == left_groups or (left_groups > 0 and seen >= total * len(groups) / k)):
+            groups.append([])
+        groups[-1].append(s)
+        seen += s.num_new_tokens
+    return groups
