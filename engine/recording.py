@@ -28,6 +28,7 @@ num_tokens: must be an integer >= 1, got -2``):
 """
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -327,8 +328,10 @@ def check_meta(meta: RunMeta, first: Snapshot) -> None:
     """The run's config must be one the engine accepts, with the snapshots' block geometry."""
     known = {f.name for f in fields(EngineConfig)}
     for key in meta.config:
+        close = difflib.get_close_matches(key, sorted(known), 1)
         _require(key in known, f"meta.config.{key_segment(key)}",
-                 f"unknown engine setting (expected some of {', '.join(sorted(known))})")
+                 "unknown engine setting" + (f" (did you mean {close[0]!r}?)" if close else
+                                             " (the EngineConfig fields are listed in engine/config.py)"))
     try:
         config = EngineConfig(**meta.config)
     except (ValueError, TypeError) as e:  # EngineConfig names the field first: "block_size: must be >= 1, got 0"

@@ -127,21 +127,27 @@ class Scheduler:
         """Up to ``n`` batches for one step, each over requests no earlier batch holds (vLLM's
         batch queue for pipeline parallelism: the batches are in flight in the pipeline at the
         same time, so a request's next token cannot be computed before its last one is out).
-        Each batch has the whole token budget; it may preempt only requests no earlier batch
-        holds. Stops at the first empty batch. -> [one batch] when n == 1."""
-        batches = [self.schedule()]
+        Each batch has the whole token budget and at most ceil(requests / n) requests (running
+        and waiting counted at the start), so the step's requests spread over the n batches
+        instead of all landing in the first; it may preempt only requests no earlier batch holds.
+        Stops at the first empty batch. -> [one batch] when n == 1."""
+        if n == 1:
+            return [self.schedule()]
+        cap = max(1, -(-(len(self.running) + len(self.waiting)) // n))
+        batches = [self.schedule(max_requests=cap)]
         busy = {s.request_id for s in batches[0].scheduled}
         while len(batches) < n:
-            nxt = self.schedule(exclude=frozenset(busy))
+            nxt = self.schedule(exclude=frozenset(busy), max_requests=cap)
             if nxt.is_empty and not nxt.preempted:
                 break
             batches.append(nxt)
             busy.update(s.request_id for s in nxt.scheduled)
         return batches
 
-    def schedule(self, exclude: frozenset[str] = frozenset()) -> SchedulerOutput:
+    def schedule(self, exclude: frozenset[str] = frozenset(), max_requests: int | None = None) -> SchedulerOutput:
         """Decide this step's tokens per request (``exclude``: running requests another batch
-        of this step holds; they are neither scheduled nor preempted).
+        of this step holds; they are neither scheduled nor preempted; ``max_requests``: at most
+        this many requests in the batch).
 
         Invariants: the sum of scheduled tokens <= max_num_batched_tokens; every scheduled
         request's block table covers num_computed_tokens + its new tokens; a request
@@ -160,7 +166,8 @@ class Scheduler:
         self._lookups, self._copies = [], []
 
         i = 0
-        while i < len(self.running) and budget > 0:
+        limit = max_requests if max_requests is not None else len(self.running) + len(self.waiting)
+        while i < len(self.running) and budget > 0 and len(scheduled) < limit:
             request = self.running[i]
             if request.request_id in exclude:
                 i += 1
@@ -194,7 +201,7 @@ class Scheduler:
             i += 1
 
         if not preempted and self._may_admit():
-            budget = self._admit(budget, scheduled)
+            budget = self._admit(budget, scheduled, limit)
         chosen = {s.request_id for s in scheduled} | exclude
         for request in self.running:
             if request.spec_token_ids and request.request_id not in chosen:
@@ -221,11 +228,13 @@ class Scheduler:
     def _may_admit(self) -> bool:
         return self.config.policy == "continuous" or not self.running
 
-    def _admit(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
-        """Admit waiting requests FCFS; stop at the first that does not fit (no overtaking)."""
+    def _admit(self, budget: int, scheduled: list[ScheduledRequest], limit: int) -> int:
+        """Admit waiting requests FCFS; stop at the first that does not fit (no overtaking), or
+        when the batch holds ``limit`` requests."""
         static = self.config.policy == "static"
         seats = sum(r.num_seats for r in self.running)
-        while self.waiting and seats + self.waiting[0].num_seats <= self.config.max_num_seqs:
+        while self.waiting and seats + self.waiting[0].num_seats <= self.config.max_num_seqs \
+                and len(scheduled) < limit:
             request = self.waiting[0]
             hit = self.kv.get_computed_blocks(request)
             if not static and self._prefix_in_flight(request, hit):
