@@ -10,6 +10,8 @@ decodes (communication and per-step overheads dominate). Prefix caching is off a
 engine runs ROUNDS rounds of the same requests, so every round's first step is a full prefill.
 Stages are balanced (30 layers: 15 / 15, or 8 / 8 / 7 / 7 for p = 4).
 
+Every configuration's greedy tokens are compared with the in-process run's (a row each).
+
 Configurations (one fresh engine each; the worker start-up time is reported too):
   * in-process (p = t = 1): the baseline step time
   * gpipe p = 2 and p = 4, m in {1, 2, 4, 8}: the bubble targets (within 0.1 of theory)
@@ -74,6 +76,7 @@ def measure(knobs: dict[str, Any], token_prompts: list[list[int]], rounds: int) 
                 trace = engine.step()
                 (prefill if first else decode).append(trace)
                 first = False
+        outputs = [list(r.output_token_ids) for r in engine.requests.values()]
     finally:
         engine.shutdown()
 
@@ -88,7 +91,7 @@ def measure(knobs: dict[str, Any], token_prompts: list[list[int]], rounds: int) 
                        units=stats[0].num_units, bubbles=[round(s.bubble_fraction, 3) for s in stats])
         return out
 
-    return {"start_s": start_s, "prefill": summary(prefill), "decode": summary(decode)}
+    return {"start_s": start_s, "prefill": summary(prefill), "decode": summary(decode), "outputs": outputs}
 
 
 def configurations(quick: bool) -> dict[str, dict[str, Any]]:
@@ -134,6 +137,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         if "bubble" not in pf:
             continue
         rows.append({"metric": f"{name}: worker start-up", "value": r["start_s"], "unit": "s"})
+        rows.append({"metric": f"{name}: greedy tokens identical to in-process", "value": float(
+            r["outputs"] == base["outputs"]), "unit": "bool", "target": "1", "met": r["outputs"] == base["outputs"]})
         gpipe = name.startswith("gpipe") and "t=2" not in name
         rows.append({"metric": f"{name}: prefill bubble fraction", "value": pf["bubble"], "unit": "",
                      "target": f"{pf['theory']:.3f} ± {TOLERANCE}" if gpipe else f"theory {pf['theory']:.3f}",
@@ -149,6 +154,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                 rows.append({"metric": f"{name}: {phase} bubble vs gpipe m=1", "value": r[phase]["bubble"],
                              "unit": "", "target": f"< {ref[phase]['bubble']:.3f}",
                              "met": r[phase]["bubble"] < ref[phase]["bubble"]})
+    for r in results.values():
+        del r["outputs"]
     return {"name": "bench_pipeline", "model": MODEL, "quick": quick, "rows": rows, "results": results,
             "theory": {f"p={p} m={m}": theory_bubble(p, m) for p in (2, 4) for m in (1, 2, 4, 8)}}
 
