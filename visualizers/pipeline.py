@@ -163,6 +163,11 @@ def sweep_figure(points: Sequence[SweepPoint], p: int, font_size: int = 12) -> g
     return figure(data, layout)
 
 
+def sweep_frame(points: Sequence[SweepPoint]) -> pd.DataFrame:
+    return pd.DataFrame([{"m": pt.m, "measured": pt.measured, "theory": pt.theory, "window ms": pt.window_ms}
+                         for pt in points], columns=["m", "measured", "theory", "window ms"])
+
+
 def worker_frame(workers: Sequence[WorkerBytes]) -> pd.DataFrame:
     return pd.DataFrame([{"worker": lane_label(w.stage, w.tp_rank), "layers": w.num_layers,
                           "weights MiB": w.weight_bytes / MIB, "KV pool MiB": w.kv_bytes / MIB,
