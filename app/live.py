@@ -62,14 +62,18 @@ def table(frame: pd.DataFrame, name: str, **kwargs) -> None:
     st.dataframe(frame, key=f"table_{name}", hide_index=True, **kwargs)
 
 
-def page(title: str, render: Callable[[RunView, Style], None], intro: str = "") -> None:
-    """Title, error/notice messages, then the views fragment."""
+def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
+         controls: Callable[[], None] | None = None) -> None:
+    """Title, the page's own controls (outside the fragment: a change reruns the whole script,
+    so the run is rebuilt before the views), error/notice messages, then the views fragment."""
     style = Style.current()
     if not style.explain:
         st.html(PRESENTATION_CSS)
     st.header(title, anchor=False)
     if intro and style.explain:
         st.caption(intro)
+    if controls is not None:
+        controls()
     run_every = state.tick_seconds() if state.playing() else None
 
     @st.fragment(run_every=run_every, key=state.VIEWS_FRAGMENT)
@@ -103,7 +107,7 @@ def _advance() -> None:
     if pending:
         bar = st.progress(0.0, text=f"Running {pending} steps…")
         for i in range(pending):
-            if not current.step(1):
+            if not state.step(1):  # done, or failed (a message, never a traceback)
                 break
             bar.progress((i + 1) / pending, text=f"Step {i + 1} of {pending}")
         bar.empty()

@@ -14,29 +14,37 @@ import streamlit as st  # noqa: E402
 
 from app import controls, timing  # noqa: E402
 
-st.set_page_config(page_title="InferScope", page_icon="🔬", layout="wide")
+def main() -> None:
+    """Navigation over the pages; the live pages get the shared controls."""
+    GENERATE = st.Page("app_pages/generate.py", title="Generate", icon="💬", default=True)
+    KV_CACHE = st.Page("app_pages/kv_cache.py", title="Paged KV cache", icon="🧱", url_path="kv-cache")
+    BATCHING = st.Page("app_pages/batching.py", title="Batch composition", icon="📊", url_path="batching")
+    PREFIX_CACHE = st.Page("app_pages/prefix_cache.py", title="Prefix cache", icon="🌳", url_path="prefix-cache")
+    QUANTIZATION = st.Page("app_pages/quantization.py", title="Quantization", icon="🎚️", url_path="quantization")
+    SPECULATIVE = st.Page("app_pages/speculative.py", title="Speculative decoding", icon="🎯", url_path="speculative")
+    PIPELINE = st.Page("app_pages/pipeline.py", title="Pipeline parallelism", icon="🪜", url_path="pipeline")
+    PAGES = {
+        "Engine": [GENERATE, KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE, PIPELINE],
+        "Sizing": [
+            st.Page("app_pages/fit.py", title="Will it fit?", icon="📐", url_path="fit"),
+        ],
+    }
+    LIVE_PAGES = (KV_CACHE.url_path, BATCHING.url_path, PREFIX_CACHE.url_path, QUANTIZATION.url_path,
+                  SPECULATIVE.url_path, PIPELINE.url_path)
+    with timing.phase("script"):
+        page = st.navigation(PAGES, position="top")
+        live = page.url_path in LIVE_PAGES
+        if live:
+            controls.prepare()
+        page.run()
+        if live:  # the sidebar goes last so the views reach the browser first
+            with timing.phase("sidebar"):
+                controls.sidebar()
 
-GENERATE = st.Page("app_pages/generate.py", title="Generate", icon="💬", default=True)
-KV_CACHE = st.Page("app_pages/kv_cache.py", title="Paged KV cache", icon="🧱", url_path="kv-cache")
-BATCHING = st.Page("app_pages/batching.py", title="Batch composition", icon="📊", url_path="batching")
-PREFIX_CACHE = st.Page("app_pages/prefix_cache.py", title="Prefix cache", icon="🌳", url_path="prefix-cache")
-QUANTIZATION = st.Page("app_pages/quantization.py", title="Quantization", icon="🎚️", url_path="quantization")
-SPECULATIVE = st.Page("app_pages/speculative.py", title="Speculative decoding", icon="🎯", url_path="speculative")
-PAGES = {
-    "Engine": [GENERATE, KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE],
-    "Sizing": [
-        st.Page("app_pages/fit.py", title="Will it fit?", icon="📐", url_path="fit"),
-    ],
-}
-LIVE_PAGES = (KV_CACHE.url_path, BATCHING.url_path, PREFIX_CACHE.url_path, QUANTIZATION.url_path,
-              SPECULATIVE.url_path)
 
-with timing.phase("script"):
-    page = st.navigation(PAGES, position="top")
-    live = page.url_path in LIVE_PAGES
-    if live:
-        controls.prepare()
-    page.run()
-    if live:  # the sidebar goes last so the views reach the browser first
-        with timing.phase("sidebar"):
-            controls.sidebar()
+# The engine's worker processes start with multiprocessing's "spawn", which re-runs the parent's
+# main module under the name "__mp_main__" — under Streamlit (and AppTest) that is this script.
+# A worker must not build pages or set the page config: only the real run does.
+if __name__ != "__mp_main__":
+    st.set_page_config(page_title="InferScope", page_icon="🔬", layout="wide")
+    main()

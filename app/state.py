@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
 import uuid
 from dataclasses import dataclass, fields
@@ -31,7 +32,10 @@ MODELS = ("smollm2-135m", "tiny-random")
 VIEWS_FRAGMENT = "views"  # @st.fragment key of the live views (app/live.py)
 DEFAULT_SCENARIO = "chat-burst"
 KNOBS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "policy",
-         "enable_prefix_caching", "quantization", "quantization_group_size", "kv_cache_dtype")
+         "enable_prefix_caching", "quantization", "quantization_group_size", "kv_cache_dtype",
+         "pipeline_parallel_size", "tensor_parallel_size", "pipeline_schedule", "num_microbatches")
+# pipeline_layer_split comes from two widgets (K.split_mode, K.split_text): see layer_split().
+SPLIT_MODES = ("even", "front-heavy", "custom")
 # Knobs whose engine value None (off / the default) is a word in the widget, since a select
 # widget's None means "nothing chosen": quantization None = "none", kv_cache_dtype None = "auto"
 # (vLLM's word: the weights' dtype).
@@ -47,6 +51,9 @@ class K:
     spec_k = "spec_k"
     spec_layers = "spec_layers"
     spec_draft_quant = "spec_draft_quant"
+    # pipeline parallelism (pipeline_layer_split from two widgets)
+    split_mode = "pipeline_split_mode"
+    split_text = "pipeline_split_text"
 
     model = "live_model"
     scenario = "live_scenario"
@@ -67,6 +74,8 @@ class K:
     generate = "_generate_result"
     caching_runs = "_caching_runs"  # (RunSpec, runs): the prefix-caching on/off comparison
     spec_runs = "_spec_runs"  # (RunSpec, runs): with and without speculation
+    worker_failed = "_worker_failed"  # the run's workers died (WorkerError): offer a restart
+    sweeps = "_bubble_sweeps"  # (model, p, t) -> [SweepPoint]: the Pipeline page's measured sweep
     step_queue = "step_queue"  # the browser's Step-press counter (app/step_queue.py)
     steps_applied = "_step_presses_applied"
     epoch = "_session_epoch"
@@ -154,6 +163,8 @@ def init_defaults() -> None:
         ss.setdefault(K.knob + knob, widget_value(knob, value))
     for key, value in spec_widgets(sc.knobs.get("speculative_config")).items():
         ss.setdefault(key, value)
+    ss.setdefault(K.split_mode, "even")
+    ss.setdefault(K.split_text, "")
     ss.setdefault(K.run_n, 10)
     ss.setdefault(K.tick, 0.5)
     ss.setdefault(K.playing, False)
@@ -181,6 +192,8 @@ def on_scenario_change() -> None:
         ss[K.knob + knob] = widget_value(knob, value)
     for key, value in spec_widgets(sc.knobs.get("speculative_config")).items():
         ss[key] = value
+    split = sc.knobs.get("pipeline_layer_split")
+    ss[K.split_mode], ss[K.split_text] = ("custom", ", ".join(map(str, split))) if split else ("even", "")
     ss[K.playing] = False
 
 
@@ -211,7 +224,50 @@ def requested_spec() -> RunSpec:
     if knobs["quantization"] != "int4":
         knobs["quantization_group_size"] = DEFAULT_GROUP_SIZE
     knobs["speculative_config"] = speculative_config(ss[K.model])
+    if knobs["pipeline_schedule"] == "batch_queue":  # whole batches in flight: m is GPipe's only
+        knobs["num_microbatches"] = 1
+    knobs["pipeline_layer_split"] = layer_split(ss[K.model], knobs["pipeline_parallel_size"])
     return RunSpec(ss[K.model], ss[K.scenario], tuple(knobs.items()))
+
+
+def layer_split(model: str, p: Any) -> tuple[int, ...] | str | None:
+    """pipeline_layer_split from the split widgets: None for "even" (or one stage), the 2:1
+    front-heavy split for the model's layers, or the custom text's counts (the text itself when
+    it does not parse, so the engine's ValueError names pipeline_layer_split)."""
+    ss = st.session_state
+    mode = ss.get(K.split_mode, "even")
+    if not isinstance(p, int) or p < 2 or mode == "even":
+        return None
+    if mode == "front-heavy":
+        from engine.parallel_layout import front_heavy_split
+
+        layers = model_dims(model).num_layers
+        return front_heavy_split(layers, p) if p <= layers else None  # too many stages: the engine says so
+    text = str(ss.get(K.split_text, ""))
+    try:
+        from engine.parallel_layout import parse_layer_split
+
+        return parse_layer_split(text)
+    except ValueError:
+        return text
+
+
+@st.cache_data(show_spinner=False)
+def model_hf_config(name: str) -> dict[str, Any]:
+    """The model's Hugging Face config.json as a dict (no weights loaded)."""
+    if name == "tiny-random":
+        from engine.models.loader import TINY_RANDOM_CONFIG
+
+        return dict(TINY_RANDOM_CONFIG)
+    from engine.sizing import model_preset_config
+
+    return dict(model_preset_config(name))
+
+
+def model_dims(name: str):
+    from engine.parallel_layout import ModelDims
+
+    return ModelDims.from_hf(model_hf_config(name))
 
 
 SPEC_METHOD_NONE = "none"
@@ -284,15 +340,41 @@ def ensure_run() -> None:
     build_run(spec)
 
 
-def build_run(spec: RunSpec) -> None:
+def close_run() -> None:
+    """Stop the session's live run's worker processes (if any) and drop the run."""
     ss = st.session_state
-    ss[K.run], ss[K.run_spec], ss[K.error] = None, spec, None
+    current = ss.get(K.run)
+    ss[K.run] = None
+    if isinstance(current, LiveRun):
+        current.close()
+
+
+def build_run(spec: RunSpec) -> None:
+    """A new live run for ``spec``; the old one's workers are stopped first. A parallel engine's
+    worker start-up is shown as it goes (st.status)."""
+    ss = st.session_state
+    close_run()
+    ss[K.run_spec], ss[K.error], ss[K.worker_failed] = spec, None, False
     ss[K.playing] = False
     try:
         sc = spec_scenario(spec)
-        ss[K.run] = LiveRun.from_scenario(sc, spec_model(spec, sc))
+        config = sc.engine_config()
+        model = spec_model(spec, sc)
+        if config.num_workers == 1:
+            ss[K.run] = LiveRun.from_scenario(sc, model)
+        else:
+            label = f"Starting {config.num_workers} worker processes (p = {config.pipeline_parallel_size}, " \
+                    f"t = {config.tensor_parallel_size})…"
+            with st.status(label, expanded=False) as box:
+                ss[K.run] = LiveRun.from_scenario(sc, model, progress=lambda msg: box.update(label=str(msg)))
+                box.update(label=f"{config.num_workers} workers running", state="complete")
     except (ValueError, OSError) as e:
         ss[K.error] = str(e)
+    except RuntimeError as e:
+        if not is_worker_error(e):
+            raise
+        ss[K.error] = f"workers failed to start: {e}"
+        ss[K.worker_failed] = True
     except MemoryError:  # the engine checks memory first; this is the OS changing its mind
         ss[K.error] = "out of memory building the engine: lower num_blocks or max_num_batched_tokens"
 
@@ -307,22 +389,46 @@ def reset() -> None:
     if isinstance(current, ReplayRun):
         current.reset()
     else:
-        ss[K.run] = None
+        close_run()
         ss[K.run_spec] = None
         ss[K.error] = None
+        ss[K.worker_failed] = False
 
 
-def step(n: int = 1) -> None:
-    """``n`` steps of the session's run, under its lock."""
+def restart_workers() -> None:
+    """Widget callback after a WorkerError: a fresh live run (new workers) from the controls."""
+    build_run(requested_spec())
+
+
+def worker_failed() -> bool:
+    return bool(st.session_state.get(K.worker_failed, False))
+
+
+def step(n: int = 1) -> list:
+    """``n`` steps of the session's run, under its lock -> the StepTraces ([] when done or failed).
+
+    A failure is a message; a WorkerError (a worker process died or hung; the executor has
+    stopped them all) also marks the run for the "Restart workers" button.
+    """
     current = run()
     if current is None:
-        return
+        return []
     try:
         with timing.phase("engine step"):
-            current.step(n)
+            return current.step(n)
     except (ValueError, RuntimeError, MemoryError) as e:  # the failed step was rolled back
-        st.session_state[K.error] = f"step failed: {e}"
+        failed = is_worker_error(e)
+        st.session_state[K.error] = f"the worker processes failed: {e}" if failed else f"step failed: {e}"
+        st.session_state[K.worker_failed] = failed
         st.session_state[K.playing] = False
+    return []
+
+
+def is_worker_error(e: BaseException) -> bool:
+    """``e`` is engine.executor's WorkerError (imported only once a parallel engine exists, so
+    the app does not load torch for this check)."""
+    module = sys.modules.get("engine.executor")
+    return module is not None and isinstance(e, module.WorkerError)
 
 
 def rerun_views() -> None:
@@ -439,6 +545,7 @@ def load_recording_upload() -> None:
 
 def start_replay(recording: Recording) -> None:
     ss = st.session_state
+    close_run()
     ss[K.run] = ReplayRun(recording)
     ss[K.error] = None
     ss[K.playing] = False
@@ -448,7 +555,7 @@ def start_replay(recording: Recording) -> None:
 
 def leave_replay() -> None:
     ss = st.session_state
-    ss[K.run] = None
+    close_run()
     ss[K.run_spec] = None
     ss[K.notice] = None  # K.upload is a file_uploader's key: read-only, assigning it raises
 
@@ -576,7 +683,9 @@ def num_layers(name: str) -> int:
     else from the fp32 weights the Weights tab loads anyway (a replay)."""
     current = run()
     if isinstance(current, LiveRun) and current.meta.model == name:
-        return int(current.engine.runner.model.config.num_hidden_layers)
+        runner = current.engine.runner  # a parallel run's runner has the config, not the model
+        config = runner.model.config if getattr(runner, "model", None) is not None else runner.model_config
+        return int(config.num_hidden_layers)
     return int(fp32_model(name).config.num_hidden_layers)
 
 
@@ -640,3 +749,33 @@ def run_activation_stats(linear: str, threshold: float, layer: int | None = None
     if not isinstance(current, LiveRun):
         return None
     return current.activation_recorder().stats(threshold, layer, linear)
+
+
+# -- the Pipeline page -----------------------------------------------------------------------------
+
+PIPELINE_SCENARIO = "pipeline"
+
+
+def switch_to_pipeline() -> None:
+    """Widget callback: the pipeline scenario (p = 2, GPipe, m = 4) with its knobs; the model stays."""
+    st.session_state[K.scenario] = PIPELINE_SCENARIO
+    on_scenario_change()
+
+
+def sweep_points(model: str, p: int, t: int) -> list | None:
+    """The bubble sweep measured in this session for (model, p, t), if any."""
+    return st.session_state.get(K.sweeps, {}).get((model, p, t))
+
+
+def measure_sweep(model: str, p: int, t: int, progress: Callable[[str, float], None]) -> None:
+    """Measure the bubble over m (engine.run.measure_bubble_sweep: one fresh engine per m) and
+    keep it in the session; a failure is a message."""
+    from engine.run import measure_bubble_sweep
+
+    ss = st.session_state
+    try:
+        points = measure_bubble_sweep(load_model(model), p, t, progress=progress)
+    except (ValueError, RuntimeError, OSError) as e:
+        ss[K.error] = f"bubble sweep failed: {e}"
+        return
+    ss.setdefault(K.sweeps, {})[(model, p, t)] = points

@@ -13,7 +13,8 @@ columns are cut into t contiguous ranges.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 from engine.trace import ParallelLayout, ScheduleName, StageLayout, TensorShard
 
@@ -82,3 +83,105 @@ def build_layout(num_layers: int, num_heads: int, num_kv_heads: int, intermediat
 def theory_bubble(p: int, m: int) -> float:
     """GPipe's bubble fraction for p stages and m equal units back to back: (p - 1) / (m + p - 1)."""
     return (p - 1) / (m + p - 1)
+
+
+def front_heavy_split(num_layers: int, p: int) -> tuple[int, ...]:
+    """Layers per stage with stage 0 taking about twice the share of each later stage (2:1:1...),
+    every stage at least one layer: a deliberately unbalanced split, to see its bubbles."""
+    if p < 1 or p > num_layers:
+        raise ValueError(f"pipeline_parallel_size: {p} stages need 1 to {num_layers} layers")
+    if p == 1:
+        return (num_layers,)
+    first = max(1, min(num_layers - (p - 1), round(num_layers * 2 / (p + 1))))
+    rest = [b - a for a, b in even_ranges(num_layers - first, p - 1)]
+    return (first, *rest)
+
+
+def parse_layer_split(text: str) -> tuple[int, ...]:
+    """"20, 10" or "20:10" -> (20, 10); ValueError naming pipeline_layer_split otherwise."""
+    parts = [s.strip() for s in text.replace(":", ",").split(",") if s.strip()]
+    if not parts or not all(s.isdigit() for s in parts):
+        raise ValueError(f"pipeline_layer_split: give layers per stage as whole numbers, e.g. '20, 10'; "
+                         f"got {text[:40]!r}")
+    return tuple(int(s) for s in parts)
+
+
+class ModelDims(NamedTuple):
+    """The sizes of a Llama-family decoder that decide what each worker holds."""
+
+    num_layers: int
+    hidden: int
+    intermediate: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> "ModelDims":
+        """From a Hugging Face config.json dict (head_dim defaults to hidden / heads)."""
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        return cls(int(config["num_hidden_layers"]), hidden, int(config["intermediate_size"]), heads,
+                   int(config.get("num_key_value_heads") or heads), int(config.get("head_dim") or hidden // heads),
+                   int(config["vocab_size"]), bool(config.get("tie_word_embeddings", False)))
+
+
+class WorkerBytes(NamedTuple):
+    """What one worker process holds: its stage's layers, sliced to its shard, and their KV cache."""
+
+    rank: int
+    stage: int
+    tp_rank: int
+    num_layers: int
+    weight_bytes: int
+    kv_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes
+
+
+def worker_bytes(layout: ParallelLayout, dims: ModelDims, dtype_bytes: float, pool_tokens: int,
+                 kv_bytes_per_element: float | None = None) -> tuple[WorkerBytes, ...]:
+    """Per-worker weights + KV pool, from the layout itself (the rule engine/shard.py slices by).
+
+    Per layer, rank r holds q/o for its query heads, k/v for its KV heads (replicated when t
+    exceeds the KV heads), gate/up/down for its MLP columns, both norms whole; the first stage
+    holds the embedding (vocab x hidden), the last the final norm and the LM head (a tied head
+    is one tensor with the embedding when one stage holds both). KV: pool_tokens x layers x 2 x
+    its KV heads x head_dim elements. ``dtype_bytes`` per weight element; the KV element size
+    defaults to the same.
+    """
+    kv_elem = dtype_bytes if kv_bytes_per_element is None else kv_bytes_per_element
+    d, t = dims, layout.tensor_parallel_size
+    last = layout.pipeline_parallel_size - 1
+    out = []
+    for s in layout.stages:
+        layers = s.end_layer - s.start_layer
+        for shard in layout.shards:
+            q = (shard.q_end - shard.q_start) * d.head_dim
+            kv = (shard.kv_end - shard.kv_start) * d.head_dim
+            mlp = shard.mlp_end - shard.mlp_start
+            per_layer = 2 * d.hidden * q + 2 * d.hidden * kv + 3 * d.hidden * mlp + 2 * d.hidden
+            elements = layers * per_layer
+            if s.stage == 0:
+                elements += d.vocab * d.hidden
+            if s.stage == last:
+                elements += d.hidden + (0 if d.tied and last == 0 else d.vocab * d.hidden)
+            out.append(WorkerBytes(s.stage * t + shard.tp_rank, s.stage, shard.tp_rank, layers,
+                                   round(elements * dtype_bytes), round(pool_tokens * layers * 2 * kv * kv_elem)))
+    return tuple(out)
+
+
+class CommBytes(NamedTuple):
+    """Bytes on the wire per token of a forward pass."""
+
+    pipeline: float  # activations sent across the p - 1 stage boundaries
+    tensor: float  # per rank: 2 all-reduces per layer, each a ring moving 2 (t - 1) / t x hidden
+
+
+def comm_bytes_per_token(hidden: int, num_layers: int, p: int, t: int, dtype_bytes: float) -> CommBytes:
+    """PP: hidden x bytes per stage boundary per token. TP: a ring all-reduce of N bytes sends
+    2 (t - 1) / t x N per rank; a layer does two (after attention and after the MLP)."""
+    return CommBytes((p - 1) * hidden * dtype_bytes, num_layers * 2 * 2 * (t - 1) / t * hidden * dtype_bytes)

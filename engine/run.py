@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Mapping, NamedTuple
 
 from engine.scenario import Scenario, build_engine, run_to_end, without_speculation
 from engine.schema import Length, Nested
@@ -181,9 +181,17 @@ class LiveRun:
         self._recorder: ActivationRecorder | None = None
 
     @classmethod
-    def from_scenario(cls, scenario: Scenario, model: Any, **knob_overrides: Any) -> "LiveRun":
-        engine = build_engine(scenario, model, **knob_overrides)
+    def from_scenario(cls, scenario: Scenario, model: Any, progress: Callable[[str], None] | None = None,
+                      **knob_overrides: Any) -> "LiveRun":
+        """``progress`` hears a parallel engine's worker start-up (engine.scenario.build_engine)."""
+        engine = build_engine(scenario, model, progress=progress, **knob_overrides)
         return cls(engine, meta_for(engine, scenario))
+
+    def close(self) -> None:
+        """Stop the engine's worker processes, if any (idempotent). Call it when the run is
+        replaced or reset, so a session never leaks processes; a later step raises WorkerError."""
+        with self.lock:
+            self.engine.shutdown()
 
     @property
     def done(self) -> bool:
@@ -212,12 +220,17 @@ class LiveRun:
         """The run's ActivationRecorder, attached to its engine on the first call: it first sees
         the tokens computed so far (each request's prompt and outputs, one private prefill), then
         every later step's forward. Attaching costs that one prefill; after it, each step pays the
-        recorder's small per-linear cost (engine/activations.py)."""
+        recorder's small per-linear cost (engine/activations.py). A parallel run (its layers in
+        worker processes) has no model here to observe: ValueError."""
         from engine.activations import ActivationRecorder, observe_prefill  # torch only when asked
 
         with self.lock:
             if self._recorder is None:
                 runner = self.engine.runner
+                if getattr(runner, "model", None) is None:
+                    raise ValueError("activations: this run's model is split over worker processes "
+                                     "(pipeline/tensor parallel); activation statistics need the single-process "
+                                     "engine (pipeline_parallel_size = tensor_parallel_size = 1)")
                 recorder = ActivationRecorder(runner.model.config.num_hidden_layers)
                 done = [tuple(r.all_token_ids[:r.num_computed_tokens]) for r in self.engine.requests.values()
                         if r.num_computed_tokens > 0]
@@ -320,3 +333,50 @@ def compare_speculation(scenario: Scenario, model: Any, knob_overrides: Mapping[
                          "nothing to compare")
     return _run_variants(model, [(SPECULATION_RUNS[0], scenario, {**overrides, "speculative_config": spec}),
                                  (SPECULATION_RUNS[1], without_speculation(scenario), overrides)], on_step)
+
+
+class SweepPoint(NamedTuple):
+    """The bubble of one measured prefill step with m micro-batches (from a real parallel run)."""
+
+    m: int
+    measured: float  # bubble share of lanes x window (engine/pipeline_stats.py)
+    theory: float  # (p - 1) / (units + p - 1) for the units the step really had
+    window_ms: float
+
+
+SWEEP_MICROBATCHES = (1, 2, 4, 8)
+
+
+def measure_bubble_sweep(model: Any, p: int, t: int = 1, microbatches: tuple[int, ...] = SWEEP_MICROBATCHES,
+                         num_prompts: int = 8, prompt_len: int = 32,
+                         progress: Callable[[str, float], None] | None = None) -> list[SweepPoint]:
+    """For each m, a fresh GPipe engine of ``model`` (a name or SharedModel) with p stages x t
+    ranks runs ONE prefill step of ``num_prompts`` equal prompts of ``prompt_len`` token ids,
+    and that step's timeline gives the measured bubble. num_microbatches is a start-up knob, so
+    every m starts (and stops) its own workers. ``progress(message, fraction)`` between them."""
+    from engine.config import EngineConfig, SamplingParams
+    from engine.engine import LLMEngine
+    from engine.pipeline_stats import pipeline_stats
+
+    if p < 2:
+        raise ValueError(f"pipeline_parallel_size: a bubble sweep needs at least 2 stages, got {p}")
+    tokens = num_prompts * prompt_len
+    points = []
+    for i, m in enumerate(microbatches):
+        if progress is not None:
+            progress(f"m = {m}: starting {p * t} workers", i / len(microbatches))
+        config = EngineConfig(pipeline_parallel_size=p, tensor_parallel_size=t, pipeline_schedule="gpipe",
+                              num_microbatches=m, max_num_seqs=num_prompts, max_num_batched_tokens=tokens,
+                              block_size=16, num_blocks=num_prompts * (prompt_len // 16 + 2))
+        with LLMEngine(model, config=config) as engine:
+            for r in range(num_prompts):  # equal lengths, distinct ids (all below any vocabulary's 200)
+                engine.add_request([1 + (r * 31 + j * 7) % 199 for j in range(prompt_len)],
+                                   SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+            trace = engine.step()
+        if trace.pipeline is None:
+            raise RuntimeError("bubble sweep: the step has no pipeline timeline")
+        s = pipeline_stats(trace.pipeline)
+        points.append(SweepPoint(m, s.bubble_fraction, s.theory_bubble, s.window_ms))
+    if progress is not None:
+        progress("done", 1.0)
+    return points

@@ -153,8 +153,12 @@ def format_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> str:
     return prompt
 
 
-def build_engine(scenario: Scenario, model: Any, **knob_overrides: Any) -> "LLMEngine":
+def build_engine(scenario: Scenario, model: Any, progress: Callable[[str], None] | None = None,
+                 **knob_overrides: Any) -> "LLMEngine":
     """A fresh LLMEngine with the scenario's requests queued (ids "0", "1", ... in file order).
+
+    ``progress`` hears how far a parallel engine's worker start-up got (LLMEngine's argument).
+    If queuing a request fails, a parallel engine's workers are stopped before the error leaves.
 
     ``model`` is a model name or a SharedModel. Validation is all-or-nothing: a request the
     engine rejects (e.g. a prompt larger than the KV pool) raises ValueError naming the request.
@@ -162,12 +166,13 @@ def build_engine(scenario: Scenario, model: Any, **knob_overrides: Any) -> "LLME
     from engine.engine import LLMEngine
 
     config = scenario.engine_config(**knob_overrides)
-    engine = LLMEngine(model, config=config)
+    engine = LLMEngine(model, config=config, progress=progress)
     for i, r in enumerate(scenario.requests):
         text = format_prompt(engine.tokenizer, r.prompt, scenario.chat_template)
         try:
             engine.add_request(text, r.sampling_params(), arrival_step=r.arrival_step)
         except ValueError as e:
+            engine.shutdown()
             raise ValueError(f"{e} (scenario {scenario.name!r}, request {i})") from None
     return engine
 

@@ -195,3 +195,18 @@ QUANT_COLORS: dict[str, str] = {
     "rounding": "#999999",
     "scales": "#228833",
 }
+
+# Pipeline parallelism: a colour per unit (micro-batch or in-flight batch), and the kinds of
+# worker time that are not compute on a unit.
+PIPELINE_UNIT_COLORS: tuple[str, ...] = ("#4477AA", "#EE7733", "#228833", "#AA3377", "#66CCEE", "#CCBB44",
+                                         "#332288", "#EE6677")
+PIPELINE_COLORS: dict[str, str] = {
+    "send": "#222222",  # activations posted to the next stage
+    "all_reduce": "#882255",  # tensor-parallel all-reduce inside a forward
+    "recv": "#D6E4F0",  # blocked waiting for the previous stage (a bubble)
+    "idle": "#E0E0E0",  # nothing at all (a bubble)
+    "measured": "#4477AA",
+    "theory": "#EE7733",
+    "weights": MEMORY_COLORS["weights"],
+    "kv_cache": MEMORY_COLORS["kv_cache"],
+}

@@ -12,6 +12,7 @@ from engine.run import RunView
 from visualizers import quant_activations as qa
 from visualizers import quant_tradeoff as qt
 from visualizers import quant_weights as qw
+from visualizers.text import escape_markdown
 
 INTRO = ("Quantization stores weights (and optionally activations and the KV cache) in fewer bits: int8 per output "
          "channel, int4 in groups of 32 or 64 input weights, fp8 (e4m3) per channel, or w8a8 — int8 weights times "
@@ -96,9 +97,13 @@ def activations_tab(view: RunView, style: live.Style) -> None:
         hist_layer = st.selectbox("Histogram layer", ["loudest", *range(num_layers(view))], key="quant_hist_layer",
                                   width=150, help="The layer whose input values the histogram shows; \"loudest\" "
                                                   "= the one holding the largest |x|.")
-    with st.spinner("Attaching the activation recorder (one pass over the tokens computed so far)…"):
-        stats = state.run_activation_stats(linear or "qkv", float(threshold),
-                                           None if hist_layer == "loudest" else int(hist_layer))
+    try:
+        with st.spinner("Attaching the activation recorder (one pass over the tokens computed so far)…"):
+            stats = state.run_activation_stats(linear or "qkv", float(threshold),
+                                               None if hist_layer == "loudest" else int(hist_layer))
+    except ValueError as e:  # a parallel run: its layers live in worker processes
+        st.info(escape_markdown(str(e)), icon=":material/info:")
+        return
     if stats is None:
         st.info("Step the run: the activations appear from its first step.", icon=":material/info:")
     else:

@@ -10,6 +10,9 @@ time shown as "Last step (engine)"), each page on its own scenario:
                            hit-rate panels)
     Speculative decoding   spec-chat: open chat with n-gram drafts (k = 4); one live chart (the
                            drafts of the last step), the drafting inside the engine step
+    Pipeline parallelism   pipeline: eight equal requests on two worker processes (p = 2, GPipe,
+                           m = 4); one live chart (the Gantt of the last step's timeline); the
+                           workers' messages are inside the engine step
 
     .venv/bin/python -m tests.bench ui_pages      (``-m tests.bench ui`` runs it with bench_ui)
 """
@@ -34,7 +37,8 @@ class PageCase:
 
 
 PAGES = (PageCase("Prefix cache", "prefix-cache", "shared-prefix", 2),
-         PageCase("Speculative decoding", "speculative", "spec-chat", 1))
+         PageCase("Speculative decoding", "speculative", "spec-chat", 1),
+         PageCase("Pipeline parallelism", "pipeline", "pipeline", 1))  # 24 steps: 3 warm-up + 16 fit
 
 
 def _case(browser, url: str, case: PageCase, model: str, n: int) -> dict:

@@ -5,7 +5,8 @@
 Starts `make run`'s server, steps the chat-burst scenario on SmolLM2-135M as a viewer would
 (clicks), and saves one PNG per view; the Prefix cache page steps its own scenarios
 (shared-prefix, and cache-pressure for LRU eviction). Groups: live (KV cache, batching,
-Generate, fit), prefix, quant (the Quantization page's five tabs), spec (Speculative decoding).
+Generate, fit), prefix, quant (the Quantization page's five tabs), spec (Speculative decoding),
+pipeline (Pipeline parallelism: the Gantt and the calculator view).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _step_to(page, steps: int) -> None:
         wait_for_app(page)
 
 
-GROUPS = ("live", "prefix", "quant", "spec")
+GROUPS = ("live", "prefix", "quant", "spec", "pipeline")
 
 
 def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
@@ -57,6 +58,8 @@ def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
             _quant(browser, url, out)
         if "spec" in groups:
             _spec(browser, url, out)
+        if "pipeline" in groups:
+            _pipeline(browser, url, out)
         browser.close()
 
 
@@ -138,6 +141,16 @@ def _spec(browser, url: str, out: Path) -> None:
         _tab(page, "With vs without")
         _press(page, "run_spec_comparison")
         _shoot(page, out, "speculative-comparison")
+
+
+def _pipeline(browser, url: str, out: Path) -> None:
+    """The Pipeline parallelism page on the pipeline scenario (SmolLM2 on two worker processes,
+    GPipe m = 4) after 3 steps: the Gantt of the last step, then the calculator's view."""
+    with _session(browser, url, "pipeline", "pipeline") as page:
+        _step_to(page, 3)
+        _shoot(page, out, "pipeline")
+        _tab(page, "Calculator")
+        _shoot(page, out, "pipeline-calculator")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,239 @@
+"""Pipeline and tensor parallelism: what every worker process did in a step (Gantt), the bubble
+fraction measured against GPipe's (p - 1) / (m + p - 1), a sweep over m, and the calculator's
+view of the same layout. Records in (PipelineTimeline, ParallelLayout, sizing Estimate), figures
+and frames out; no streamlit.
+
+    lane "stage 0 · tp 0"  [mb 0][mb 1][mb 2][mb 3]░░░░░░░░░░      one lane per worker, stage 0 on top
+    lane "stage 1 · tp 0"  ░░░░░[mb 0][mb 1][mb 2][mb 3]           ░ idle / waiting = the bubble
+
+Drawn with go.Bar(orientation="h", base=start, x=duration) in overlay mode: one trace per unit,
+one each for sends, all-reduces, receive waits and idle gaps, so a step is a handful of traces
+however many events it has (ui.md 5.3).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from engine.parallel_layout import CommBytes, ModelDims, WorkerBytes, comm_bytes_per_token, worker_bytes
+from engine.pipeline_stats import pipeline_stats
+from engine.run import SweepPoint
+from engine.trace import ParallelLayout, PipelineTimeline, PipelineUnit, StepTrace, WorkEvent
+from visualizers.figures import figure, live_layout
+from visualizers.theme import PIPELINE_COLORS, PIPELINE_UNIT_COLORS
+
+GIB = 2**30
+MIB = 2**20
+
+
+def lane_label(stage: int, tp_rank: int) -> str:
+    return f"stage {stage} · tp {tp_rank}"
+
+
+def unit_label(unit: PipelineUnit, schedule: str) -> str:
+    """"mb 2" for GPipe's micro-batch 2, "batch 1" for the batch queue's second batch."""
+    return f"batch {unit.batch}" if schedule == "batch_queue" else f"mb {unit.microbatch}"
+
+
+def bubble_title(timeline: PipelineTimeline) -> str:
+    s = pipeline_stats(timeline)
+    p = timeline.pipeline_parallel_size
+    return (f"Bubble measured {s.bubble_fraction:.0%} · GPipe (p−1)/(m+p−1) = {p - 1}/{s.num_units + p - 1} = "
+            f"{s.theory_bubble:.0%} · comm {s.comm_fraction:.0%}")
+
+
+def _idle_gaps(events: Sequence[WorkEvent], start: float, end: float) -> list[tuple[float, float]]:
+    """The parts of [start, end) that none of ``events`` covers."""
+    gaps, cursor = [], start
+    for e in sorted(events, key=lambda e: e.start_ms):
+        if e.start_ms > cursor:
+            gaps.append((cursor, min(e.start_ms, end)))
+        cursor = max(cursor, e.end_ms)
+        if cursor >= end:
+            break
+    if cursor < end:
+        gaps.append((cursor, end))
+    return [(a, b) for a, b in gaps if b > a]
+
+
+def _bar(name: str, y: list[str], starts: list[float], ends: list[float], color: str, *, width: float = 0.8,
+         text: list[str] | None = None, pattern: str = "", opacity: float = 1.0, legendrank: int = 1000,
+         hover: str = "") -> dict[str, Any]:
+    bar: dict[str, Any] = dict(type="bar", orientation="h", name=name, y=y, base=starts,
+                               x=[b - a for a, b in zip(starts, ends)], width=width, opacity=opacity,
+                               marker=dict(color=color, line=dict(width=0)), legendrank=legendrank,
+                               customdata=[[a, b] for a, b in zip(starts, ends)],
+                               hovertemplate=f"{name}{hover}<br>%{{y}}<br>%{{customdata[0]:.2f}} – "
+                                             "%{customdata[1]:.2f} ms<extra></extra>")
+    if pattern:
+        bar["marker"]["pattern"] = dict(shape=pattern, fgcolor="#FFFFFF", solidity=0.4)
+    if text is not None:
+        bar.update(text=text, textposition="inside", insidetextanchor="middle", textangle=0,
+                   textfont=dict(color="#FFFFFF"), cliponaxis=False)
+    return bar
+
+
+def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font_size: int = 12,
+                 step: int | None = None) -> go.Figure:
+    """One lane per worker (stage 0 on top), each forward a box coloured by its unit; sends and
+    all-reduces as thin patterned bars over it, receive waits light, idle gaps grey. The window
+    is the one the bubble is measured over (first forward start .. last forward end)."""
+    p, t = timeline.pipeline_parallel_size, timeline.tensor_parallel_size
+    lanes = [lane_label(s, r) for s in range(p) for r in range(t)]
+    if layout is not None:  # name each stage's layers: "stage 0 · tp 0 (L0–14)"
+        spans = {s.stage: f" (L{s.start_layer}–{s.end_layer - 1})" for s in layout.stages}
+        lanes = [f"{lane_label(s, r)}{spans.get(s, '')}" for s in range(p) for r in range(t)]
+    units = {u.unit: u for u in timeline.units}
+    forwards = [e for e in timeline.events if e.kind == "forward"]
+    data: list[dict[str, Any]] = []
+    by_unit: dict[int, list[WorkEvent]] = {}
+    for e in forwards:
+        by_unit.setdefault(e.unit, []).append(e)
+    for n, (u, events) in enumerate(sorted(by_unit.items())):
+        label = unit_label(units[u], timeline.schedule) if u in units else f"unit {u}"
+        tokens = f" · {units[u].num_tokens} tokens" if u in units else ""
+        data.append(_bar(label, [lanes[e.rank] for e in events], [e.start_ms for e in events],
+                         [e.end_ms for e in events], PIPELINE_UNIT_COLORS[u % len(PIPELINE_UNIT_COLORS)],
+                         text=[label] * len(events), legendrank=n, hover=tokens))
+    for kind, name, pattern, width, opacity in (("recv", "waiting for activations", "", 0.8, 1.0),
+                                                ("send", "send", "/", 0.3, 1.0),
+                                                ("all_reduce", "all-reduce", "x", 0.3, 1.0)):
+        events = [e for e in timeline.events if e.kind == kind]
+        if events:
+            data.append(_bar(name, [lanes[e.rank] for e in events], [e.start_ms for e in events],
+                             [e.end_ms for e in events], PIPELINE_COLORS[kind], width=width, pattern=pattern,
+                             opacity=opacity, legendrank=500 if kind == "recv" else 600))
+    if forwards:
+        start, end = min(e.start_ms for e in forwards), max(e.end_ms for e in forwards)
+        idle_y, idle_a, idle_b = [], [], []
+        for rank in range(p * t):
+            for a, b in _idle_gaps([e for e in timeline.events if e.rank == rank], start, end):
+                idle_y.append(lanes[rank])
+                idle_a.append(a)
+                idle_b.append(b)
+        if idle_y:
+            data.insert(0, _bar("idle", idle_y, idle_a, idle_b, PIPELINE_COLORS["idle"], pattern=".",
+                                legendrank=700))
+    s = pipeline_stats(timeline)
+    title = bubble_title(timeline) if forwards else "No pipeline work in this step"
+    fig_layout = live_layout(title, step, font_size, barmode="overlay", height=max(260, 70 * p * t + 130),
+                             xaxis=dict(title="ms since the driver sent the step", zeroline=False),
+                             yaxis=dict(categoryorder="array", categoryarray=lanes, autorange="reversed",
+                                        type="category"),
+                             legend=dict(orientation="h", y=-0.25), margin=dict(l=10, r=10, t=60, b=10))
+    fig_layout["meta"].update(bubble=s.bubble_fraction, theory=s.theory_bubble, lanes=lanes,
+                              units=len(timeline.units), schedule=timeline.schedule)
+    return figure(data, fig_layout)
+
+
+def stats_frame(traces: Sequence[StepTrace]) -> pd.DataFrame:
+    """One row per step that ran on workers: units, tokens, the driver's span, and the shares of
+    lanes x window that were compute, communication and bubble (engine/pipeline_stats.py)."""
+    rows = []
+    for t in traces:
+        if t.pipeline is None:
+            continue
+        s = pipeline_stats(t.pipeline)
+        rows.append({"step": t.step, "schedule": t.pipeline.schedule, "units": s.num_units,
+                     "tokens": sum(u.num_tokens for u in t.pipeline.units), "span ms": t.pipeline.span_ms,
+                     "window ms": s.window_ms, "compute": s.compute_fraction, "comm": s.comm_fraction,
+                     "bubble": s.bubble_fraction, "theory bubble": s.theory_bubble})
+    columns = ["step", "schedule", "units", "tokens", "span ms", "window ms", "compute", "comm", "bubble",
+               "theory bubble"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def sweep_figure(points: Sequence[SweepPoint], p: int, font_size: int = 12) -> go.Figure:
+    """Measured bubble fraction against GPipe's (p - 1) / (m + p - 1) over m, for one p."""
+    ms = [pt.m for pt in points]
+    data = [dict(type="scatter", mode="lines+markers", name="GPipe (p−1)/(m+p−1)", x=ms,
+                 y=[pt.theory for pt in points], line=dict(color=PIPELINE_COLORS["theory"], dash="dash")),
+            dict(type="scatter", mode="lines+markers", name="measured", x=ms, y=[pt.measured for pt in points],
+                 line=dict(color=PIPELINE_COLORS["measured"]), marker=dict(size=10),
+                 customdata=[pt.window_ms for pt in points],
+                 hovertemplate="m=%{x}: %{y:.0%} of lanes × window (%{customdata:.1f} ms)<extra></extra>")]
+    layout = live_layout(f"Bubble fraction over micro-batches, p = {p}", None, font_size,
+                         xaxis=dict(title="micro-batches m", type="log", tickvals=ms, ticktext=[str(m) for m in ms]),
+                         yaxis=dict(title="bubble (share of lanes × window)", tickformat=".0%", rangemode="tozero"),
+                         height=340, legend=dict(orientation="h", y=-0.3))
+    layout["meta"].update(p=p, points=len(points))
+    return figure(data, layout)
+
+
+def sweep_frame(points: Sequence[SweepPoint]) -> pd.DataFrame:
+    return pd.DataFrame([{"m": pt.m, "measured": pt.measured, "theory": pt.theory, "window ms": pt.window_ms}
+                         for pt in points], columns=["m", "measured", "theory", "window ms"])
+
+
+def worker_frame(workers: Sequence[WorkerBytes]) -> pd.DataFrame:
+    return pd.DataFrame([{"worker": lane_label(w.stage, w.tp_rank), "layers": w.num_layers,
+                          "weights MiB": w.weight_bytes / MIB, "KV pool MiB": w.kv_bytes / MIB,
+                          "total MiB": w.total_bytes / MIB} for w in workers],
+                        columns=["worker", "layers", "weights MiB", "KV pool MiB", "total MiB"])
+
+
+class CalculatorView(NamedTuple):
+    """The same p x t seen by the calculator: this engine's per-worker memory (from the layout),
+    bytes on the wire per token, and (when the calculator takes the layout) its per-device
+    figures on a hardware preset and the roofline decode rate with the schedule's bubble."""
+
+    workers: pd.DataFrame
+    figure: go.Figure
+    comm: CommBytes
+    calculator: pd.DataFrame  # empty when the calculator refuses the layout
+    refusal: str  # why the calculator (and vLLM) refuse this t, "" if they do not
+    throughput: pd.DataFrame
+
+
+def calculator_view(layout: ParallelLayout, dims: ModelDims, dtype_bytes: float, pool_tokens: int,
+                    estimate: Any = None, refusal: str = "", measured: Sequence[StepTrace] = (),
+                    kv_bytes_per_element: float | None = None, font_size: int = 12) -> CalculatorView:
+    """``estimate``: engine.sizing.estimate(model, hardware, settings=Settings(tp=t, pp=p)) or None
+    (``refusal`` then says why); ``measured``: this run's steps, for the measured token rate."""
+    workers = worker_bytes(layout, dims, dtype_bytes, pool_tokens, kv_bytes_per_element)
+    frame = worker_frame(workers)
+    names = list(frame["worker"])
+    data = [dict(type="bar", name=label, x=names, y=list(frame[col]), marker=dict(color=PIPELINE_COLORS[key]))
+            for label, col, key in (("weights", "weights MiB", "weights"), ("KV pool", "KV pool MiB", "kv_cache"))]
+    fig = figure(data, live_layout("Memory per worker in this engine (from the layout)", None, font_size,
+                                   barmode="stack", yaxis=dict(title="MiB"), height=320,
+                                   legend=dict(orientation="h", y=-0.25)))
+    comm = comm_bytes_per_token(dims.hidden, dims.num_layers, layout.pipeline_parallel_size,
+                                layout.tensor_parallel_size, dtype_bytes)
+    calc_rows = []
+    if estimate is not None:
+        calc_rows = [{"figure": "weights per device (GiB)", "value": estimate.weight_bytes_per_device / GIB},
+                     {"figure": "KV cache per device (GiB)", "value": estimate.kv_bytes_per_device / GIB},
+                     {"figure": "total per device (GiB)", "value": estimate.total_bytes_per_device / GIB},
+                     {"figure": "devices", "value": float(estimate.devices)},
+                     {"figure": "roofline decode tokens/s", "value": estimate.decode_tokens_per_s_roofline}]
+    calculator = pd.DataFrame(calc_rows, columns=["figure", "value"])
+    return CalculatorView(frame, fig, comm, calculator, refusal,
+                          throughput_frame(measured, estimate, layout))
+
+
+def throughput_frame(traces: Sequence[StepTrace], estimate: Any, layout: ParallelLayout) -> pd.DataFrame:
+    """The honest throughput note as rows: the tokens/s this run measured (its engine steps on
+    this machine, all p x t processes together) and what a model of the same schedule gives on
+    the calculator's hardware: roofline decode tokens/s x (1 - theory bubble)."""
+    rows = []
+    timed = [t for t in traces if t.pipeline is not None]
+    if timed:
+        ms = sum(t.total_ms for t in timed)
+        tokens = sum(u.num_tokens for t in timed for u in t.pipeline.units)  # type: ignore[union-attr]
+        rows.append({"what": f"measured here: {len(timed)} steps on {layout.num_workers} processes",
+                     "ms per step": ms / len(timed), "tokens/s": tokens / (ms / 1000) if ms > 0 else None,
+                     "kind": "measured"})
+    if estimate is not None:
+        m = layout.num_microbatches if layout.schedule == "gpipe" else layout.pipeline_parallel_size
+        bubble = (layout.pipeline_parallel_size - 1) / (m + layout.pipeline_parallel_size - 1)
+        roof = estimate.decode_tokens_per_s_roofline
+        rows.append({"what": f"{estimate.hardware_name}: roofline decode, batch {estimate.batch}",
+                     "ms per step": 1000 / roof if roof else None, "tokens/s": roof, "kind": "model"})
+        rows.append({"what": f"{estimate.hardware_name}: roofline × (1 − bubble {bubble:.0%})",
+                     "ms per step": 1000 / (roof * (1 - bubble)) if roof else None,
+                     "tokens/s": roof * (1 - bubble), "kind": "model"})
+    return pd.DataFrame(rows, columns=["what", "ms per step", "tokens/s", "kind"])
