@@ -132,7 +132,12 @@ class ParallelExecutor:
                         self._fail(self._describe(r) + f" died during {what} "
                                    f"(exit code {self.processes[r].exitcode})")
                     if isinstance(message, Failed):
-                        self._fail(self._describe(r) + f" failed during {what}: {message.message}")
+                        # A peer's death surfaces first as this worker's communication error:
+                        # name the dead worker, not the one that lost its connection to it.
+                        dead = [k for k in range(len(self.conns)) if not self.processes[k].is_alive()]
+                        first = (", ".join(f"{self._describe(k)} died during {what} (exit code "
+                                           f"{self.processes[k].exitcode})" for k in dead) + "; ") if dead else ""
+                        self._fail(first + self._describe(r) + f" failed during {what}: {message.message}")
                     results[r] = message
                     if on_each is not None:
                         on_each(len(results))
