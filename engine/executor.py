@@ -54,6 +54,7 @@ class ParallelExecutor:
         self.layout = layout
         self.timeout_s = config.worker_timeout_s
         self.error: str | None = None
+        self._unanswered = False  # a step was sent and its results not (all) read
         say = progress or (lambda _: None)
         n = layout.num_workers
         # The driver hosts the rendezvous store (port 0: the OS picks a free one, no race).
@@ -92,12 +93,28 @@ class ParallelExecutor:
         if not self.alive:
             raise WorkerError(f"the worker processes were stopped ({self.error or 'shut down'}); "
                               f"restart the engine")
+        if self._unanswered:
+            # The last step was interrupted in the driver (e.g. KeyboardInterrupt) after every
+            # worker had it: its results are still on their way; read and drop them, or this
+            # step would take them for its own.
+            self._collect(self.timeout_s, "the interrupted step")
+            self._unanswered = False
+        sent = 0
         try:
             for conn in self.conns:
                 conn.send(step)
+                sent += 1
         except OSError as e:
             self._fail(f"a worker's pipe is closed ({e})")
-        return [r for r in self._collect(self.timeout_s, "step") if isinstance(r, StepDone)]
+        except BaseException:
+            if sent:  # some workers have the step, some not: they can no longer agree on one
+                self.error = "a step was interrupted while it was being sent"
+                self.shutdown()
+            raise
+        self._unanswered = True
+        results = self._collect(self.timeout_s, "step")
+        self._unanswered = False
+        return [r for r in results if isinstance(r, StepDone)]
 
     def _collect(self, timeout_s: float, what: str, on_each: Callable[[int], None] | None = None) -> list[object]:
         """One message from every worker, watching for deaths, failures and the deadline."""
@@ -115,7 +132,12 @@ class ParallelExecutor:
                         self._fail(self._describe(r) + f" died during {what} "
                                    f"(exit code {self.processes[r].exitcode})")
                     if isinstance(message, Failed):
-                        self._fail(self._describe(r) + f" failed during {what}: {message.message}")
+                        # A peer's death surfaces first as this worker's communication error:
+                        # name the dead worker, not the one that lost its connection to it.
+                        dead = [k for k in range(len(self.conns)) if not self.processes[k].is_alive()]
+                        first = (", ".join(f"{self._describe(k)} died during {what} (exit code "
+                                           f"{self.processes[k].exitcode})" for k in dead) + "; ") if dead else ""
+                        self._fail(first + self._describe(r) + f" failed during {what}: {message.message}")
                     results[r] = message
                     if on_each is not None:
                         on_each(len(results))

@@ -37,6 +37,9 @@ from engine.shard import shard_model
 from engine.trace import ParallelLayout, WorkKind
 
 PARENT_POLL_S = 0.5
+# gloo gives up on a silent peer after this many worker_timeout_s: later than the driver's
+# deadline, so that the driver, not a peer's timeout, reports a hung worker (and names it).
+COMM_TIMEOUT_FACTOR = 2
 
 
 def clock_ns() -> int:
@@ -140,9 +143,9 @@ class _Worker:
         self.stage, self.tp_rank = divmod(spec.rank, t)
         self.rank, self.t, self.p = spec.rank, t, layout.pipeline_parallel_size
         store = dist.TCPStore("127.0.0.1", spec.store_port, is_master=False,
-                              timeout=timedelta(seconds=c.worker_timeout_s))
+                              timeout=timedelta(seconds=COMM_TIMEOUT_FACTOR * c.worker_timeout_s))
         dist.init_process_group("gloo", store=store, rank=spec.rank, world_size=layout.num_workers,
-                                timeout=timedelta(seconds=c.worker_timeout_s))
+                                timeout=timedelta(seconds=COMM_TIMEOUT_FACTOR * c.worker_timeout_s))
         # Every rank creates every stage's group, in the same order (torch.distributed's rule).
         groups = [dist.new_group([s * t + r for r in range(t)]) for s in range(self.p)] if t > 1 else []
         shared = get_shared_model(spec.model, c.dtype, c.quantization, c.quantization_group_size,
