@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -38,7 +39,7 @@ from engine.config import MAX_SEED, EngineConfig, SamplingParams, SpeculativeCon
 from engine import limits
 from engine.kv_cache import KVCacheManager, cdiv
 from engine.limits import MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS, estimate_memory
-from engine.executor import ParallelRunner
+from engine.executor import InFlightBatch, ParallelRunner
 from engine.model_runner import DTYPES, ModelRunner, kv_cache_bytes_per_token
 from engine.models.llama import LlamaModel
 from engine.models.loader import check_model_name, load_model
@@ -162,6 +163,8 @@ class StepCheckpoint:
     generators: list[tuple[torch.Generator, torch.Tensor]] = field(default_factory=list)
     # The drafter's state (draft block tables, draft KV lengths) before the step.
     drafter_state: object = None
+    # Pipeline "batch_queue": the batches in flight before the step.
+    in_flight: tuple[InFlightBatch, ...] = ()
 
 
 class LLMEngine:
@@ -219,6 +222,7 @@ class LLMEngine:
                                          self.config, progress)
         else:
             self.runner = ModelRunner(self.shared.model, self.config.num_blocks, self.config.block_size, kv_dtype)
+        self.in_flight: deque[InFlightBatch] = deque()  # pipeline "batch_queue" (see _advance_batch_queue)
         self.drafter: Drafter | None = None
         if self.config.speculative_config is not None:
             self.drafter = self._build_drafter(self.config.speculative_config)
@@ -412,7 +416,7 @@ class LLMEngine:
                            if (c := f"{rid}#{i}") in self.requests)]
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.pending) or self.scheduler.has_work()
+        return bool(self.pending) or self.scheduler.has_work() or bool(self.in_flight)
 
     # -- the loop -------------------------------------------------------------------------
     def step(self) -> StepTrace:
@@ -434,6 +438,8 @@ class LLMEngine:
                 self._rollback(checkpoint)
                 raise
             self.kv.commit()
+            if isinstance(self.runner, ParallelRunner):
+                self.runner.retain(self.in_flight)  # results of retired and rolled-back batches go
             return trace
 
     def shutdown(self) -> None:
@@ -451,7 +457,8 @@ class LLMEngine:
         live = (*self.pending, *self.scheduler.waiting, *self.scheduler.running)
         checkpoint = StepCheckpoint(self.step_count, tuple(self.pending), self.scheduler.queues(),
                                     tuple((r, r.checkpoint()) for r in live),
-                                    drafter_state=None if self.drafter is None else self.drafter.checkpoint())
+                                    drafter_state=None if self.drafter is None else self.drafter.checkpoint(),
+                                    in_flight=tuple(self.in_flight))
         self.kv.begin()
         return checkpoint
 
@@ -468,6 +475,7 @@ class LLMEngine:
         self.pending = list(cp.pending)
         self.scheduler.restore_queues(cp.queues)
         self.kv.rollback()
+        self.in_flight = deque(cp.in_flight)
         self.step_count = cp.step_count
 
     def _step(self, cp: StepCheckpoint) -> StepTrace:
@@ -475,15 +483,21 @@ class LLMEngine:
         arrived = self._admit_arrivals()
         drafts = self._propose_drafts(cp)
         td = time.perf_counter()
-        batches = self.scheduler.schedule_batches(self.runner.max_batches)
-        output = SchedulerOutput.merge(batches)
-        t1 = time.perf_counter()
+        runner = self.runner
+        if isinstance(runner, ParallelRunner) and runner.max_batches > 1:
+            filled = self._fill_batch_queue(runner)
+            t1 = time.perf_counter()
+            output, logits = self._retire_oldest(runner, filled)
+        else:
+            output = self.scheduler.schedule()
+            t1 = time.perf_counter()
+            logits = None if output.is_empty else runner.forward([output], self.requests, self.kv)
         sampled: list[tuple[Request, int]] = []
         failed: list[tuple[Request, str]] = []
         spec: list[SpecVerification] = []
         num_accepted: dict[str, int] = {}
         if not output.is_empty:
-            logits = self.runner.forward(batches, self.requests, self.kv)
+            assert logits is not None
             t2 = time.perf_counter()
             row_of = self._logits_rows(output)
             to_sample, rows = self._sampling_targets(output, cp, row_of)
@@ -514,6 +528,62 @@ class LLMEngine:
         self.trace_seconds += time.perf_counter() - t3
         self.step_count += 1
         return trace
+
+    def _fill_batch_queue(self, runner: ParallelRunner) -> list[SchedulerOutput]:
+        """vLLM's batch queue for pipeline parallelism (``step_with_batch_queue``): fill, then
+        retire the oldest (``_retire_oldest``).
+
+            in flight:  [B]         schedule A' over the requests not in B, send it -> [B, A']
+                        wait for B's logits, retire B (this step samples, appends, traces B)
+
+        Rule: while fewer than p batches are in flight, schedule one more over the requests no
+        in-flight batch holds (it may neither schedule nor preempt those), each with at most
+        ceil(requests / p) requests so the work spreads over the batches, and send it: stage 0
+        starts it as soon as it is done with the previous one, so the pipeline stays full
+        across steps. Then take the oldest batch's results. Invariant: a request is in at most
+        one in-flight batch; its KV and ``num_computed_tokens`` run ahead of its tokens only
+        while it is in flight. -> the outputs scheduled (the last one empty when the requests
+        ran out before the queue was full)."""
+        p = runner.max_batches
+        filled: list[SchedulerOutput] = []
+        while len(self.in_flight) < p:
+            busy = frozenset().union(*(b.request_ids for b in self.in_flight))
+            cap = max(1, -(-(len(self.scheduler.running) + len(self.scheduler.waiting)) // p))
+            output = self.scheduler.schedule(exclude=busy, max_requests=cap)
+            filled.append(output)
+            if output.is_empty:
+                break
+            self.in_flight.append(runner.submit(output, self.requests, self.kv))
+        return filled
+
+    def _retire_oldest(self, runner: ParallelRunner,
+                       filled: list[SchedulerOutput]) -> tuple[SchedulerOutput, torch.Tensor | None]:
+        """Wait for the oldest in-flight batch -> (its output, with this step's preemptions,
+        lookups and copies from ``filled``; its logits), or an empty output and None when
+        nothing is in flight."""
+        preempted = tuple(r for o in filled for r in o.preempted)
+        lookups = tuple(x for o in filled for x in o.lookups)
+        copies = tuple(c for o in filled for c in o.copies)
+        if not self.in_flight:
+            return SchedulerOutput((), preempted, 0, lookups, copies), None
+        batch = self.in_flight.popleft()
+        # The retired batch's requests, less any aborted while it was in flight.
+        scheduled = tuple(s for s in batch.output.scheduled if not self.requests[s.request_id].is_finished)
+        logits = runner.collect(batch)
+        rows = [r for s, n in zip(batch.output.scheduled, self._rows_per_request(batch.output))
+                if not self.requests[s.request_id].is_finished for r in n]
+        output = SchedulerOutput(scheduled, preempted, sum(s.num_new_tokens for s in scheduled), lookups, copies)
+        return output, logits[rows]
+
+    @staticmethod
+    def _rows_per_request(output: SchedulerOutput) -> list[range]:
+        """The logits rows each scheduled request gets, in order (none for a mid-prompt chunk)."""
+        out, row = [], 0
+        for s in output.scheduled:
+            n = 0 if s.is_prefill else 1 + s.num_spec_tokens
+            out.append(range(row, row + n))
+            row += n
+        return out
 
     @staticmethod
     def _appended(sampled: list[tuple[Request, int]], before: dict[int, int]) -> list[tuple[Request, int]]:
@@ -665,7 +735,7 @@ class LLMEngine:
             step=self.step_count,
             scheduled=tuple(ScheduledChunk(s.request_id, s.num_new_tokens, s.kind, s.start, s.resumed, s.num_spec_tokens)
                             for s in output.scheduled),
-            token_budget=self.config.max_num_batched_tokens * self.runner.max_batches,
+            token_budget=self.config.max_num_batched_tokens,
             num_batched_tokens=output.num_batched_tokens,
             arrived=arrived,
             preempted=output.preempted,
@@ -783,7 +853,7 @@ class LLMEngine:
         (pending, waiting, running) with the matching status; nothing is stuck (see
         Scheduler.check_integrity)."""
         with self.lock:
-            self.scheduler.check_integrity()
+            self.scheduler.check_integrity(frozenset().union(*(b.request_ids for b in self.in_flight)))
             live = [r for r in self.requests.values() if r not in self.pending]
             self.kv.check_integrity(live)
             for r in self.pending:

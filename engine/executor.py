@@ -15,9 +15,12 @@ at interpreter exit, and by themselves when the driver process disappears.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import weakref
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
@@ -54,7 +57,10 @@ class ParallelExecutor:
         self.layout = layout
         self.timeout_s = config.worker_timeout_s
         self.error: str | None = None
-        self._unanswered = False  # a step was sent and its results not (all) read
+        # Batches sent whose results are not all read yet, oldest first (workers answer in
+        # order), and results read but not yet taken (a rolled-back step takes them again).
+        self._outstanding: deque[int] = deque()
+        self._done: dict[int, list[StepDone]] = {}
         say = progress or (lambda _: None)
         n = layout.num_workers
         # The driver hosts the rendezvous store (port 0: the OS picks a free one, no race).
@@ -89,16 +95,17 @@ class ParallelExecutor:
         return self.error is None and self._finalizer.alive
 
     def run(self, step: RunStep) -> list[StepDone]:
-        """Send one step to every worker; -> their results, by rank. Raises WorkerError."""
+        """Send one batch to every worker and wait for it; -> results by rank."""
+        self.submit(step)
+        results = self.receive(step.batch_id)
+        self.forget(keep=())
+        return results
+
+    def submit(self, step: RunStep) -> None:
+        """Send one batch to every worker without waiting (it queues behind earlier ones)."""
         if not self.alive:
             raise WorkerError(f"the worker processes were stopped ({self.error or 'shut down'}); "
                               f"restart the engine")
-        if self._unanswered:
-            # The last step was interrupted in the driver (e.g. KeyboardInterrupt) after every
-            # worker had it: its results are still on their way; read and drop them, or this
-            # step would take them for its own.
-            self._collect(self.timeout_s, "the interrupted step")
-            self._unanswered = False
         sent = 0
         try:
             for conn in self.conns:
@@ -107,14 +114,31 @@ class ParallelExecutor:
         except OSError as e:
             self._fail(f"a worker's pipe is closed ({e})")
         except BaseException:
-            if sent:  # some workers have the step, some not: they can no longer agree on one
-                self.error = "a step was interrupted while it was being sent"
+            if sent:  # some workers have the batch, some not: they can no longer agree on one
+                self.error = "a batch was interrupted while it was being sent"
                 self.shutdown()
             raise
-        self._unanswered = True
-        results = self._collect(self.timeout_s, "step")
-        self._unanswered = False
-        return [r for r in results if isinstance(r, StepDone)]
+        self._outstanding.append(step.batch_id)
+
+    def receive(self, batch_id: int) -> list[StepDone]:
+        """The results of a submitted batch, by rank. Workers answer in order, so the results of
+        every batch sent before it are read (and kept) first: a batch whose step was rolled back
+        is simply never taken (``forget`` drops it). Raises WorkerError."""
+        while batch_id not in self._done:
+            if not self._outstanding:
+                raise ValueError(f"batch {batch_id} was never submitted (or its results were forgotten)")
+            oldest = self._outstanding[0]
+            results = [r for r in self._collect(self.timeout_s, "a step") if isinstance(r, StepDone)]
+            self._outstanding.popleft()
+            self._done[oldest] = results
+        return self._done[batch_id]
+
+    def forget(self, keep: Iterable[int]) -> None:
+        """Drop read results of every batch not in ``keep`` (those a step has taken, and those of
+        rolled-back steps)."""
+        kept = set(keep)
+        for batch_id in [b for b in self._done if b not in kept]:
+            del self._done[batch_id]
 
     def _collect(self, timeout_s: float, what: str, on_each: Callable[[int], None] | None = None) -> list[object]:
         """One message from every worker, watching for deaths, failures and the deadline."""
@@ -192,6 +216,20 @@ def _stop(processes: list[Any], conns: list[Connection]) -> None:
         conn.close()
 
 
+@dataclass(frozen=True)
+class InFlightBatch:
+    """A batch sent to the workers and not yet taken back (its step's ``SchedulerOutput``)."""
+
+    batch_id: int
+    output: SchedulerOutput
+    units: tuple[PipelineUnit, ...]
+    t0_ns: int
+
+    @property
+    def request_ids(self) -> frozenset[str]:
+        return frozenset(s.request_id for s in self.output.scheduled)
+
+
 class ParallelRunner:
     """The engine's model runner over worker processes (same ``forward`` as ModelRunner)."""
 
@@ -208,6 +246,8 @@ class ParallelRunner:
         self.observer = None  # activations are not observed across processes
         self.timeline: PipelineTimeline | None = None
         self.executor = ParallelExecutor(model_name, config, self.layout, progress)
+        self._batch_ids = itertools.count()
+        self._epoch_ns = clock_ns()  # timelines' offsets count from here
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
@@ -220,32 +260,50 @@ class ParallelRunner:
 
     @property
     def max_batches(self) -> int:
-        """Batches the scheduler forms per step: p in flight for "batch_queue", else one."""
+        """Batches in flight at once: p for "batch_queue", else one per step."""
         return self.layout.pipeline_parallel_size if self.layout.schedule == "batch_queue" else 1
 
     def forward(self, batches: Sequence[SchedulerOutput], requests: dict[str, Request],
                 kv: KVCacheManager) -> torch.Tensor:
-        """-> logits [S, V] for the batches' sampled rows, in the order of their scheduled
-        requests (batch after batch), as one process would give them."""
+        """The "gpipe" step: the step's batch, cut into micro-batches, through the pipeline and
+        back -> logits [S, V] in the order of its scheduled requests, as one process gives them."""
+        (output,) = batches
+        batch = self.submit(output, requests, kv, self.layout.num_microbatches)
+        logits = self.collect(batch)
+        self.retain(())
+        return logits
+
+    def submit(self, output: SchedulerOutput, requests: dict[str, Request], kv: KVCacheManager,
+               num_microbatches: int = 1) -> InFlightBatch:
+        """Send a scheduled batch (cut into micro-batches) to the workers; do not wait."""
         units: list[Unit] = []
         described: list[PipelineUnit] = []
-        for b, output in enumerate(batches):
-            for j, group in enumerate(split_microbatches(output.scheduled, self.layout.num_microbatches
-                                                         if self.layout.schedule == "gpipe" else 1)):
-                copies = [(c.src_block, c.dst_block) for c in output.copies] if j == 0 else []
-                units.append(Unit(copies, *batch_inputs(group, requests, kv)))
-                described.append(PipelineUnit(len(described), b, j, sum(s.num_new_tokens for s in group),
-                                              tuple(s.request_id for s in group)))
+        batch_id = next(self._batch_ids)
+        for j, group in enumerate(split_microbatches(output.scheduled, num_microbatches)):
+            copies = [(c.src_block, c.dst_block) for c in output.copies] if j == 0 else []
+            units.append(Unit(copies, *batch_inputs(group, requests, kv)))
+            described.append(PipelineUnit(j, batch_id, j, sum(s.num_new_tokens for s in group),
+                                          tuple(s.request_id for s in group)))
         t0 = clock_ns()
-        results = self.executor.run(RunStep(t0, units))
-        span_ms = (clock_ns() - t0) / 1e6
+        self.executor.submit(RunStep(batch_id, t0, units))
+        return InFlightBatch(batch_id, output, tuple(described), t0)
+
+    def collect(self, batch: InFlightBatch) -> torch.Tensor:
+        """Wait for a submitted batch -> its logits; ``timeline`` becomes its PipelineTimeline."""
+        results = self.executor.receive(batch.batch_id)
+        now = clock_ns()
         logits = [torch.from_numpy(x) for r in results for x in r.logits]
         t = self.layout.tensor_parallel_size
         events = tuple(WorkEvent(r.rank, r.rank // t, r.rank % t, unit, kind, max(0.0, a), max(0.0, e))  # type: ignore[arg-type]
                        for r in results for unit, kind, a, e in r.events)
         self.timeline = PipelineTimeline(self.layout.schedule, self.layout.pipeline_parallel_size, t,
-                                         self.layout.num_microbatches, tuple(described), events, span_ms)
+                                         self.layout.num_microbatches, batch.units, events,
+                                         (now - batch.t0_ns) / 1e6, (batch.t0_ns - self._epoch_ns) / 1e6)
         return torch.cat(logits) if logits else torch.empty(0, self.model_config.vocab_size)
+
+    def retain(self, in_flight: Iterable[InFlightBatch]) -> None:
+        """After a step commits: keep only the results of batches still in flight."""
+        self.executor.forget(b.batch_id for b in in_flight)
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -13,10 +13,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 from engine.parallel_layout import theory_bubble
-from engine.trace import PipelineTimeline, WorkEvent
+from engine.trace import PipelineTimeline, PipelineUnit, WorkEvent
 
 
 class PipelineStats(NamedTuple):
@@ -66,14 +67,22 @@ def pipeline_stats(timeline: PipelineTimeline) -> PipelineStats:
     return PipelineStats(window, lanes, compute / total, comm / total, max(0.0, 1 - busy / total), theory, units)
 
 
-def mean_stats(timelines: Sequence[PipelineTimeline]) -> PipelineStats | None:
-    """Window-weighted mean over several steps (None for none)."""
-    stats = [pipeline_stats(t) for t in timelines]
-    weight = sum(s.window_ms for s in stats)
-    if not stats or weight <= 0:
-        return None
-    def mean(f: str) -> float:
-        return sum(getattr(s, f) * s.window_ms for s in stats) / weight
-    return PipelineStats(weight / len(stats), stats[0].num_lanes, mean("compute_fraction"), mean("comm_fraction"),
-                         mean("bubble_fraction"), mean("theory_bubble"),
-                         round(sum(s.num_units for s in stats) / len(stats)))
+def merge_timelines(timelines: Sequence[PipelineTimeline]) -> PipelineTimeline:
+    """Several steps' timelines on one axis (ms from the first one's send, using each one's
+    ``offset_ms``), units renumbered in order: the batch queue's overlap between consecutive
+    batches shows, and ``pipeline_stats`` of the result is the bubble over the whole stretch,
+    gaps between steps (the driver sampling and scheduling) included."""
+    if not timelines:
+        raise ValueError("timelines: need at least one")
+    base = min(t.offset_ms for t in timelines)
+    units: list[PipelineUnit] = []
+    events: list[WorkEvent] = []
+    for t in timelines:
+        shift = t.offset_ms - base
+        number = {u.unit: len(units) + i for i, u in enumerate(t.units)}
+        units.extend(replace(u, unit=number[u.unit]) for u in t.units)
+        events.extend(replace(e, unit=number.get(e.unit, e.unit), start_ms=e.start_ms + shift,
+                              end_ms=e.end_ms + shift) for e in t.events)
+    first = timelines[0]
+    span = max(t.offset_ms - base + t.span_ms for t in timelines)
+    return replace(first, units=tuple(units), events=tuple(events), span_ms=span, offset_ms=base)

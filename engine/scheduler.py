@@ -70,18 +70,6 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
-    @staticmethod
-    def merge(batches: Sequence[SchedulerOutput]) -> SchedulerOutput:
-        """A step's batches as one output (their requests are disjoint): what the step as a
-        whole scheduled, preempted, looked up and copied, batch after batch."""
-        if len(batches) == 1:
-            return batches[0]
-        return SchedulerOutput(tuple(s for b in batches for s in b.scheduled),
-                               tuple(r for b in batches for r in b.preempted),
-                               sum(b.num_batched_tokens for b in batches),
-                               tuple(x for b in batches for x in b.lookups),
-                               tuple(c for b in batches for c in b.copies))
-
 
 class Scheduler:
     def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int,
@@ -123,31 +111,12 @@ class Scheduler:
         self.running = list(queues[1])
 
     # -- the algorithm ------------------------------------------------------------------
-    def schedule_batches(self, n: int) -> list[SchedulerOutput]:
-        """Up to ``n`` batches for one step, each over requests no earlier batch holds (vLLM's
-        batch queue for pipeline parallelism: the batches are in flight in the pipeline at the
-        same time, so a request's next token cannot be computed before its last one is out).
-        Each batch has the whole token budget and at most ceil(requests / n) requests (running
-        and waiting counted at the start), so the step's requests spread over the n batches
-        instead of all landing in the first; it may preempt only requests no earlier batch holds.
-        Stops at the first empty batch. -> [one batch] when n == 1."""
-        if n == 1:
-            return [self.schedule()]
-        cap = max(1, -(-(len(self.running) + len(self.waiting)) // n))
-        batches = [self.schedule(max_requests=cap)]
-        busy = {s.request_id for s in batches[0].scheduled}
-        while len(batches) < n:
-            nxt = self.schedule(exclude=frozenset(busy), max_requests=cap)
-            if nxt.is_empty and not nxt.preempted:
-                break
-            batches.append(nxt)
-            busy.update(s.request_id for s in nxt.scheduled)
-        return batches
-
     def schedule(self, exclude: frozenset[str] = frozenset(), max_requests: int | None = None) -> SchedulerOutput:
-        """Decide this step's tokens per request (``exclude``: running requests another batch
-        of this step holds; they are neither scheduled nor preempted; ``max_requests``: at most
-        this many requests in the batch).
+        """Decide this step's tokens per request.
+
+        Pipeline batch queue (LLMEngine._advance_batch_queue): ``exclude`` holds the running
+        requests of batches still in flight, which are neither scheduled nor preempted (a
+        request is never in two in-flight batches); ``max_requests`` caps the batch's requests.
 
         Invariants: the sum of scheduled tokens <= max_num_batched_tokens; every scheduled
         request's block table covers num_computed_tokens + its new tokens; a request
@@ -411,9 +380,10 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def check_integrity(self) -> None:
+    def check_integrity(self, in_flight: frozenset[str] = frozenset()) -> None:
         """Queues consistent with statuses, and no request stuck: every running request has a
-        token to compute (a running request with none can never be scheduled again), and every
+        token to compute (a running request with none can never be scheduled again) unless it
+        is ``in_flight`` (in a pipeline batch whose token is still on its way), and every
         waiting request fits the pool on its own (or it could never be admitted)."""
         ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting]
         if len(ids) != len(set(ids)):
@@ -425,7 +395,7 @@ class Scheduler:
                 raise AssertionError(f"scheduler: {r.request_id} in running with status {r.status}")
             if r.num_computed_tokens > r.num_tokens_with_spec:
                 raise AssertionError(f"scheduler: {r.request_id} computed beyond its tokens")
-            if r.num_computed_tokens == r.num_tokens_with_spec:
+            if r.num_computed_tokens == r.num_tokens_with_spec and r.request_id not in in_flight:
                 raise AssertionError(f"scheduler: running {r.request_id} has nothing to schedule "
                                      f"({r.num_computed_tokens} of {r.num_tokens_with_spec} tokens computed, "
                                      f"nothing sampled): it would never finish")

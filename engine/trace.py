@@ -189,7 +189,7 @@ class PipelineUnit:
     """One micro-batch ("gpipe") or one in-flight batch ("batch_queue") of a step."""
 
     unit: Count
-    batch: Count  # which scheduled batch (always 0 for "gpipe")
+    batch: Count  # the batch's number since the workers started (one per step for "gpipe")
     microbatch: Count  # its piece of that batch (always 0 for "batch_queue")
     num_tokens: Count
     request_ids: tuple[RequestId, ...]
@@ -206,7 +206,10 @@ class PipelineTimeline:
     num_microbatches: Positive  # as configured; len(units) may be fewer
     units: tuple[PipelineUnit, ...]
     events: tuple[WorkEvent, ...]
-    span_ms: Millis  # the driver's wait: sending the step until the last result arrived
+    span_ms: Millis  # sending the batch until its results were taken
+    # When the batch was sent, in ms from the workers' start: places several steps' timelines
+    # on one axis (with "batch_queue" a batch's work overlaps the next ones').
+    offset_ms: Millis = 0.0
 
 
 @dataclass(frozen=True)

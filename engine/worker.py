@@ -1,7 +1,9 @@
 """One worker process: a pipeline stage x tensor-parallel rank of the model, its KV cache, and
 the loop that runs the driver's steps (engine/executor.py starts and stops it).
 
-A step is a list of units (micro-batches or batches) that every worker gets in the same order.
+A batch (one step's micro-batches for "gpipe", one in-flight batch for "batch_queue") is a list
+of units that every worker gets in the same order; batches queue in each worker's pipe, so stage
+0 starts the next batch while later stages still run the last one.
 Rank (stage s, tp r) runs, for each unit:
 
     s == 0:  embed --------------------> layers [a, b) --> isend to (s + 1, r)
@@ -72,7 +74,8 @@ class Unit(NamedTuple):
 
 
 class RunStep(NamedTuple):
-    t0_ns: int  # the driver's clock when it sent the step; events are timed from it
+    batch_id: int  # the driver's number for this batch (echoed in StepDone)
+    t0_ns: int  # the driver's clock when it sent the batch; events are timed from it
     units: list[Unit]
 
 
@@ -82,6 +85,7 @@ class Ready(NamedTuple):
 
 
 class StepDone(NamedTuple):
+    batch_id: int
     rank: int
     logits: list[object]  # numpy [S_u, V] float32 per unit (last stage, tp 0), else []
     events: list[tuple[int, str, float, float]]  # (unit, kind, start_ms, end_ms)
@@ -204,7 +208,7 @@ class _Worker:
                     self._event("send", s)
         for work, _ in sends:
             work.wait()  # type: ignore[attr-defined]
-        return StepDone(self.rank, logits, self.events)
+        return StepDone(step.batch_id, self.rank, logits, self.events)
 
     def close(self) -> None:
         try:

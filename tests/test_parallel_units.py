@@ -3,15 +3,17 @@ layout (layer ranges, head and column shards), the new EngineConfig knobs, the m
 split, the batch-queue scheduler, and the bubble fraction measured on hand-built timelines."""
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig, SamplingParams
 from engine.parallel_layout import build_layout, even_ranges, stage_layouts, tensor_shards, theory_bubble
-from engine.pipeline_stats import mean_stats, pipeline_stats
+from engine.pipeline_stats import merge_timelines, pipeline_stats
 from engine.request import Request
-from engine.scheduler import ScheduledRequest
+from engine.scheduler import ScheduledRequest, SchedulerOutput
 from engine.trace import PipelineTimeline, PipelineUnit, StageLayout, TensorShard, WorkEvent
 from tests.test_scheduler_properties import CI, ControlPlane, admissible, knobs, specs
 
@@ -156,16 +158,18 @@ def test_split_microbatches_examples() -> None:
     assert names(split_microbatches(_scheduled([5, 5, 5]), 1)) == [["r0", "r1", "r2"]]
 
 
-# -- Scheduler.schedule_batches --------------------------------------------------------------
+# -- the batch queue's scheduling (LLMEngine._fill_batch_queue / _retire_oldest) ------------------
 
 
 @settings(max_examples=150, **CI)
 @given(cfg=knobs(max_blocks=20), workload=specs(max_requests=8, max_prompt=40, max_out=10),
        n=st.integers(1, 4))
-def test_schedule_batches_are_disjoint_and_within_budget(cfg: dict, workload: list, n: int) -> None:
-    """Rule (vLLM's batch queue): up to n batches per step, each within the whole token budget,
-    over requests no other batch of the step holds; a batch never preempts a request an
-    earlier batch scheduled; the KV of every batch's chunks is allocated."""
+def test_batch_queue_batches_in_flight_are_disjoint(cfg: dict, workload: list, n: int) -> None:
+    """Rule (vLLM's batch queue, as the engine drives the scheduler): while fewer than n batches
+    are in flight, schedule one more with ``exclude`` = the requests in flight; then retire the
+    oldest. Every batch is within the token budget; no request is in two in-flight batches; no
+    batch preempts a request in flight; in-flight requests keep their KV; the queues stay
+    consistent (``check_integrity`` with the in-flight ids) and every request finishes."""
     cfg = EngineConfig(**cfg)
     cp = ControlPlane(cfg)
     todo = [(i, s) for i, s in enumerate(workload) if admissible(s, cfg, cp.max_model_len)]
@@ -174,40 +178,42 @@ def test_schedule_batches_are_disjoint_and_within_budget(cfg: dict, workload: li
         cp.requests[r.request_id] = r
         cp.scheduler.add(r)
     sched = cp.scheduler
-    for _ in range(400):
-        if not sched.has_work():
+    in_flight: deque[SchedulerOutput] = deque()
+    for _ in range(800):
+        if not sched.has_work() and not in_flight:
             break
-        batches = sched.schedule_batches(n)
-        assert 1 <= len(batches) <= n
-        held: set[str] = set()
-        for b in batches:
-            ids = [s.request_id for s in b.scheduled]
-            assert len(ids) == len(set(ids))
-            assert b.num_batched_tokens == sum(s.num_new_tokens for s in b.scheduled) <= cfg.max_num_batched_tokens
-            assert not set(ids) & held, "a request is in two batches of one step"
-            assert not set(b.preempted) & held, "a batch preempted a request an earlier batch holds"
-            held |= set(ids)
-        for b in batches[1:]:
-            assert b.scheduled or b.preempted
-        # every scheduled request is still running with its KV allocated
+        while len(in_flight) < n:
+            busy = frozenset(s.request_id for b in in_flight for s in b.scheduled)
+            cap = max(1, -(-(len(sched.running) + len(sched.waiting)) // n))
+            out = sched.schedule(exclude=busy, max_requests=cap)
+            ids = [s.request_id for s in out.scheduled]
+            assert len(ids) == len(set(ids)) and len(ids) <= cap
+            assert out.num_batched_tokens == sum(s.num_new_tokens for s in out.scheduled) <= cfg.max_num_batched_tokens
+            assert not set(ids) & busy, "a request is in two in-flight batches"
+            assert not set(out.preempted) & busy, "a batch preempted a request in flight"
+            if out.is_empty:
+                break
+            in_flight.append(out)
         running = {r.request_id for r in sched.running}
-        for b in batches:
+        for b in in_flight:  # every in-flight request is still running with its KV allocated
             for s in b.scheduled:
                 assert s.request_id in running
                 assert len(cp.kv.block_tables[s.request_id]) * cfg.block_size >= s.start + s.num_new_tokens
-        # as the engine: every scheduled chunk computed; sample where it reached the end
-        for b in batches:
-            for s in b.scheduled:
-                r = cp.requests[s.request_id]
-                if s.is_prefill:
-                    continue
-                r.output_token_ids.append(1)
-                if len(r.output_token_ids) >= r.sampling_params.max_tokens or r.num_tokens >= cp.max_model_len:
-                    sched.remove(r)
-                    r.status = r.status.FINISHED
-                    r.finish_reason = "length"
-        cp.check()
-    assert not sched.has_work()
+        if not in_flight:
+            continue
+        done = in_flight.popleft()
+        for s in done.scheduled:  # as the engine: sample where the chunk reached the end
+            r = cp.requests[s.request_id]
+            if s.is_prefill:
+                continue
+            r.output_token_ids.append(1)
+            if len(r.output_token_ids) >= r.sampling_params.max_tokens or r.num_tokens >= cp.max_model_len:
+                sched.remove(r)
+                r.status = r.status.FINISHED
+                r.finish_reason = "length"
+        sched.check_integrity(frozenset(s.request_id for b in in_flight for s in b.scheduled))
+        cp.kv.check_integrity([r for r in cp.requests.values() if not r.is_finished])
+    assert not sched.has_work() and not in_flight
 
 
 # -- pipeline_stats on hand-built timelines ---------------------------------------------------
@@ -250,12 +256,30 @@ def test_communication_and_waits_are_accounted() -> None:
     assert s.compute_fraction + s.comm_fraction + s.bubble_fraction == pytest.approx(1)
 
 
-def test_empty_timeline_and_mean() -> None:
+def test_empty_timeline() -> None:
     empty = PipelineTimeline("gpipe", 2, 1, 1, (), (), 0.0)
     assert pipeline_stats(empty).bubble_fraction == 0 and pipeline_stats(empty).window_ms == 0
-    assert mean_stats([]) is None and mean_stats([empty]) is None
-    a, b = _gpipe(2, 1, f=10.0), _gpipe(2, 4, f=10.0)  # windows 20 and 50 ms
-    m = mean_stats([a, b])
-    assert m is not None
-    assert m.bubble_fraction == pytest.approx((0.5 * 20 + 0.2 * 50) / 70)
-    assert m.window_ms == pytest.approx(35)
+
+
+def _batch(p: int, f: float, offset: float, batch: int) -> PipelineTimeline:
+    """One batch through p stages, f ms per stage, sent at ``offset`` ms (the batch queue's unit)."""
+    events = tuple(WorkEvent(s, s, 0, 0, "forward", s * f, (s + 1) * f) for s in range(p))
+    return PipelineTimeline("batch_queue", p, 1, 1, (PipelineUnit(0, batch, 0, 4, (f"r{batch}",)),), events,
+                            p * f, offset)
+
+
+def test_merged_batches_in_flight_fill_the_pipeline() -> None:
+    """k batches sent f ms apart through p stages: the merged stretch is GPipe's fill and drain
+    once, (p - 1) / (k + p - 1), where each step alone looks (p - 1) / p idle."""
+    p, k, f = 2, 6, 10.0
+    timelines = [_batch(p, f, 100.0 + i * f, i) for i in range(k)]
+    assert pipeline_stats(timelines[0]).bubble_fraction == pytest.approx((p - 1) / p)
+    merged = merge_timelines(timelines)
+    assert [u.unit for u in merged.units] == list(range(k)) and [u.batch for u in merged.units] == list(range(k))
+    assert merged.offset_ms == 100.0 and merged.span_ms == pytest.approx((k - 1) * f + p * f)
+    assert pipeline_stats(merged).bubble_fraction == pytest.approx(theory_bubble(p, k))
+    # a gap between the batches (the driver's turn) counts as bubble
+    spaced = merge_timelines([_batch(p, f, i * 3 * f, i) for i in range(k)])
+    assert pipeline_stats(spaced).bubble_fraction > pipeline_stats(merged).bubble_fraction
+    with pytest.raises(ValueError, match="timelines"):
+        merge_timelines([])

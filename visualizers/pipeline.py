@@ -33,9 +33,12 @@ def lane_label(stage: int, tp_rank: int) -> str:
     return f"stage {stage} · tp {tp_rank}"
 
 
-def unit_label(unit: PipelineUnit, schedule: str) -> str:
-    """"mb 2" for GPipe's micro-batch 2, "batch 1" for the batch queue's second batch."""
-    return f"batch {unit.batch}" if schedule == "batch_queue" else f"mb {unit.microbatch}"
+def unit_label(unit: PipelineUnit, schedule: str, one_batch: bool = True) -> str:
+    """"mb 2" for GPipe's micro-batch 2 ("5·mb 2" of batch 5 when several steps are drawn),
+    "batch 7" for the batch queue's batch 7."""
+    if schedule == "batch_queue":
+        return f"batch {unit.batch}"
+    return f"mb {unit.microbatch}" if one_batch else f"{unit.batch}·mb {unit.microbatch}"
 
 
 def bubble_title(timeline: PipelineTimeline) -> str:
@@ -87,13 +90,14 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
         spans = {s.stage: f" (L{s.start_layer}–{s.end_layer - 1})" for s in layout.stages}
         lanes = [f"{lane_label(s, r)}{spans.get(s, '')}" for s in range(p) for r in range(t)]
     units = {u.unit: u for u in timeline.units}
+    one_batch = len({u.batch for u in timeline.units}) <= 1
     forwards = [e for e in timeline.events if e.kind == "forward"]
     data: list[dict[str, Any]] = []
     by_unit: dict[int, list[WorkEvent]] = {}
     for e in forwards:
         by_unit.setdefault(e.unit, []).append(e)
     for n, (u, events) in enumerate(sorted(by_unit.items())):
-        label = unit_label(units[u], timeline.schedule) if u in units else f"unit {u}"
+        label = unit_label(units[u], timeline.schedule, one_batch) if u in units else f"unit {u}"
         tokens = f" · {units[u].num_tokens} tokens" if u in units else ""
         data.append(_bar(label, [lanes[e.rank] for e in events], [e.start_ms for e in events],
                          [e.end_ms for e in events], PIPELINE_UNIT_COLORS[u % len(PIPELINE_UNIT_COLORS)],
@@ -120,7 +124,8 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
     s = pipeline_stats(timeline)
     title = bubble_title(timeline) if forwards else "No pipeline work in this step"
     fig_layout = live_layout(title, step, font_size, barmode="overlay", height=max(260, 70 * p * t + 130),
-                             xaxis=dict(title="ms since the driver sent the step", zeroline=False),
+                             xaxis=dict(title="ms since the driver sent the step" if one_batch else
+                                        "ms since the driver sent the first step shown", zeroline=False),
                              yaxis=dict(categoryorder="array", categoryarray=lanes, autorange="reversed",
                                         type="category"),
                              legend=dict(orientation="h", y=-0.25), margin=dict(l=10, r=10, t=60, b=10))

@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import live, state
 from app.state import K
-from engine.pipeline_stats import mean_stats, pipeline_stats
+from engine.pipeline_stats import merge_timelines, pipeline_stats
 from engine.run import RunView
 from visualizers import pipeline as pv
 from visualizers.text import escape_markdown
@@ -22,6 +22,7 @@ INTRO = ("The model's layers are cut into p pipeline stages, each stage's heads 
 OFF = ("This run is a single process (p = t = 1): there is no pipeline to draw. Set the stages above, or switch to "
        "the **pipeline** scenario (eight equal requests, p = 2, GPipe with m = 4).")
 TABS = ("Schedule", "Bubble sweep", "Calculator")
+MAX_SHOWN = 16  # steps drawn on one axis at most
 SCHEDULES = {"gpipe": "GPipe (micro-batches)", "batch_queue": "batch queue (whole batches)"}
 SPLIT_LABELS = {"even": "even", "front-heavy": "front-heavy (2:1)", "custom": "custom"}
 DEFAULT_HARDWARE = "l4"
@@ -89,13 +90,20 @@ def schedule_tab(view: RunView, style: live.Style) -> None:
         st.info("Step the run: each step's timeline appears here.", icon=":material/info:")
         return
     steps = [t.step for t in reversed(timed)]
-    chosen = st.selectbox("Step", steps, format_func=lambda s: f"step {s}" + (" (latest)" if s == steps[0] else ""),
-                          width=200)
-    trace = next(t for t in timed if t.step == chosen)
-    timeline = trace.pipeline
-    assert timeline is not None
+    queue = timed[-1].pipeline is not None and timed[-1].pipeline.schedule == "batch_queue"
+    left, right = st.columns(2)
+    chosen = left.selectbox("Step", steps, format_func=lambda s: f"step {s}" + (" (latest)" if s == steps[0] else ""),
+                            width=200)
+    shown = right.number_input("Steps shown", 1, MAX_SHOWN, 2 * timed[-1].pipeline.pipeline_parallel_size
+                               if queue and timed[-1].pipeline else 1, key="pipeline_shown", width=200,
+                               help="Several steps on one axis: with the batch queue a batch is still in the "
+                                    "later stages while the next ones start, so one step alone looks half empty.")
+    end = next(i for i, t in enumerate(timed) if t.step == chosen) + 1
+    window = [t.pipeline for t in timed[max(0, end - int(shown)):end] if t.pipeline is not None]
+    trace = timed[end - 1]
+    timeline = merge_timelines(window)
     s = pipeline_stats(timeline)
-    overall = mean_stats([t.pipeline for t in timed if t.pipeline is not None])
+    overall = pipeline_stats(merge_timelines([t.pipeline for t in timed if t.pipeline is not None]))
     cols = st.columns(4)
     cols[0].metric("Bubble, measured", f"{s.bubble_fraction:.0%}",
                    help="Share of lanes × window (first forward start to last forward end) no worker computed or "
@@ -104,8 +112,10 @@ def schedule_tab(view: RunView, style: live.Style) -> None:
                    help=f"p = {timeline.pipeline_parallel_size}, m = {s.num_units} units this step; equal units, no "
                         "communication.")
     cols[2].metric("Communication", f"{s.comm_fraction:.0%}", help="Sends and all-reduces, share of lanes × window.")
-    cols[3].metric("Bubble, all steps", f"{overall.bubble_fraction:.0%}" if overall else "—",
-                   help="Window-weighted mean over every step so far.")
+    cols[3].metric("Bubble, whole run", f"{overall.bubble_fraction:.0%}",
+                   help="Every step so far on one axis, from the first forward to the last: the gaps between "
+                        "steps (the driver sampling and scheduling while the workers wait) count as bubble too. "
+                        "GPipe drains the pipeline every step; the batch queue keeps it full across steps.")
     done = next(i for i, t in enumerate(view.traces) if t is trace) + 1  # steps done when it ran (meta.step)
     live.chart(pv.gantt_figure(timeline, view.snapshot.parallel, style.font_size, done), "pipeline_gantt", style,
                zoom=True)
