@@ -58,9 +58,11 @@ class ParallelExecutor:
         self.timeout_s = config.worker_timeout_s
         self.error: str | None = None
         # Batches sent whose results are not all read yet, oldest first (workers answer in
-        # order), and results read but not yet taken (a rolled-back step takes them again).
+        # order), and every result read, by batch and rank, as soon as it is read: a step
+        # interrupted halfway through reading loses nothing, and a rolled-back step's batch is
+        # taken again by the retry (or dropped by ``forget``).
         self._outstanding: deque[int] = deque()
-        self._done: dict[int, list[StepDone]] = {}
+        self._results: dict[int, dict[int, object]] = {}
         say = progress or (lambda _: None)
         n = layout.num_workers
         # The driver hosts the rendezvous store (port 0: the OS picks a free one, no race).
@@ -84,7 +86,7 @@ class ParallelExecutor:
         self.pids: tuple[int, ...] = ()
         try:
             ready = self._collect(START_TIMEOUT_S + self.timeout_s, "start",
-                                  lambda k: say(f"worker {k} of {n} ready"))
+                                  on_each=lambda k: say(f"worker {k} of {n} ready"))
         except BaseException:
             self.shutdown()
             raise
@@ -124,25 +126,27 @@ class ParallelExecutor:
         """The results of a submitted batch, by rank. Workers answer in order, so the results of
         every batch sent before it are read (and kept) first: a batch whose step was rolled back
         is simply never taken (``forget`` drops it). Raises WorkerError."""
-        while batch_id not in self._done:
-            if not self._outstanding:
-                raise ValueError(f"batch {batch_id} was never submitted (or its results were forgotten)")
+        while batch_id in self._outstanding:
             oldest = self._outstanding[0]
-            results = [r for r in self._collect(self.timeout_s, "a step") if isinstance(r, StepDone)]
+            self._collect(self.timeout_s, "a step", self._results.setdefault(oldest, {}))
             self._outstanding.popleft()
-            self._done[oldest] = results
-        return self._done[batch_id]
+        if batch_id not in self._results:
+            raise ValueError(f"batch {batch_id} was never submitted (or its results were forgotten)")
+        done = self._results[batch_id]
+        return [r for r in (done[k] for k in range(len(self.conns))) if isinstance(r, StepDone)]
 
     def forget(self, keep: Iterable[int]) -> None:
-        """Drop read results of every batch not in ``keep`` (those a step has taken, and those of
-        rolled-back steps)."""
-        kept = set(keep)
-        for batch_id in [b for b in self._done if b not in kept]:
-            del self._done[batch_id]
+        """Drop the results of every fully read batch not in ``keep`` (those a step has taken, and
+        those of rolled-back steps)."""
+        kept = set(keep) | set(self._outstanding)
+        for batch_id in [b for b in self._results if b not in kept]:
+            del self._results[batch_id]
 
-    def _collect(self, timeout_s: float, what: str, on_each: Callable[[int], None] | None = None) -> list[object]:
-        """One message from every worker, watching for deaths, failures and the deadline."""
-        results: dict[int, object] = {}
+    def _collect(self, timeout_s: float, what: str, results: dict[int, object] | None = None,
+                 on_each: Callable[[int], None] | None = None) -> list[object]:
+        """One message from every worker not yet in ``results`` (stored there as it is read),
+        watching for deaths, failures and the deadline; -> the messages by rank."""
+        results = {} if results is None else results
         deadline = clock_ns() + int(timeout_s * 1e9)
         while len(results) < len(self.conns):
             waiting = [r for r in range(len(self.conns)) if r not in results]

@@ -164,7 +164,7 @@ def test_an_error_inside_a_worker_raises_worker_error_naming_it(baseline: set[in
     bad = Unit([], [[1, 2, 3]], [0], [[10**7, 10**7 + 1, 10**7 + 2]], [1])
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match=rf"worker 0 \(stage 0, tp rank 0, pid {pids[0]}\) failed") as info:
-        executor.run(RunStep(clock_ns(), [bad]))
+        executor.run(RunStep(10**6, clock_ns(), [bad]))
     assert time.monotonic() - t0 < BOUND_S
     assert "Error" in str(info.value)  # the worker's exception travels with it
     assert_no_workers(pids, baseline)
@@ -191,13 +191,18 @@ def test_a_hung_worker_makes_the_next_step_raise_within_the_timeout(baseline: se
             os.kill(pids[1], signal.SIGCONT)
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "batch_queue"])
 def test_an_interrupt_in_the_driver_mid_step_rolls_back_and_the_workers_keep_working(
-        baseline: set[int]) -> None:
+        baseline: set[int], schedule: str) -> None:
     """A real Ctrl-C (SIGINT) reaching the driver while it waits for the workers: the step
     rolls back, the workers are left running, and the next steps are exact. The last stage is
-    paused (SIGSTOP) so that the interrupt lands while the step is in flight, then resumed."""
+    paused (SIGSTOP) so that the interrupt lands while the step is in flight, then resumed.
+    With the batch queue a batch from the step before is in flight and the interrupted step
+    has sent another: the retry takes the first one's results, the other's are dropped."""
     prompts = PROMPTS[:3]
-    engine, pids = _pending_engine(worker_timeout_s=60.0)
+    engine, pids = _pending_engine(worker_timeout_s=60.0, pipeline_schedule=schedule)
+    if schedule == "batch_queue":
+        assert engine.in_flight, "nothing in flight before the interrupted step"
     try:
         before = engine_state(engine)
         os.kill(pids[1], signal.SIGSTOP)
