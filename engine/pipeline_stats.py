@@ -40,15 +40,17 @@ def _union_ms(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def pipeline_stats(timeline: PipelineTimeline) -> PipelineStats:
-    """The shares of one step (see the module docstring)."""
+def pipeline_stats(timeline: PipelineTimeline, since_ms: float | None = None) -> PipelineStats:
+    """The shares of one step (see the module docstring); ``since_ms`` starts the window later
+    (a steady-state stretch of a merged timeline, with the work still in flight from before
+    it counted)."""
     forwards = [e for e in timeline.events if e.kind == "forward"]
     lanes = timeline.pipeline_parallel_size * timeline.tensor_parallel_size
     units = len(timeline.units)
     theory = theory_bubble(timeline.pipeline_parallel_size, max(units, 1))
     if not forwards:
         return PipelineStats(0.0, lanes, 0.0, 0.0, 0.0, theory, units)
-    start = min(e.start_ms for e in forwards)
+    start = min(e.start_ms for e in forwards) if since_ms is None else since_ms
     window = max(e.end_ms for e in forwards) - start
     if window <= 0:
         return PipelineStats(0.0, lanes, 0.0, 0.0, 0.0, theory, units)
