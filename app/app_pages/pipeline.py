@@ -124,6 +124,11 @@ def schedule_tab(view: RunView, style: live.Style) -> None:
                    "sends and all-reduces · pale blue: blocked waiting for the previous stage · grey: idle. On this "
                    "2-core CPU the processes share two cores and messages go through local sockets, so "
                    "communication and start-up costs are far larger than on GPUs with NVLink.")
+        if queue:
+            st.caption("The batch queue keeps up to p batches in flight while steps follow one another (Run N, "
+                       "Play, or LLM.generate): stage 0 starts the next batch while stage 1 still runs the last. "
+                       "Stepping by hand leaves every worker idle while the page redraws, drawn grey between "
+                       "batches.")
     live.table(pv.stats_frame(view.traces), "pipeline_stats", column_config=SHARES)
 
 

@@ -145,12 +145,19 @@ def _spec(browser, url: str, out: Path) -> None:
 
 def _pipeline(browser, url: str, out: Path) -> None:
     """The Pipeline parallelism page on the pipeline scenario (SmolLM2 on two worker processes,
-    GPipe m = 4) after 3 steps: the Gantt of the last step, then the calculator's view."""
+    GPipe m = 4) after 3 steps: the Gantt of the last step, then the calculator's view; then
+    the batch queue after Run N (10 steps back to back; the last 4 drawn on one axis)."""
     with _session(browser, url, "pipeline", "pipeline") as page:
         _step_to(page, 3)
         _shoot(page, out, "pipeline")
         _tab(page, "Calculator")
         _shoot(page, out, "pipeline-calculator")
+    with _session(browser, url, "pipeline", "pipeline") as page:  # the batch queue: restarts the workers
+        page.locator(".st-key-knob_pipeline_schedule button", has_text="batch queue").click()
+        wait_for_app(page, timeout=120_000)
+        click(page, "run_n_button")  # 10 steps back to back: batches overlap only between steps that follow
+        wait_for_views_at_step(page, 10, timeout=300_000)
+        _shoot(page, out, "pipeline-batch-queue")
 
 
 if __name__ == "__main__":
