@@ -20,8 +20,9 @@ from typing import Any, Callable, Mapping
 
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from app import step_queue, timing
+from app import session_reaper, step_queue, timing
 from engine.config import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, EngineConfig
 from engine.recording import Recording, from_json, record, to_json
 from engine.run import (LiveRun, PolicyRun, ReplayRun, RunView, compare_policies, compare_prefix_caching,
@@ -340,6 +341,12 @@ def ensure_run() -> None:
     build_run(spec)
 
 
+def session_id() -> str:
+    """This browser session's id (the worker reaper's key)."""
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else "no-session"
+
+
 def close_run() -> None:
     """Stop the session's live run's worker processes (if any) and drop the run."""
     ss = st.session_state
@@ -347,6 +354,7 @@ def close_run() -> None:
     ss[K.run] = None
     if isinstance(current, LiveRun):
         current.close()
+        session_reaper.release(session_id())
 
 
 def build_run(spec: RunSpec) -> None:
@@ -368,6 +376,7 @@ def build_run(spec: RunSpec) -> None:
             with st.status(label, expanded=False) as box:
                 ss[K.run] = LiveRun.from_scenario(sc, model, progress=lambda msg: box.update(label=str(msg)))
                 box.update(label=f"{config.num_workers} workers running", state="complete")
+            session_reaper.adopt(session_id(), ss[K.run])  # its workers end with the session
     except (ValueError, OSError) as e:
         ss[K.error] = str(e)
     except RuntimeError as e:

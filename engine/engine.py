@@ -567,23 +567,14 @@ class LLMEngine:
         if not self.in_flight:
             return SchedulerOutput((), preempted, 0, lookups, copies), None
         batch = self.in_flight.popleft()
-        # The retired batch's requests, less any aborted while it was in flight.
-        scheduled = tuple(s for s in batch.output.scheduled if not self.requests[s.request_id].is_finished)
         logits = runner.collect(batch)
-        rows = [r for s, n in zip(batch.output.scheduled, self._rows_per_request(batch.output))
-                if not self.requests[s.request_id].is_finished for r in n]
+        # Its requests, less any aborted while it was in flight (and their logits rows).
+        scheduled = tuple(s for s in batch.output.scheduled if not self.requests[s.request_id].is_finished)
+        row_of = self._logits_rows(batch.output)
+        rows = [r for s in scheduled if not s.is_prefill
+                for r in range(row_of[s.request_id], row_of[s.request_id] + 1 + s.num_spec_tokens)]
         output = SchedulerOutput(scheduled, preempted, sum(s.num_new_tokens for s in scheduled), lookups, copies)
         return output, logits[rows]
-
-    @staticmethod
-    def _rows_per_request(output: SchedulerOutput) -> list[range]:
-        """The logits rows each scheduled request gets, in order (none for a mid-prompt chunk)."""
-        out, row = [], 0
-        for s in output.scheduled:
-            n = 0 if s.is_prefill else 1 + s.num_spec_tokens
-            out.append(range(row, row + n))
-            row += n
-        return out
 
     @staticmethod
     def _appended(sampled: list[tuple[Request, int]], before: dict[int, int]) -> list[tuple[Request, int]]:

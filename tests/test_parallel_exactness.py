@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from engine import LLMEngine
+from engine.config import SamplingParams
 from engine.engine import get_shared_model
 from engine.parallel_layout import build_layout
 from engine.trace import PipelineTimeline, StepTrace
@@ -152,6 +153,33 @@ def test_tiny_prefix_hits_are_exact(tiny_engine: LLMEngine) -> None:
     assert outputs == list(single_process("tiny-random", tuple(PREFIX), MAX_TOKENS, tuple(PREFIX_ARRIVALS),
                                           knob_key(TINY_KNOBS)))
     assert_matches_hf("tiny-random", PREFIX, outputs, MAX_TOKENS)
+
+
+def test_tiny_abort_while_in_flight_leaves_the_others_exact(tiny_engine: LLMEngine) -> None:
+    """Aborting a request whose batch is in flight (batch queue; between steps otherwise): it
+    gets no token after the abort, the batch's other requests go on exactly, integrity holds
+    (its blocks are free although its batch was still in the pipeline)."""
+    engine = tiny_engine
+    prompts = TINY_BATCH[:4]
+    ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=MAX_TOKENS)) for p in prompts]
+    for _ in range(3):
+        engine.step()
+        engine.check_integrity()
+    in_flight = sorted(rid for b in engine.in_flight for rid in b.request_ids)
+    if engine.config.pipeline_schedule == "batch_queue":
+        assert in_flight, "nothing in flight between steps"
+    victim = in_flight[0] if in_flight else ids[0]
+    before = engine.get_output(victim).outputs[0].token_ids
+    engine.abort_request(victim)
+    engine.check_integrity()
+    while engine.has_unfinished_requests():
+        engine.step()
+        engine.check_integrity()
+    aborted = engine.get_output(victim).outputs[0]
+    assert aborted.finish_reason == "abort" and aborted.token_ids == before
+    kept = [(p, i) for p, i in zip(prompts, ids) if i != victim]
+    assert_matches_hf("tiny-random", [p for p, _ in kept],
+                      [engine.get_output(i).outputs[0].token_ids for _, i in kept], MAX_TOKENS)
 
 
 def test_tiny_int8_kv_cache_equals_the_single_process_engine() -> None:

@@ -1,6 +1,8 @@
 """The Pipeline parallelism page in Chromium against `make run`'s server, on the real SmolLM2 with
 real worker processes: they exist while the page runs (children of the server process), Reset
-replaces them (the old ones stop, no leak), and they are gone once the server stops.
+replaces them (the old ones stop, no leak), a browser session that ends takes its workers with
+it (app/session_reaper.py, grace shortened to 2 s) while the server runs on, and they are gone
+once the server stops.
 
 This test starts its own server (not the session's) so that it can stop it and look.
 """
@@ -16,6 +18,7 @@ from tests.browser.server import click, load, streamlit_server, wait_for_app, wa
 pytestmark = pytest.mark.browser
 
 VIEWPORT = {"width": 1600, "height": 1200}
+GRACE_S = 2  # a disconnected session's workers stop this long after it left
 
 GANTT_JS = """
 () => {
@@ -75,7 +78,9 @@ def wait_until(predicate, timeout: float = 60.0) -> bool:
     return predicate()
 
 
-def test_workers_run_with_the_page_and_stop_with_reset_and_the_server(chromium, artifacts: Path) -> None:
+def test_workers_run_with_the_page_and_stop_with_reset_the_session_and_the_server(
+        chromium, artifacts: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERSCOPE_SESSION_GRACE_S", str(GRACE_S))  # the server reads it (app/session_reaper.py)
     with streamlit_server(artifacts / "pipeline-server.log") as url:
         root = server_pid(url)
         page = chromium.new_context(viewport=VIEWPORT).new_page()
@@ -100,5 +105,13 @@ def test_workers_run_with_the_page_and_stop_with_reset_and_the_server(chromium, 
         second = worker_pids(root)
         assert len(second) == 2 and not second & first
         assert page.get_by_test_id("stException").count() == 0
-        page.context.close()
-    assert wait_until(lambda: not alive(second)), "the workers must stop with the server"
+        page.context.close()  # the browser session ends: its workers stop after the grace period
+        assert wait_until(lambda: not alive(second), timeout=GRACE_S + 30), "a closed session's workers must stop"
+        assert server_pid(url) == root, "the server itself keeps running"
+
+        page = chromium.new_context(viewport=VIEWPORT).new_page()  # one more session, left open
+        load(page, f"{url}/pipeline?live_model=tiny-random&live_scenario=pipeline", timeout=300_000)
+        wait_for_app(page, timeout=300_000)
+        third = worker_pids(root)
+        assert len(third) == 2 and not third & second
+    assert wait_until(lambda: not alive(third)), "the workers must stop with the server"
