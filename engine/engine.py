@@ -885,6 +885,13 @@ class LLM:
         """Stop the worker processes, if any (idempotent; later steps raise WorkerError)."""
         self.llm_engine.shutdown()
 
+    def __del__(self) -> None:
+        # The engine sits in reference cycles (scheduler callbacks, the block list), so only a
+        # collection would free it; an LLM does not, so its workers end with its last reference.
+        engine = getattr(self, "llm_engine", None)  # absent when __init__ failed
+        if engine is not None:
+            engine.shutdown()
+
     def __enter__(self) -> LLM:
         return self
 

@@ -123,10 +123,22 @@ def test_leaving_with_llm_ends_every_worker(baseline: set[int]) -> None:
 
 
 def test_dropping_the_last_reference_ends_every_worker(baseline: set[int]) -> None:
-    llm = LLM("tiny-random", pipeline_parallel_size=2)
-    pids = llm.llm_engine.runner.executor.pids
-    llm.generate(PROMPTS[:1], GREEDY)
-    del llm
+    """``LLM`` ends its workers as soon as its last reference goes (no collection needed: the
+    engine inside sits in reference cycles, the LLM does not); a bare LLMEngine at the next
+    garbage collection (its executor's weakref.finalize)."""
+    gc.disable()
+    try:
+        llm = LLM("tiny-random", pipeline_parallel_size=2)
+        pids = llm.llm_engine.runner.executor.pids
+        llm.generate(PROMPTS[:1], GREEDY)
+        del llm
+        assert_no_workers(pids, baseline)
+    finally:
+        gc.enable()
+    engine = new_engine()
+    pids = engine.runner.executor.pids
+    run_engine(engine, PROMPTS[:1], 4)
+    del engine
     gc.collect()
     assert_no_workers(pids, baseline)
 
