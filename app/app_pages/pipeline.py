@@ -109,8 +109,10 @@ def schedule_tab(view: RunView, style: live.Style) -> None:
                    help="Share of lanes × window (first forward start to last forward end) no worker computed or "
                         "sent in: idle and waiting for activations.")
     cols[1].metric("GPipe (p − 1)/(m + p − 1)", f"{s.theory_bubble:.0%}",
-                   help=f"p = {timeline.pipeline_parallel_size}, m = {s.num_units} units this step; equal units, no "
-                        "communication.")
+                   help=f"p = {timeline.pipeline_parallel_size}, m = {s.num_units} units drawn "
+                        f"({'batches' if queue else 'micro-batches'}); equal units back to back, no communication"
+                        + (": the fill and drain of this window only; in flight, the queue has no drain between "
+                           "steps." if queue else "."))
     cols[2].metric("Communication", f"{s.comm_fraction:.0%}", help="Sends and all-reduces, share of lanes × window.")
     cols[3].metric("Bubble, whole run", f"{overall.bubble_fraction:.0%}",
                    help="Every step so far on one axis, from the first forward to the last: the gaps between "
