@@ -8,7 +8,7 @@ fragment, so Play reruns only the views.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -151,6 +151,20 @@ def status(view: RunView, style: Style) -> None:
                    help="Schedule + forward + sample time of the last engine step, as the engine measured it.")
     if state.notice() and view.is_replay and style.explain:
         st.caption(escape_markdown(state.notice()))
+
+
+View = Callable[[RunView, Style], None]
+
+
+def tabbed_views(key: str, tabs: Mapping[str, View], view: RunView, style: Style) -> None:
+    """Tabs that draw only the open one (``on_change="rerun"``: a Step redraws one tab, not
+    all), then the step table export when explaining."""
+    for tab, draw in zip(st.tabs(tuple(tabs), key=key, on_change="rerun"), tabs.values()):
+        if tab.open:
+            with tab:
+                draw(view, style)
+    if style.explain:
+        exports(view)
 
 
 def exports(view: RunView) -> None:

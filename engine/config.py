@@ -276,6 +276,11 @@ class EngineConfig:
                              f"tensor_parallel_size = 1 (pipeline stages may be quantized)")
 
     @property
+    def cache_dtype(self) -> str:
+        """The KV cache's dtype name: ``kv_cache_dtype``, or the weights' dtype when unset."""
+        return self.kv_cache_dtype or self.dtype
+
+    @property
     def num_workers(self) -> int:
         """Worker processes the engine starts: p x t (1 = none, the model runs in this process)."""
         return self.pipeline_parallel_size * self.tensor_parallel_size

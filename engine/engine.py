@@ -206,7 +206,7 @@ class LLMEngine:
         model_limit = min(mc.max_position_embeddings, self.config.max_model_len or mc.max_position_embeddings)
         self.model_max_len = model_limit
         self.max_model_len = min(model_limit, self.config.pool_tokens)
-        kv_dtype = self.config.kv_cache_dtype or self.config.dtype  # a name: float, "int8" or "fp8"
+        kv_dtype = self.config.cache_dtype  # a name: float, "int8" or "fp8"
         self.memory_need = estimate_memory(self.config, mc, self.max_model_len,
                                            kv_cache_bytes_per_token(mc, kv_dtype) + self._draft_kv_bytes_per_token())
         limits.check_memory(self.config, self.memory_need, limits.available_memory_bytes())
@@ -491,7 +491,7 @@ class LLMEngine:
         else:
             output = self.scheduler.schedule()
             t1 = time.perf_counter()
-            logits = None if output.is_empty else runner.forward([output], self.requests, self.kv)
+            logits = None if output.is_empty else runner.forward(output, self.requests, self.kv)
         sampled: list[tuple[Request, int]] = []
         failed: list[tuple[Request, str]] = []
         spec: list[SpecVerification] = []
@@ -547,7 +547,7 @@ class LLMEngine:
         p = runner.max_batches
         filled: list[SchedulerOutput] = []
         while len(self.in_flight) < p:
-            busy = frozenset().union(*(b.request_ids for b in self.in_flight))
+            busy = self._in_flight_ids()
             cap = max(1, -(-(len(self.scheduler.running) + len(self.scheduler.waiting)) // p))
             output = self.scheduler.schedule(exclude=busy, max_requests=cap)
             filled.append(output)
@@ -555,6 +555,10 @@ class LLMEngine:
                 break
             self.in_flight.append(runner.submit(output, self.requests, self.kv))
         return filled
+
+    def _in_flight_ids(self) -> frozenset[str]:
+        """The requests of the batches in flight in the pipeline (batch_queue; else none)."""
+        return frozenset().union(*(b.request_ids for b in self.in_flight))
 
     def _retire_oldest(self, runner: ParallelRunner,
                        filled: list[SchedulerOutput]) -> tuple[SchedulerOutput, torch.Tensor | None]:
@@ -844,7 +848,7 @@ class LLMEngine:
         (pending, waiting, running) with the matching status; nothing is stuck (see
         Scheduler.check_integrity)."""
         with self.lock:
-            self.scheduler.check_integrity(frozenset().union(*(b.request_ids for b in self.in_flight)))
+            self.scheduler.check_integrity(self._in_flight_ids())
             live = [r for r in self.requests.values() if r not in self.pending]
             self.kv.check_integrity(live)
             for r in self.pending:

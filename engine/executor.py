@@ -246,7 +246,7 @@ class ParallelRunner:
                                    c.intermediate_size, config.pipeline_parallel_size,
                                    config.tensor_parallel_size, config.pipeline_schedule,
                                    config.num_microbatches, config.pipeline_layer_split)
-        self.kv_cache_dtype = config.kv_cache_dtype or config.dtype
+        self.kv_cache_dtype = config.cache_dtype
         self.observer = None  # activations are not observed across processes
         self.timeline: PipelineTimeline | None = None
         self.executor = ParallelExecutor(model_name, config, self.layout, progress)
@@ -267,15 +267,11 @@ class ParallelRunner:
         """Batches in flight at once: p for "batch_queue", else one per step."""
         return self.layout.pipeline_parallel_size if self.layout.schedule == "batch_queue" else 1
 
-    def forward(self, batches: Sequence[SchedulerOutput], requests: dict[str, Request],
-                kv: KVCacheManager) -> torch.Tensor:
+    def forward(self, output: SchedulerOutput, requests: dict[str, Request], kv: KVCacheManager) -> torch.Tensor:
         """The "gpipe" step: the step's batch, cut into micro-batches, through the pipeline and
-        back -> logits [S, V] in the order of its scheduled requests, as one process gives them."""
-        (output,) = batches
-        batch = self.submit(output, requests, kv, self.layout.num_microbatches)
-        logits = self.collect(batch)
-        self.retain(())
-        return logits
+        back -> logits [S, V] in the order of its scheduled requests, as one process gives them
+        (its results are dropped when the step commits: ``retain``)."""
+        return self.collect(self.submit(output, requests, kv, self.layout.num_microbatches))
 
     def submit(self, output: SchedulerOutput, requests: dict[str, Request], kv: KVCacheManager,
                num_microbatches: int = 1) -> InFlightBatch:

@@ -121,10 +121,8 @@ class ModelRunner:
         self.copy_blocks([(c.src_block, c.dst_block) for c in output.copies])
         return build_forward_batch(*batch_inputs(output.scheduled, requests, kv))
 
-    def forward(self, batches: Sequence[SchedulerOutput], requests: dict[str, Request],
-                kv: KVCacheManager) -> torch.Tensor:
-        """The step's batches (one here: this runner has no pipeline) -> logits [S, V]."""
-        (output,) = batches
+    def forward(self, output: SchedulerOutput, requests: dict[str, Request], kv: KVCacheManager) -> torch.Tensor:
+        """The step's batch -> logits [S, V] (ParallelRunner.forward's signature)."""
         return self.execute(self.prepare(output, requests, kv))
 
     @torch.inference_mode()

@@ -120,11 +120,13 @@ class ModelDims(NamedTuple):
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> "ModelDims":
-        """From a Hugging Face config.json dict (head_dim defaults to hidden / heads)."""
-        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        return cls(int(config["num_hidden_layers"]), hidden, int(config["intermediate_size"]), heads,
-                   int(config.get("num_key_value_heads") or heads), int(config.get("head_dim") or hidden // heads),
-                   int(config["vocab_size"]), bool(config.get("tie_word_embeddings", False)))
+        """From a Hugging Face config.json dict, read by the engine's one parser of it
+        (engine/models/model_config.py: defaults and checks included)."""
+        from engine.models.model_config import ModelConfig
+
+        c = ModelConfig.from_hf(dict(config))
+        return cls(c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                   c.num_key_value_heads, c.head_dim, c.vocab_size, c.tie_word_embeddings)
 
 
 class WorkerBytes(NamedTuple):
@@ -143,18 +145,20 @@ class WorkerBytes(NamedTuple):
 
 
 def worker_bytes(layout: ParallelLayout, dims: ModelDims, dtype_bytes: float, pool_tokens: int,
-                 kv_bytes_per_element: float | None = None) -> tuple[WorkerBytes, ...]:
+                 kv_bytes_per_token: float | None = None) -> tuple[WorkerBytes, ...]:
     """Per-worker weights + KV pool, from the layout itself (the rule engine/shard.py slices by).
 
     Per layer, rank r holds q/o for its query heads, k/v for its KV heads (replicated when t
     exceeds the KV heads), gate/up/down for its MLP columns, both norms whole; the first stage
     holds the embedding (vocab x hidden), the last the final norm and the LM head (a tied head
-    is one tensor with the embedding when one stage holds both). KV: pool_tokens x layers x 2 x
-    its KV heads x head_dim elements. ``dtype_bytes`` per weight element; the KV element size
-    defaults to the same.
+    is one tensor with the embedding when one stage holds both). KV: pool_tokens x the model's
+    KV bytes per token (the engine's ``kv_cache_bytes_per_token``, scales of a quantized cache
+    included; default 2 x layers x KV heads x head_dim x ``dtype_bytes``) x the worker's share
+    of layers and KV heads. ``dtype_bytes`` per weight element.
     """
-    kv_elem = dtype_bytes if kv_bytes_per_element is None else kv_bytes_per_element
     d, t = dims, layout.tensor_parallel_size
+    per_token = (2 * d.num_layers * d.num_kv_heads * d.head_dim * dtype_bytes if kv_bytes_per_token is None
+                 else kv_bytes_per_token)
     last = layout.pipeline_parallel_size - 1
     out = []
     for s in layout.stages:
@@ -170,7 +174,9 @@ def worker_bytes(layout: ParallelLayout, dims: ModelDims, dtype_bytes: float, po
             if s.stage == last:
                 elements += d.hidden + (0 if d.tied and last == 0 else d.vocab * d.hidden)
             out.append(WorkerBytes(s.stage * t + shard.tp_rank, s.stage, shard.tp_rank, layers,
-                                   round(elements * dtype_bytes), round(pool_tokens * layers * 2 * kv * kv_elem)))
+                                   round(elements * dtype_bytes),
+                                   round(pool_tokens * per_token * layers * kv / (d.num_layers * d.num_kv_heads
+                                                                                  * d.head_dim))))
     return tuple(out)
 
 

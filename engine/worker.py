@@ -172,7 +172,7 @@ class _Worker:
                 self._event("all_reduce", a)
                 return x
             self.model.all_reduce = all_reduce
-        self.runner = ModelRunner(self.model, c.num_blocks, c.block_size, c.kv_cache_dtype or c.dtype)
+        self.runner = ModelRunner(self.model, c.num_blocks, c.block_size, c.cache_dtype)
 
     def _event(self, kind: WorkKind, start_ns: int) -> None:
         end = clock_ns()

@@ -195,10 +195,10 @@ class CalculatorView(NamedTuple):
 
 def calculator_view(layout: ParallelLayout, dims: ModelDims, dtype_bytes: float, pool_tokens: int,
                     estimate: Any = None, refusal: str = "", measured: Sequence[StepTrace] = (),
-                    kv_bytes_per_element: float | None = None, font_size: int = 12) -> CalculatorView:
+                    kv_bytes_per_token: float | None = None, font_size: int = 12) -> CalculatorView:
     """``estimate``: engine.sizing.estimate(model, hardware, settings=Settings(tp=t, pp=p)) or None
     (``refusal`` then says why); ``measured``: this run's steps, for the measured token rate."""
-    workers = worker_bytes(layout, dims, dtype_bytes, pool_tokens, kv_bytes_per_element)
+    workers = worker_bytes(layout, dims, dtype_bytes, pool_tokens, kv_bytes_per_token)
     frame = worker_frame(workers)
     names = list(frame["worker"])
     data = [dict(type="bar", name=label, x=names, y=list(frame[col]), marker=dict(color=PIPELINE_COLORS[key]))

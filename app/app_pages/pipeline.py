@@ -75,13 +75,7 @@ def render(view: RunView, style: live.Style) -> None:
             st.button("Switch to the pipeline scenario", key="switch_pipeline", on_click=state.switch_to_pipeline,
                       icon=":material/swap_horiz:")
         return
-    tabs = st.tabs(TABS, key="pipeline_tab", on_change="rerun")
-    for tab, draw in zip(tabs, (schedule_tab, sweep_tab, calculator_tab)):
-        if tab.open:
-            with tab:
-                draw(view, style)
-    if style.explain:
-        live.exports(view)
+    live.tabbed_views("pipeline_tab", dict(zip(TABS, (schedule_tab, sweep_tab, calculator_tab))), view, style)
 
 
 def schedule_tab(view: RunView, style: live.Style) -> None:
@@ -182,16 +176,14 @@ def calculator_tab(view: RunView, style: live.Style) -> None:
     model = view.meta.model
     dims = state.model_dims(model)
     dtype_bytes = 2 if config.get("dtype") in ("bfloat16", "float16") or config.get("quantization") else 4
-    kv_dtype = config.get("kv_cache_dtype")
-    kv_bytes = 1 if kv_dtype in ("int8", "fp8") else None
     pool_tokens = int(config.get("num_blocks", 0)) * int(config.get("block_size", 0))
     presets = hardware_presets()
     hardware = st.selectbox("Hardware preset", presets, key="pipeline_hardware", persist_state="session",
                             index=presets.index(DEFAULT_HARDWARE) if DEFAULT_HARDWARE in presets else 0, width=260)
     est, refusal = (None, f"the calculator has no preset for {model}") if model not in model_presets() \
         else _estimate(model, hardware, layout.pipeline_parallel_size, layout.tensor_parallel_size)
-    calc = pv.calculator_view(layout, dims, dtype_bytes, pool_tokens, est, refusal, view.traces, kv_bytes,
-                              style.font_size)
+    calc = pv.calculator_view(layout, dims, dtype_bytes, pool_tokens, est, refusal, view.traces,
+                              view.meta.kv_bytes_per_token, style.font_size)
     left, right = st.columns(2)
     with left:
         live.chart(calc.figure, "pipeline_memory", style)

@@ -44,13 +44,8 @@ KV_FORMATS = {c: st.column_config.NumberColumn(format=f) for c, f in (
 def render(view: RunView, style: live.Style) -> None:
     if style.explain:
         st.caption(BF16_NOTE)
-    tabs = st.tabs(TABS, key="quant_tab", on_change="rerun")
-    for tab, draw in zip(tabs, (weights_tab, activations_tab, smoothing_tab, tradeoffs_tab, kv_tab)):
-        if tab.open:
-            with tab:
-                draw(view, style)
-    if style.explain:
-        live.exports(view)
+    draws = (weights_tab, activations_tab, smoothing_tab, tradeoffs_tab, kv_tab)
+    live.tabbed_views("quant_tab", dict(zip(TABS, draws)), view, style)
 
 
 def weights_tab(view: RunView, style: live.Style) -> None:

@@ -25,13 +25,7 @@ SUMMARY_FORMATS = {"alpha": st.column_config.NumberColumn(format="percent"),
 def render(view: RunView, style: live.Style) -> None:
     if not speculation_label(view.meta.config):
         st.info(OFF, icon=":material/info:")
-    tabs = st.tabs(TABS, key="spec_tab", on_change="rerun")
-    for tab, draw in zip(tabs, (drafts_tab, theory_tab, comparison_tab)):
-        if tab.open:
-            with tab:
-                draw(view, style)
-    if style.explain:
-        live.exports(view)
+    live.tabbed_views("spec_tab", dict(zip(TABS, (drafts_tab, theory_tab, comparison_tab))), view, style)
 
 
 def counters(view: RunView) -> None:
