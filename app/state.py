@@ -692,9 +692,7 @@ def num_layers(name: str) -> int:
     else from the fp32 weights the Weights tab loads anyway (a replay)."""
     current = run()
     if isinstance(current, LiveRun) and current.meta.model == name:
-        runner = current.engine.runner  # a parallel run's runner has the config, not the model
-        config = runner.model.config if getattr(runner, "model", None) is not None else runner.model_config
-        return int(config.num_hidden_layers)
+        return int(current.engine.shared.model.config.num_hidden_layers)  # the driver's copy, parallel or not
     return int(fp32_model(name).config.num_hidden_layers)
 
 

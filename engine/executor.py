@@ -247,7 +247,6 @@ class ParallelRunner:
                                    config.tensor_parallel_size, config.pipeline_schedule,
                                    config.num_microbatches, config.pipeline_layer_split)
         self.kv_cache_dtype = config.cache_dtype
-        self.observer = None  # activations are not observed across processes
         self.timeline: PipelineTimeline | None = None
         self.executor = ParallelExecutor(model_name, config, self.layout, progress)
         self._batch_ids = itertools.count()

@@ -227,7 +227,7 @@ class LiveRun:
         with self.lock:
             if self._recorder is None:
                 runner = self.engine.runner
-                if getattr(runner, "model", None) is None:
+                if self.engine.config.num_workers > 1:
                     raise ValueError("activations: this run's model is split over worker processes "
                                      "(pipeline/tensor parallel); activation statistics need the single-process "
                                      "engine (pipeline_parallel_size = tensor_parallel_size = 1)")

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.parallel_layout import CommBytes, ModelDims, WorkerBytes, comm_bytes_per_token, worker_bytes
+from engine.parallel_layout import (CommBytes, ModelDims, WorkerBytes, comm_bytes_per_token, theory_bubble,
+                                    worker_bytes)
 from engine.pipeline_stats import pipeline_stats
 from engine.run import SweepPoint
 from engine.trace import ParallelLayout, PipelineTimeline, PipelineUnit, StepTrace, WorkEvent
@@ -234,7 +235,7 @@ def throughput_frame(traces: Sequence[StepTrace], estimate: Any, layout: Paralle
                      "kind": "measured"})
     if estimate is not None:
         m = layout.num_microbatches if layout.schedule == "gpipe" else layout.pipeline_parallel_size
-        bubble = (layout.pipeline_parallel_size - 1) / (m + layout.pipeline_parallel_size - 1)
+        bubble = theory_bubble(layout.pipeline_parallel_size, m)
         roof = estimate.decode_tokens_per_s_roofline
         rows.append({"what": f"{estimate.hardware_name}: roofline decode, batch {estimate.batch}",
                      "ms per step": 1000 / roof if roof else None, "tokens/s": roof, "kind": "model"})
