@@ -31,9 +31,8 @@ from typing import Any
 import torch
 
 from engine.evaluation import engine_of
-from engine.forward_batch import build_forward_batch
-from engine.model_runner import ModelRunner
 from engine.models.llama import Observer
+from engine.private_prefill import PrivatePrefill
 
 __all__ = ["ActivationHistogram", "ActivationRecorder", "ActivationStats", "LINEARS", "LinearAbsmax", "OutlierChannel",
            "activation_stats", "calibration_prompts"]
@@ -203,15 +202,10 @@ def activation_stats(llm: Any, prompts: Sequence[Prompt] | None = None, threshol
 def observe_prefill(engine: Any, chunks: Sequence[Sequence[int]], observer: Observer) -> None:
     """One flattened prefill of ``chunks`` (token ids) through ``engine``'s model, in a private KV
     pool (the engine's own is untouched), with ``observer`` seeing every linear input."""
-    model = engine.runner.model
     total = sum(len(c) for c in chunks)
-    block_size = engine.config.block_size
-    runner = ModelRunner(model, -(-total // block_size), block_size, engine.runner.kv_cache_dtype)
-    starts = [sum(len(c) for c in chunks[:i]) for i in range(len(chunks))]
-    slot_tables = [list(range(s, s + len(c))) for s, c in zip(starts, chunks)]
     # Each prompt is a fresh request: positions from 0, its own slots (start 0, whole chunk).
-    batch = build_forward_batch([list(c) for c in chunks], [0] * len(chunks), slot_tables, [False] * len(chunks))
-    model.run_layers(model.embed(batch), batch, runner.kv_caches, observer=observer)
+    prefill = PrivatePrefill(engine.runner.model, total, engine.config.block_size, engine.runner.kv_cache_dtype)
+    prefill.observe(chunks, observer)
 
 
 def loudest_layer(absmax: dict[tuple[int, str], torch.Tensor], linear: str, num_layers: int) -> int:

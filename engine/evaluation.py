@@ -25,13 +25,12 @@ untouched.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from engine.forward_batch import build_forward_batch
-from engine.model_runner import ModelRunner
+from engine.private_prefill import PrivatePrefill
 
 __all__ = ["PerplexityResult", "PerplexityWindow", "perplexity", "strided_windows"]
 
@@ -123,21 +122,17 @@ def perplexity(llm: Any, text: str, window: int = DEFAULT_WINDOW, stride: int = 
         ids = ids[:_check_int("max_tokens", max_tokens, 2)]
     if len(ids) < 2:
         raise ValueError(f"text: too short, needs at least 2 tokens to score one, got {len(ids)}")
-    model = engine.runner.model  # the engine's own weights (any dtype / quantization it holds)
-    block_size = engine.config.block_size
-    span = min(window, len(ids))
-    runner = ModelRunner(model, -(-span // block_size), block_size, engine.runner.kv_cache_dtype)
-    slots = list(range(span))  # a private pool: the window's tokens at slots 0 .. span - 1
+    # The engine's own weights (any dtype / quantization it holds); a private pool, reused by
+    # every window: the window's tokens at slots 0 .. span - 1.
+    prefill = PrivatePrefill(engine.runner.model, min(window, len(ids)), engine.config.block_size,
+                             engine.runner.kv_cache_dtype)
     records: list[PerplexityWindow] = []
     for begin, end, score_begin in strided_windows(len(ids), window, stride):
         if score_begin >= end:  # a last window of one token already scored: nothing to add
             records.append(PerplexityWindow(begin, end, end, 0.0))
             continue
-        piece = ids[begin:end]
-        batch = build_forward_batch([piece], [0], [slots[:len(piece)]], [False])
         rows = torch.arange(score_begin - 1 - begin, end - 1 - begin, dtype=torch.long)  # [n]
-        batch = replace(batch, logits_indices=rows)  # every scoring row, not just the last
-        logits = model.forward(batch, runner.kv_caches)  # [n, V] fp32
+        logits = prefill.logits(ids[begin:end], rows)  # [n, V] fp32: every scoring row, not just the last
         targets = torch.tensor(ids[score_begin:end], dtype=torch.long)  # [n]
         logp = torch.log_softmax(logits.float(), dim=-1).gather(1, targets.unsqueeze(1))  # [n, 1]
         records.append(PerplexityWindow(begin, end, score_begin, float(-logp.double().sum())))

@@ -2,9 +2,9 @@
 weight matrix, and how far every matrix of a model lands from its original.
 
 Records only (frozen dataclasses of plain Python numbers and tuples), so a page draws them
-without torch. The quantizers are engine.quantization's own (``quantize_int8`` / ``quantize_int4``
-/ ``quantize_fp8`` / ``quantize_table``): nothing here re-implements one; this module reads
-their codes and scales back out.
+without torch. The quantizers are engine.quantization's own (``quantize_tensor``, its dispatch to
+``quantize_int8`` / ``quantize_int4`` / ``quantize_fp8``, and ``quantize_table``): nothing here
+re-implements one; this module reads their codes and scales back out.
 
 * ``inspect_weight``: one matrix of one layer under one scheme: whole-matrix histograms of the
   original and the dequantized weight over the same bin edges, one row (int8, fp8) or one group
@@ -25,7 +25,7 @@ import torch
 
 from engine.config import INT4_GROUP_SIZES, SCHEMES
 from engine.quantization import (FP8_MAX, FP8_TO_BF16_TABLE, QuantConfig, QuantError, QuantizedTensor, dequantize,
-                                 int4_codes, is_table, quantize_fp8, quantize_int4, quantize_int8, quantize_table)
+                                 int4_codes, is_table, quantize_table, quantize_tensor)
 
 MATRICES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _MODULE = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
@@ -180,16 +180,15 @@ def _matrix(weights: Mapping[str, torch.Tensor], layer: object, matrix: object) 
 
 
 def _quantize(w: torch.Tensor, scheme: str, group_size: int | None) -> QuantizedTensor:
-    if scheme == "int8":
-        return quantize_int8(w)
-    if scheme == "fp8":
-        return quantize_fp8(w)
-    assert group_size is not None
+    """engine.quantization's ``quantize_tensor``; ``group_size`` (int4 only, else None) must
+    divide K, checked here so the ValueError names this module's field."""
+    if group_size is None:
+        return quantize_tensor(w, scheme)
     k = w.shape[1]
     if k % group_size:
         raise ValueError(f"group_size: {group_size} does not divide the input dimension {k}; choose one of "
                          f"{[g for g in INT4_GROUP_SIZES if k % g == 0]}")
-    return quantize_int4(w, group_size)
+    return quantize_tensor(w, scheme, group_size)
 
 
 # -- pieces -----------------------------------------------------------------------------------

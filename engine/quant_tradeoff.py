@@ -39,7 +39,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,9 @@ from engine import kv_quant
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import LLMEngine, SharedModel, get_shared_model
 from engine.evaluation import perplexity
-from engine.forward_batch import build_forward_batch
-from engine.model_runner import DTYPES, ModelRunner, kv_cache_bytes_per_token, kv_dtype_name
+from engine.model_runner import DTYPES, kv_cache_bytes_per_token, kv_dtype_name
 from engine.models.llama import LlamaModel, ModelConfig
+from engine.private_prefill import PrivatePrefill
 from engine.quantization import QuantizedLinear, Weight
 
 __all__ = ["AGREEMENT_LONG_INDEX", "FULL", "KVTradeoffRow", "LoadedMode", "MODES", "Mode", "PAGE", "QUICK",
@@ -462,11 +462,10 @@ def _teacher_forced(model: LlamaModel, ids: list[int], rows: torch.Tensor, kv_dt
     """One prefill of ids [L] into a private cache of ``kv_dtype`` -> (logits [len(rows), V] fp32,
     per layer the float K, V the cache holds [L, kv_heads, head_dim] fp32, float caches only)."""
     n = len(ids)
-    runner = ModelRunner(model, -(-n // block_size), block_size, kv_dtype)
-    batch = replace(build_forward_batch([ids], [0], [list(range(n))], [False]), logits_indices=rows)
-    logits = model.forward(batch, runner.kv_caches).float()
+    prefill = PrivatePrefill(model, n, block_size, kv_dtype)
+    logits = prefill.logits(ids, rows).float()
     kvs: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for k, v in runner.kv_caches:
+    for k, v in prefill.kv_caches:
         if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
             c = model.config
             kvs.append((k.reshape(-1, c.num_key_value_heads, c.head_dim)[:n].float(),

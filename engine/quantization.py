@@ -325,17 +325,25 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
     return y if bias is None else y + bias
 
 
+def quantize_tensor(w: torch.Tensor, scheme: str, group_size: int = DEFAULT_GROUP_SIZE) -> QuantizedTensor:
+    """The canonical quantized form of a linear weight [N, K] under ``scheme``: the one dispatch
+    from a scheme name to its quantizer. "w8a8" quantizes its weights as int8 (its activations
+    are quantized per token at run time); ``group_size`` is read by int4 only."""
+    if scheme in ("int8", "w8a8"):
+        return quantize_int8(w)
+    if scheme == "int4":
+        return quantize_int4(w, group_size)
+    if scheme == "fp8":
+        return quantize_fp8(w)
+    raise ValueError(f"quantization: must be one of {SCHEMES}, got {scheme!r}")
+
+
 def quantize_weight(w: torch.Tensor, config: QuantConfig) -> QuantizedLinear:
     """One linear layer's weight [N, K] under ``config``."""
-    if config.scheme == "int8":
-        return QuantizedLinear.from_quantized(quantize_int8(w))
-    if config.scheme == "int4":
-        return QuantizedLinear.from_quantized(quantize_int4(w, config.group_size))
-    if config.scheme == "fp8":
-        return QuantizedLinear.from_quantized(quantize_fp8(w))
+    q = quantize_tensor(w, config.scheme, config.group_size)
     if config.scheme == "w8a8":
-        return QuantizedLinear.from_quantized(quantize_int8(w), "w8a8", config.outlier_threshold)
-    raise ValueError(f"quantization: must be one of {SCHEMES}, got {config.scheme!r}")
+        return QuantizedLinear.from_quantized(q, "w8a8", config.outlier_threshold)
+    return QuantizedLinear.from_quantized(q)
 
 
 def quantize_table(w: torch.Tensor, config: QuantConfig) -> QuantizedLinear:
@@ -373,9 +381,7 @@ def dequantized_weights(weights: dict[str, torch.Tensor], config: QuantConfig) -
     out = {}
     for name, w in weights.items():
         if is_linear_weight(name):
-            scheme = "int8" if config.scheme == "w8a8" else config.scheme
-            q = {"int8": quantize_int8, "fp8": quantize_fp8}.get(scheme)
-            out[name] = dequantize(q(w) if q else quantize_int4(w, config.group_size))
+            out[name] = dequantize(quantize_tensor(w, config.scheme, config.group_size))
         elif is_table(name):
             out[name] = dequantize(quantize_fp8(w) if config.scheme == "fp8" else quantize_int8(w))
         else:
@@ -386,4 +392,4 @@ def dequantized_weights(weights: dict[str, torch.Tensor], config: QuantConfig) -
 __all__ = ["dequantized_weights", "is_linear_weight", "is_table", "DEFAULT_GROUP_SIZE", "DEFAULT_OUTLIER_THRESHOLD", "INT4_GROUP_SIZES", "SCHEMES", "QuantConfig",
            "QuantError", "QuantizedLinear", "QuantizedTensor", "Weight", "check_group_size", "check_quant_knobs",
            "dequantize", "dequantize_linear", "fp8_linear", "fp8_to_bf16", "FP8_CHUNK_CODES", "FP8_TO_BF16_TABLE", "int4_codes", "linear", "quantize_fp8", "quantize_int4",
-           "quantize_int8", "quantize_table", "quantize_weight"]
+           "quantize_int8", "quantize_table", "quantize_tensor", "quantize_weight"]
