@@ -159,6 +159,12 @@ class ParallelExecutor:
                     except (EOFError, OSError):
                         self._fail(self._describe(r) + f" died during {what} "
                                    f"(exit code {self.processes[r].exitcode})")
+                    except BaseException:
+                        # e.g. Ctrl-C part-way through a large message: the pipe no longer
+                        # starts at a message boundary, so no later answer could be read.
+                        self.error = f"reading {self._describe(r)}'s answer was interrupted"
+                        self.shutdown()
+                        raise
                     if isinstance(message, Failed):
                         # A peer's death surfaces first as this worker's communication error:
                         # name the dead worker, not the one that lost its connection to it.

@@ -8,6 +8,7 @@ Timing is asserted only as generous "within the timeout" bounds.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -65,6 +66,35 @@ def children(parent: int | None = None) -> set[int]:
             if st is not None and st[1] == parent and "resource_tracker" not in _cmdline(int(name)):
                 out.add(int(name))
     return out
+
+
+def _pause(pid: int) -> None:
+    """SIGSTOP a process and wait until the OS shows it stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5.0
+    while (_stat(pid) or ("?",))[0] != "T":
+        assert time.monotonic() < deadline, f"process {pid} did not stop: {_stat(pid)}"
+        time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def _ctrl_c_after(delay_s: float) -> Iterator[None]:
+    """A real Ctrl-C (SIGINT to this process) ``delay_s`` into the block unless it has ended by
+    then: a call that did not wait fails its test, not the whole pytest session."""
+    ended = threading.Event()
+
+    def interrupt() -> None:
+        if not ended.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(delay_s, interrupt)
+    timer.start()
+    try:
+        yield
+    finally:
+        ended.set()
+        timer.cancel()
+        timer.join()
 
 
 def exists(pid: int) -> bool:
@@ -193,7 +223,7 @@ def test_a_killed_worker_makes_the_next_step_raise(baseline: set[int]) -> None:
 
 def test_a_hung_worker_makes_the_next_step_raise_within_the_timeout(baseline: set[int]) -> None:
     engine, pids = _pending_engine()
-    os.kill(pids[1], signal.SIGSTOP)
+    _pause(pids[1])
     try:
         error = _failing_step(engine, rf"did not answer within {TIMEOUT_S:g} s")
         assert f"pid {pids[1]}" in str(error)
@@ -213,18 +243,24 @@ def test_an_interrupt_in_the_driver_mid_step_rolls_back_and_the_workers_keep_wor
     has sent another: the retry takes the first one's results, the other's are dropped."""
     prompts = PROMPTS[:3]
     engine, pids = _pending_engine(worker_timeout_s=60.0, pipeline_schedule=schedule)
-    if schedule == "batch_queue":
-        assert engine.in_flight, "nothing in flight before the interrupted step"
     try:
+        if schedule == "batch_queue":
+            # The batch in flight now may be finished already (tiny-random takes milliseconds),
+            # and then the step would not wait. So: read its results (the executor keeps them),
+            # pause the last stage, and let one step retire it and send the next, which the
+            # paused stage cannot finish: the interrupted step must wait for that one.
+            engine.runner.executor.receive(engine.in_flight[0].batch_id)
+            _pause(pids[1])
+            engine.step()
+            engine.check_integrity()
+            assert engine.in_flight, "nothing in flight before the interrupted step"
+        else:
+            _pause(pids[1])
         before = engine_state(engine)
-        os.kill(pids[1], signal.SIGSTOP)
-        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
         try:
-            with pytest.raises(KeyboardInterrupt):
+            with pytest.raises(KeyboardInterrupt), _ctrl_c_after(0.5):
                 engine.step()
         finally:
-            timer.join()
             os.kill(pids[1], signal.SIGCONT)
         assert engine_state(engine) == before
         engine.check_integrity()
@@ -242,6 +278,32 @@ def test_an_interrupt_in_the_driver_mid_step_rolls_back_and_the_workers_keep_wor
         engine.shutdown()
     assert_no_workers(pids, baseline)
 
+
+
+def test_an_interrupt_part_way_through_a_workers_answer_stops_every_worker(baseline: set[int]) -> None:
+    """Ctrl-C while the driver reads an answer the worker has only half sent: the pipe no longer
+    starts at a message boundary, so the executor stops every worker and the next step asks for
+    a restart (rather than reading garbage later)."""
+    engine, pids = _pending_engine(worker_timeout_s=60.0)
+    executor = engine.runner.executor
+    rows = 1500  # logits 1500 x 320 float32 = 1.9 MB, far over a socket's buffer: the sender blocks
+    big = Unit([], [[1]] * rows, [0] * rows, [[i] for i in range(rows)], [1] * rows)
+    try:
+        executor.submit(RunStep(10**6, clock_ns(), [big]))
+        assert executor.conns[1].poll(30), "the last stage did not begin its answer"
+        time.sleep(0.2)  # it fills the socket and blocks part-way through the message
+        _pause(pids[1])
+        try:
+            with pytest.raises(KeyboardInterrupt), _ctrl_c_after(0.5):
+                executor.receive(10**6)
+        finally:
+            if exists(pids[1]):
+                os.kill(pids[1], signal.SIGCONT)
+        assert not executor.alive and "interrupted" in (executor.error or "")
+        assert_no_workers(pids, baseline)
+        _failing_step(engine, "answer was interrupted")
+    finally:
+        engine.shutdown()
 
 DRIVER = textwrap.dedent("""
     import sys, time
