@@ -286,10 +286,12 @@ def test_an_interrupt_part_way_through_a_workers_answer_stops_every_worker(basel
     a restart (rather than reading garbage later)."""
     engine, pids = _pending_engine(worker_timeout_s=60.0)
     executor = engine.runner.executor
-    rows = 1500  # logits 1500 x 320 float32 = 1.9 MB, far over a socket's buffer: the sender blocks
+    # Logits of 4 x 2000 rows x 320 float32 = 10 MB, far over a socket's send buffer (Linux's
+    # default is 208 KiB): the last stage blocks part-way through its answer.
+    rows = 2000
     big = Unit([], [[1]] * rows, [0] * rows, [[i] for i in range(rows)], [1] * rows)
     try:
-        executor.submit(RunStep(10**6, clock_ns(), [big]))
+        executor.submit(RunStep(10**6, clock_ns(), [big] * 4))
         assert executor.conns[1].poll(30), "the last stage did not begin its answer"
         time.sleep(0.2)  # it fills the socket and blocks part-way through the message
         _pause(pids[1])
