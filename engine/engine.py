@@ -167,6 +167,13 @@ class StepCheckpoint:
     in_flight: tuple[InFlightBatch, ...] = ()
 
 
+def _detokenizer(tokenizer: Any) -> Callable[[Iterable[int]], str]:
+    """Token ids -> text, special tokens left out (how outputs and stop strings read)."""
+    def decode(token_ids: Iterable[int]) -> str:
+        return str(tokenizer.decode(list(token_ids), skip_special_tokens=True))
+    return decode
+
+
 class LLMEngine:
     def __init__(self, model: str | SharedModel = "smollm2-135m", config: EngineConfig | None = None,
                  progress: Callable[[str], None] | None = None, **knobs: Any) -> None:
@@ -203,6 +210,10 @@ class LLMEngine:
                              f"quantization=...)")
         mc = self.shared.model.config
         self.tokenizer = self.shared.tokenizer
+        # A closure over the tokenizer, not a bound method: the scheduler keeps it, and a
+        # reference back to the engine would put the engine in a cycle that only the garbage
+        # collector frees (its worker processes would outlive the last reference).
+        self._decode = _detokenizer(self.tokenizer)
         model_limit = min(mc.max_position_embeddings, self.config.max_model_len or mc.max_position_embeddings)
         self.model_max_len = model_limit
         self.max_model_len = min(model_limit, self.config.pool_tokens)
@@ -715,9 +726,6 @@ class LLMEngine:
             arrived.append(request.request_id)
         return tuple(arrived)
 
-    def _decode(self, token_ids: Iterable[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
     # -- records --------------------------------------------------------------------------
     def _build_trace(self, output: SchedulerOutput, arrived: tuple[str, ...], finished: tuple[str, ...],
                      sampled: list[tuple[Request, int]], forked: list[Request],
@@ -888,13 +896,6 @@ class LLM:
     def shutdown(self) -> None:
         """Stop the worker processes, if any (idempotent; later steps raise WorkerError)."""
         self.llm_engine.shutdown()
-
-    def __del__(self) -> None:
-        # The engine sits in reference cycles (scheduler callbacks, the block list), so only a
-        # collection would free it; an LLM does not, so its workers end with its last reference.
-        engine = getattr(self, "llm_engine", None)  # absent when __init__ failed
-        if engine is not None:
-            engine.shutdown()
 
     def __enter__(self) -> LLM:
         return self

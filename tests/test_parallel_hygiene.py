@@ -153,9 +153,9 @@ def test_leaving_with_llm_ends_every_worker(baseline: set[int]) -> None:
 
 
 def test_dropping_the_last_reference_ends_every_worker(baseline: set[int]) -> None:
-    """``LLM`` ends its workers as soon as its last reference goes (no collection needed: the
-    engine inside sits in reference cycles, the LLM does not); a bare LLMEngine at the next
-    garbage collection (its executor's weakref.finalize)."""
+    """An ``LLM`` or a bare ``LLMEngine`` ends its workers as soon as its last reference goes,
+    with no garbage collection (the engine is in no reference cycle; its executor's
+    weakref.finalize stops them) -- also with a batch still in flight."""
     gc.disable()
     try:
         llm = LLM("tiny-random", pipeline_parallel_size=2)
@@ -163,17 +163,17 @@ def test_dropping_the_last_reference_ends_every_worker(baseline: set[int]) -> No
         llm.generate(PROMPTS[:1], GREEDY)
         del llm
         assert_no_workers(pids, baseline)
+        engine = new_engine(pipeline_schedule="batch_queue")
+        pids = engine.runner.executor.pids
+        for prompt in PROMPTS[:3]:
+            engine.add_request(prompt, GREEDY)
+        engine.step()
+        assert engine.in_flight
+        del engine
+        assert_no_workers(pids, baseline)
     finally:
         gc.enable()
-    engine = new_engine()
-    pids = engine.runner.executor.pids
-    run_engine(engine, PROMPTS[:1], 4)
-    del engine
-    gc.collect()
-    assert_no_workers(pids, baseline)
 
-
-# -- failures --------------------------------------------------------------------------------
 
 def _pending_engine(**knobs: object) -> tuple[LLMEngine, tuple[int, ...]]:
     engine = new_engine(**{"worker_timeout_s": TIMEOUT_S, **knobs})
