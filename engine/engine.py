@@ -158,13 +158,18 @@ class StepCheckpoint:
     requests: tuple[tuple[Request, RequestCheckpoint], ...]
     # Parallel-sampling sequences forked during the step (removed again on rollback).
     forked: list[Request] = field(default_factory=list)
-    # Generator states, saved by ``_step`` just before sampling and only for the requests it
-    # samples (the only generators a step advances), not for every live request up front.
+    # Generator states, saved (``save_generators``) just before a request draws from its
+    # generator -- sampling, a sampled draft, verification -- not for every live request up front.
     generators: list[tuple[torch.Generator, torch.Tensor]] = field(default_factory=list)
     # The drafter's state (draft block tables, draft KV lengths) before the step.
     drafter_state: object = None
     # Pipeline "batch_queue": the batches in flight before the step.
     in_flight: tuple[InFlightBatch, ...] = ()
+
+    def save_generators(self, requests: Iterable[Request]) -> None:
+        """Remember the generator states of requests about to draw from them (restored in
+        reverse, so the earliest state saved for a generator wins)."""
+        self.generators.extend((r.generator, r.generator.get_state()) for r in requests if r.generator is not None)
 
 
 def _detokenizer(tokenizer: Any) -> Callable[[Iterable[int]], str]:
@@ -512,7 +517,7 @@ class LLMEngine:
             t2 = time.perf_counter()
             row_of = self._logits_rows(output)
             to_sample, rows = self._sampling_targets(output, cp, row_of)
-            cp.generators.extend((r.generator, r.generator.get_state()) for r in to_sample if r.generator is not None)
+            cp.save_generators(to_sample)
             results = sample_rows(logits[rows], [r.sampling_params for r in to_sample],
                                   [r.generator for r in to_sample])
             for r, result in zip(to_sample, results):
@@ -526,10 +531,8 @@ class LLMEngine:
                                  drafts, cp, sampled, failed, spec, num_accepted)
         else:
             t2 = t1
-        before = {id(r): len(r.output_token_ids) for r, _ in sampled}
-        finished = self.scheduler.postprocess(output, self.requests, sampled, failed, cp.forked,
-                                              self.step_count, num_accepted)
-        appended = self._appended(sampled, before)
+        finished, appended = self.scheduler.postprocess(output, self.requests, sampled, failed, cp.forked,
+                                                        self.step_count, num_accepted)
         if self.drafter is not None:
             for rid in (*finished, *output.preempted):
                 self.drafter.release(rid)
@@ -591,19 +594,6 @@ class LLMEngine:
         output = SchedulerOutput(scheduled, preempted, sum(s.num_new_tokens for s in scheduled), lookups, copies)
         return output, logits[rows]
 
-    @staticmethod
-    def _appended(sampled: list[tuple[Request, int]], before: dict[int, int]) -> list[tuple[Request, int]]:
-        """The sampled tokens the stop rules kept (a speculative step may emit tokens after the
-        one that ended its request; those are dropped)."""
-        kept: dict[int, int] = {}
-        out = []
-        for r, t in sampled:
-            n = kept.get(id(r), 0)
-            if n < len(r.output_token_ids) - before[id(r)]:
-                out.append((r, t))
-                kept[id(r)] = n + 1
-        return out
-
     # -- speculative decoding ------------------------------------------------------------
     def _propose_drafts(self, cp: StepCheckpoint) -> dict[str, Draft]:
         """Before scheduling: up to k drafts for each running request in decode, into its
@@ -623,7 +613,7 @@ class LLMEngine:
                 todo.append((r, k))
         if not todo:
             return {}
-        cp.generators.extend((r.generator, r.generator.get_state()) for r, _ in todo if r.generator is not None)
+        cp.save_generators(r for r, _ in todo)
         drafts = self.drafter.propose(todo)
         for r, _ in todo:
             draft = drafts.get(r.request_id)
@@ -644,8 +634,7 @@ class LLMEngine:
         k = s.num_spec_tokens
         ids = r.spec_token_ids[:k]
         params = r.sampling_params
-        if r.generator is not None:
-            cp.generators.append((r.generator, r.generator.get_state()))
+        cp.save_generators([r])
         try:
             if not bool(torch.isfinite(rows).all()):
                 raise ValueError("the model produced non-finite logits (NaN or inf)")
@@ -728,7 +717,7 @@ class LLMEngine:
 
     # -- records --------------------------------------------------------------------------
     def _build_trace(self, output: SchedulerOutput, arrived: tuple[str, ...], finished: tuple[str, ...],
-                     sampled: list[tuple[Request, int]], forked: list[Request],
+                     sampled: Sequence[tuple[Request, int]], forked: list[Request],
                      schedule_ms: float, forward_ms: float, sample_ms: float,
                      spec: tuple[SpecVerification, ...] = (), draft_ms: float = 0.0) -> StepTrace:
         allocated, freed, events = self.kv.drain_events()

@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -69,6 +70,13 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+
+class PostprocessResult(NamedTuple):
+    """What ``Scheduler.postprocess`` did with a step's samples."""
+
+    finished: tuple[str, ...]  # requests that finished this step, in order
+    appended: tuple[tuple[Request, int], ...]  # the sampled tokens the stop rules kept, in order
 
 
 class Scheduler:
@@ -306,7 +314,7 @@ class Scheduler:
     def postprocess(self, output: SchedulerOutput, requests: Mapping[str, Request],
                     sampled: list[tuple[Request, int]], failed: list[tuple[Request, str]],
                     forked: Sequence[Request], step: int,
-                    num_accepted: Mapping[str, int] | None = None) -> tuple[str, ...]:
+                    num_accepted: Mapping[str, int] | None = None) -> PostprocessResult:
         """Everything after the forward (nano-vllm's ``Scheduler.postprocess``).
 
         For every scheduled request: newly full blocks go to the prefix cache (not for a
@@ -342,10 +350,12 @@ class Scheduler:
             assert child.parent_id is not None
             self.kv.fork(requests[child.parent_id], child)
         finished = []
+        appended = []
         for request, token in sampled:
             if request.is_finished:
                 continue  # a speculative token after the one that ended the request
             request.output_token_ids.append(token)
+            appended.append((request, token))
             if request.first_token_step is None:
                 request.first_token_step, request.first_token_time = step, now
             decision = check_stop(request, token, self.eos_token_ids, self.max_model_len, self.decode)
@@ -359,7 +369,7 @@ class Scheduler:
             request.error = reason
             self.finish(request, "error", step)
             finished.append(request.request_id)
-        return tuple(finished)
+        return PostprocessResult(tuple(finished), tuple(appended))
 
     def finish(self, request: Request, reason: str, step: int) -> None:
         """Take ``request`` out of its queue, free its blocks (cached ones stay in the tree) and
