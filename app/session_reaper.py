@@ -1,14 +1,13 @@
 """Worker processes must not outlive the browser session that started them.
 
 A session that closes its tab is kept by Streamlit for ``server.disconnectedSessionTTL``
-(120 s) in case it reconnects, and then dropped lazily; its run's engine sits in reference
-cycles that only a full garbage collection frees (app/state.py freezes long-lived objects, so
-maybe never). So every live run with worker processes is adopted here under its session id, and
-a daemon thread stops the workers of a session that has not been connected for
-``SESSION_GRACE_S`` (30 s: a page reload or a short network drop reconnects well within it;
-``INFERSCOPE_SESSION_GRACE_S`` overrides it, the browser test uses 2 s). Stopping is
-``LiveRun.close``: a later step of that run, should the session come back, is a WorkerError
-message with a Restart button.
+(120 s) in case it reconnects, and then dropped lazily, with its session state (the run, its
+engine, their workers) freed whenever that happens. So every live run with worker processes
+is adopted here under its session id, and a daemon thread stops the workers of a session that
+has not been connected for ``SESSION_GRACE_S`` (30 s: a page reload or a short network drop
+reconnects well within it; ``INFERSCOPE_SESSION_GRACE_S`` overrides it, the browser test uses
+2 s). Stopping is ``LiveRun.close``: a later step of that run, should the session come back,
+is a WorkerError message with a Restart button.
 """
 from __future__ import annotations
 
@@ -44,6 +43,12 @@ def release(session_id: str) -> None:
     with _lock:
         _runs.pop(session_id, None)
         _away_since.pop(session_id, None)
+
+
+def sessions() -> list[str]:
+    """The ids of the sessions whose runs are watched."""
+    with _lock:
+        return list(_runs)
 
 
 def reap(is_connected: Callable[[str], bool], now: float, grace_s: float = SESSION_GRACE_S) -> list[str]:

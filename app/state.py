@@ -24,6 +24,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from app import session_reaper, step_queue, timing
 from engine.config import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, EngineConfig
+from engine.parallel_layout import ModelDims, front_heavy_split, parse_layer_split
 from engine.recording import Recording, from_json, record, to_json
 from engine.run import (LiveRun, PolicyRun, ReplayRun, RunView, compare_policies, compare_prefix_caching,
                         compare_speculation)
@@ -240,14 +241,10 @@ def layer_split(model: str, p: Any) -> tuple[int, ...] | str | None:
     if not isinstance(p, int) or p < 2 or mode == "even":
         return None
     if mode == "front-heavy":
-        from engine.parallel_layout import front_heavy_split
-
         layers = model_dims(model).num_layers
         return front_heavy_split(layers, p) if p <= layers else None  # too many stages: the engine says so
     text = str(ss.get(K.split_text, ""))
     try:
-        from engine.parallel_layout import parse_layer_split
-
         return parse_layer_split(text)
     except ValueError:
         return text
@@ -265,9 +262,7 @@ def model_hf_config(name: str) -> dict[str, Any]:
     return dict(model_preset_config(name))
 
 
-def model_dims(name: str):
-    from engine.parallel_layout import ModelDims
-
+def model_dims(name: str) -> ModelDims:
     return ModelDims.from_hf(model_hf_config(name))
 
 

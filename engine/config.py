@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from engine.hf_config import ENGINE_DTYPES
 
@@ -56,7 +56,7 @@ def check_quant_knobs(quantization: object, group_size: object, outlier_threshol
 
 # Parallelism (engine/executor.py): worker processes, the two pipeline schedules.
 PipelineSchedule = Literal["gpipe", "batch_queue"]
-PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "batch_queue")
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 MAX_WORKERS = 8
 MAX_MICROBATCHES = 64
 MAX_WORKER_TIMEOUT_S = 3600.0

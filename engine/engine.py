@@ -238,7 +238,7 @@ class LLMEngine:
                                          self.config, progress)
         else:
             self.runner = ModelRunner(self.shared.model, self.config.num_blocks, self.config.block_size, kv_dtype)
-        self.in_flight: deque[InFlightBatch] = deque()  # pipeline "batch_queue" (see _advance_batch_queue)
+        self.in_flight: deque[InFlightBatch] = deque()  # pipeline "batch_queue" (see _fill_batch_queue)
         self.drafter: Drafter | None = None
         if self.config.speculative_config is not None:
             self.drafter = self._build_drafter(self.config.speculative_config)

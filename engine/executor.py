@@ -71,20 +71,21 @@ class ParallelExecutor:
         threads = max(1, (os.cpu_count() or 1) // n)
         self.processes: list[Any] = []
         self.conns: list[Connection] = []
-        say(f"starting {n} worker processes (p = {layout.pipeline_parallel_size}, "
-            f"t = {layout.tensor_parallel_size})")
-        for rank in range(n):
-            parent, child = ctx.Pipe()
-            spec = WorkerSpec(rank, model, config, layout, self._store.port, threads, os.getpid())
-            process = ctx.Process(target=worker_main, args=(spec, child), daemon=True,
-                                  name=f"inferscope-worker-{rank}")
-            process.start()
-            child.close()
-            self.processes.append(process)
-            self.conns.append(parent)
+        # Registered before the first spawn: whatever has started is stopped on any failure.
         self._finalizer = weakref.finalize(self, _stop, self.processes, self.conns)
         self.pids: tuple[int, ...] = ()
+        say(f"starting {n} worker processes (p = {layout.pipeline_parallel_size}, "
+            f"t = {layout.tensor_parallel_size})")
         try:
+            for rank in range(n):
+                parent, child = ctx.Pipe()
+                spec = WorkerSpec(rank, model, config, layout, self._store.port, threads, os.getpid())
+                process = ctx.Process(target=worker_main, args=(spec, child), daemon=True,
+                                      name=f"inferscope-worker-{rank}")
+                process.start()
+                child.close()
+                self.processes.append(process)
+                self.conns.append(parent)
             ready = self._collect(START_TIMEOUT_S + self.timeout_s, "start",
                                   on_each=lambda k: say(f"worker {k} of {n} ready"))
         except BaseException:
@@ -286,7 +287,7 @@ class ParallelRunner:
         batch_id = next(self._batch_ids)
         for j, group in enumerate(split_microbatches(output.scheduled, num_microbatches)):
             copies = [(c.src_block, c.dst_block) for c in output.copies] if j == 0 else []
-            units.append(Unit(copies, *batch_inputs(group, requests, kv)))
+            units.append(Unit(copies, batch_inputs(group, requests, kv)))
             described.append(PipelineUnit(j, batch_id, j, sum(s.num_new_tokens for s in group),
                                           tuple(s.request_id for s in group)))
         t0 = clock_ns()

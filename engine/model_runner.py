@@ -95,11 +95,6 @@ class ModelRunner:
         self.layout: ParallelLayout | None = None  # one process: no split
         self.timeline: PipelineTimeline | None = None  # one process: no workers to time
 
-    @property
-    def max_batches(self) -> int:
-        """Batches the scheduler forms per step: one (no pipeline to keep full)."""
-        return 1
-
     def shutdown(self) -> None:
         """Nothing to stop: the model runs in this process."""
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from engine.trace import ParallelLayout, ScheduleName, StageLayout, TensorShard
+from engine.config import PipelineSchedule
+from engine.trace import ParallelLayout, StageLayout, TensorShard
 
 
 def even_ranges(n: int, k: int) -> list[tuple[int, int]]:
@@ -74,7 +75,7 @@ def tensor_shards(num_heads: int, num_kv_heads: int, intermediate_size: int, t: 
 
 
 def build_layout(num_layers: int, num_heads: int, num_kv_heads: int, intermediate_size: int, p: int, t: int,
-                 schedule: ScheduleName = "gpipe", num_microbatches: int = 1,
+                 schedule: PipelineSchedule = "gpipe", num_microbatches: int = 1,
                  split: Sequence[int] | None = None) -> ParallelLayout:
     return ParallelLayout(p, t, schedule, num_microbatches, stage_layouts(num_layers, p, split),
                           tensor_shards(num_heads, num_kv_heads, intermediate_size, t))

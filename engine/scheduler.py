@@ -122,7 +122,7 @@ class Scheduler:
     def schedule(self, exclude: frozenset[str] = frozenset(), max_requests: int | None = None) -> SchedulerOutput:
         """Decide this step's tokens per request.
 
-        Pipeline batch queue (LLMEngine._advance_batch_queue): ``exclude`` holds the running
+        Pipeline batch queue (LLMEngine._fill_batch_queue): ``exclude`` holds the running
         requests of batches still in flight, which are neither scheduled nor preempted (a
         request is never in two in-flight batches); ``max_requests`` caps the batch's requests.
 

@@ -122,20 +122,11 @@ class Nested:
 
 
 def _nested_mapping(keys: frozenset[str]) -> Decoder:
-    def decode_nested(value: Any) -> dict[str, Any]:
-        if type(value) is not dict:
-            raise _fail("an object", value)
-        out: dict[str, Any] = {}
-        for k, x in value.items():
-            try:
-                if k in keys and type(x) is dict:
-                    out[k] = _mapping(_scalar)(x)  # an object of scalars
-                else:
-                    out[k] = _scalar(x)
-            except SchemaError as e:
-                raise e.under(key_segment(k)) from None
-        return out
-    return decode_nested
+    scalars = _mapping(_scalar)
+
+    def scalar_or_scalars(x: Any) -> Any:
+        return scalars(x) if type(x) is dict else _scalar(x)
+    return _mapping(_scalar, {k: scalar_or_scalars for k in keys})
 
 
 def _number(x: float) -> str:
@@ -326,14 +317,17 @@ def key_segment(key: str) -> str:
     return key if key.isidentifier() else f"[{show(key)}]"
 
 
-def _mapping(item: Decoder) -> Decoder:
+def _mapping(item: Decoder, by_key: Mapping[str, Decoder] | None = None) -> Decoder:
+    """An object whose values ``item`` decodes (``by_key[k]`` for the keys it names)."""
+    special = by_key or {}
+
     def decode_mapping(value: Any) -> dict[str, Any]:
         if type(value) is not dict:
             raise _fail("an object", value)
         out = {}
         for k, x in value.items():
             try:
-                out[k] = item(x)
+                out[k] = special.get(k, item)(x)
             except SchemaError as e:
                 raise e.under(key_segment(k)) from None
         return out

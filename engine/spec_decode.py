@@ -21,7 +21,6 @@ engine/config.py, which stays torch-free.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -30,7 +29,6 @@ import torch
 
 from engine.config import MAX_SPECULATIVE_TOKENS, SamplingParams
 from engine.sampling import sampling_probs
-from engine.spec_theory import best_k, expected_speedup, expected_tokens_per_step  # noqa: F401 (re-exported)
 
 DraftOutcome = Literal["accepted", "rejected", "unverified"]
 FinalKind = Literal["bonus", "recovered"]

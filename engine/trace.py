@@ -9,6 +9,7 @@ import enum
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+from engine.config import PipelineSchedule
 from engine.schema import Length, Range
 
 # Field types with the range each value must lie in: they are the replay file's schema too
@@ -26,7 +27,6 @@ DraftOutcomeName = Literal["accepted", "rejected", "unverified"]
 FinalKindName = Literal["bonus", "recovered"]
 FinishReason = Annotated[str, Length(1, 64)]
 WorkKind = Literal["forward", "recv", "send", "all_reduce"]
-ScheduleName = Literal["gpipe", "batch_queue"]
 
 
 class RequestStatus(str, enum.Enum):
@@ -200,7 +200,7 @@ class PipelineTimeline:
     """Every worker's timed work in one step: what the Gantt chart draws and the bubble
     fraction is measured from (engine/pipeline_stats.py)."""
 
-    schedule: ScheduleName
+    schedule: PipelineSchedule
     pipeline_parallel_size: Positive
     tensor_parallel_size: Positive
     num_microbatches: Positive  # as configured; len(units) may be fewer
@@ -242,7 +242,7 @@ class ParallelLayout:
 
     pipeline_parallel_size: Positive
     tensor_parallel_size: Positive
-    schedule: ScheduleName
+    schedule: PipelineSchedule
     num_microbatches: Positive
     stages: tuple[StageLayout, ...]
     shards: tuple[TensorShard, ...]

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.forward_batch import build_forward_batch
-from engine.model_runner import ModelRunner
+from engine.model_runner import BatchInputs, ModelRunner
 from engine.shard import shard_model
 from engine.trace import ParallelLayout, WorkKind
 
@@ -63,14 +63,11 @@ class WorkerSpec:
 
 
 class Unit(NamedTuple):
-    """One micro-batch / batch as plain lists (engine.model_runner.BatchInputs) plus the
-    copy-on-write block copies to make before it."""
+    """One micro-batch / batch: the copy-on-write block copies to make before it, and its
+    inputs as plain lists."""
 
     copies: list[tuple[int, int]]
-    chunks: list[list[int]]
-    starts: list[int]
-    slots: list[list[int]]
-    sample_flags: list[int]
+    inputs: BatchInputs
 
 
 class RunStep(NamedTuple):
@@ -187,7 +184,7 @@ class _Worker:
             for unit_index, unit in enumerate(step.units):
                 self.unit = unit_index
                 self.runner.copy_blocks(unit.copies)
-                batch = build_forward_batch(unit.chunks, unit.starts, unit.slots, unit.sample_flags)
+                batch = build_forward_batch(*unit.inputs)
                 if self.stage == 0:
                     a = clock_ns()
                     hidden = self.model.embed(batch)

@@ -36,9 +36,13 @@ def run_to_completion(engine: "LLMEngine", check: bool = True, max_steps: int = 
 @pytest.fixture
 def streamlit_clean():
     """Streamlit's caches outlive an AppTest (ui.md 4.2): clear them around a page test, and put
-    back torch's thread count, which an app run may change. Tiny-random reloads in milliseconds."""
+    back torch's thread count, which an app run may change. Tiny-random reloads in milliseconds.
+    The worker reaper's registry outlives it too: the AppTest session is gone afterwards (its
+    test stops its run's workers), so the reaper stops watching it."""
     import streamlit as st
     import torch
+
+    from app import session_reaper
 
     threads = torch.get_num_threads()
     st.cache_data.clear()
@@ -47,6 +51,8 @@ def streamlit_clean():
     st.cache_data.clear()
     st.cache_resource.clear()
     torch.set_num_threads(threads)
+    for sid in session_reaper.sessions():
+        session_reaper.release(sid)
 
 
 @pytest.fixture(scope="module")

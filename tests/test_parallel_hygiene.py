@@ -23,6 +23,7 @@ import pytest
 
 from engine import LLM, LLMEngine, SamplingParams
 from engine.executor import STOP_GRACE_S, WorkerError
+from engine.model_runner import BatchInputs
 from engine.worker import RunStep, Unit, clock_ns
 from tests.parity import PROMPTS, assert_matches_hf, run_engine
 from tests.test_robustness import engine_state
@@ -203,7 +204,7 @@ def test_an_error_inside_a_worker_raises_worker_error_naming_it(baseline: set[in
     engine, pids = _pending_engine()
     executor = engine.runner.executor
     # A real fault in the worker: a KV slot far beyond the worker's cache (index out of range).
-    bad = Unit([], [[1, 2, 3]], [0], [[10**7, 10**7 + 1, 10**7 + 2]], [1])
+    bad = Unit([], BatchInputs([[1, 2, 3]], [0], [[10**7, 10**7 + 1, 10**7 + 2]], [1]))
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match=rf"worker 0 \(stage 0, tp rank 0, pid {pids[0]}\) failed") as info:
         executor.run(RunStep(10**6, clock_ns(), [bad]))
@@ -289,7 +290,7 @@ def test_an_interrupt_part_way_through_a_workers_answer_stops_every_worker(basel
     # Logits of 4 x 2000 rows x 320 float32 = 10 MB, far over a socket's send buffer (Linux's
     # default is 208 KiB): the last stage blocks part-way through its answer.
     rows = 2000
-    big = Unit([], [[1]] * rows, [0] * rows, [[i] for i in range(rows)], [1] * rows)
+    big = Unit([], BatchInputs([[1]] * rows, [0] * rows, [[i] for i in range(rows)], [1] * rows))
     try:
         executor.submit(RunStep(10**6, clock_ns(), [big] * 4))
         assert executor.conns[1].poll(30), "the last stage did not begin its answer"

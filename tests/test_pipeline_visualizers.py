@@ -101,12 +101,13 @@ def test_comm_bytes_and_splits() -> None:
 def test_calculator_view_on_smollm2_layouts() -> None:
     layout = build_layout(30, 9, 3, 1536, 3, 1)
     est = estimate("smollm2-135m", "l4", settings=Settings(tp=1, pp=3))
-    view = pv.calculator_view(layout, SMOLLM2, 4, 4096, est)
+    view = pv.calculator_view(layout, SMOLLM2, {"dtype": "float32", "num_blocks": 256, "block_size": 16}, est)
     assert list(view.workers["layers"]) == [10, 10, 10] and not view.refusal
     assert "roofline decode tokens/s" in list(view.calculator["figure"])
     model_rows = view.throughput[view.throughput["kind"] == "model"]
     assert model_rows["tokens/s"].iloc[1] == pytest.approx(est.decode_tokens_per_s_roofline * (1 - 2 / 3))
     with pytest.raises(SizingError, match="does not divide the 9 attention heads"):
         estimate("smollm2-135m", "l4", settings=Settings(tp=2, pp=1))  # vLLM refuses it; this engine does not
-    refused = pv.calculator_view(build_layout(30, 9, 3, 1536, 1, 2), SMOLLM2, 4, 0, None, "tp 2 does not divide")
+    refused = pv.calculator_view(build_layout(30, 9, 3, 1536, 1, 2), SMOLLM2,
+                                 {"dtype": "float32", "num_blocks": 0, "block_size": 16}, None, "tp 2 does not divide")
     assert refused.calculator.empty and refused.refusal

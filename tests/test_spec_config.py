@@ -7,7 +7,7 @@ import re
 import pytest
 
 from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig, parse_speculative_config
-from engine.spec_decode import best_k, expected_speedup, expected_tokens_per_step
+from engine.spec_theory import best_k, expected_speedup, expected_tokens_per_step
 
 
 # -- config -------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 
 from engine import LLMEngine, SamplingParams
 from engine.engine import get_shared_model
-from engine.spec_decode import best_k, expected_speedup, expected_tokens_per_step
+from engine.spec_theory import best_k, expected_speedup, expected_tokens_per_step
 from visualizers import speculative as sv
 from visualizers.figures import validated
 

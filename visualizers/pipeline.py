@@ -12,7 +12,7 @@ however many events it has (ui.md 5.3).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import pandas as pd
@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 
 from engine.parallel_layout import (CommBytes, ModelDims, WorkerBytes, comm_bytes_per_token, theory_bubble,
                                     worker_bytes)
-from engine.pipeline_stats import pipeline_stats
+from engine.pipeline_stats import PipelineStats, pipeline_stats
 from engine.run import SweepPoint
 from engine.trace import ParallelLayout, PipelineTimeline, PipelineUnit, StepTrace, WorkEvent
 from visualizers.figures import figure, live_layout
@@ -42,8 +42,12 @@ def unit_label(unit: PipelineUnit, schedule: str, one_batch: bool = True) -> str
     return f"mb {unit.microbatch}" if one_batch else f"{unit.batch}·mb {unit.microbatch}"
 
 
-def bubble_title(timeline: PipelineTimeline) -> str:
-    s = pipeline_stats(timeline)
+def timed_steps(traces: Sequence[StepTrace]) -> list[tuple[StepTrace, PipelineTimeline]]:
+    """The steps that ran on workers, each with its timeline."""
+    return [(t, t.pipeline) for t in traces if t.pipeline is not None]
+
+
+def bubble_title(timeline: PipelineTimeline, s: PipelineStats) -> str:
     p = timeline.pipeline_parallel_size
     return (f"Bubble measured {s.bubble_fraction:.0%} · GPipe (p−1)/(m+p−1) = {p - 1}/{s.num_units + p - 1} = "
             f"{s.theory_bubble:.0%} · comm {s.comm_fraction:.0%}")
@@ -64,10 +68,10 @@ def _idle_gaps(events: Sequence[WorkEvent], start: float, end: float) -> list[tu
 
 
 def _bar(name: str, y: list[str], starts: list[float], ends: list[float], color: str, *, width: float = 0.8,
-         text: list[str] | None = None, pattern: str = "", opacity: float = 1.0, legendrank: int = 1000,
+         text: list[str] | None = None, pattern: str = "", legendrank: int = 1000,
          hover: str = "") -> dict[str, Any]:
     bar: dict[str, Any] = dict(type="bar", orientation="h", name=name, y=y, base=starts,
-                               x=[b - a for a, b in zip(starts, ends)], width=width, opacity=opacity,
+                               x=[b - a for a, b in zip(starts, ends)], width=width,
                                marker=dict(color=color, line=dict(width=0)), legendrank=legendrank,
                                customdata=[[a, b] for a, b in zip(starts, ends)],
                                hovertemplate=f"{name}{hover}<br>%{{y}}<br>%{{customdata[0]:.2f}} – "
@@ -86,10 +90,9 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
     all-reduces as thin patterned bars over it, receive waits light, idle gaps grey. The window
     is the one the bubble is measured over (first forward start .. last forward end)."""
     p, t = timeline.pipeline_parallel_size, timeline.tensor_parallel_size
-    lanes = [lane_label(s, r) for s in range(p) for r in range(t)]
-    if layout is not None:  # name each stage's layers: "stage 0 · tp 0 (L0–14)"
-        spans = {s.stage: f" (L{s.start_layer}–{s.end_layer - 1})" for s in layout.stages}
-        lanes = [f"{lane_label(s, r)}{spans.get(s, '')}" for s in range(p) for r in range(t)]
+    # each stage's layers when the layout is known: "stage 0 · tp 0 (L0–14)"
+    spans = {} if layout is None else {s.stage: f" (L{s.start_layer}–{s.end_layer - 1})" for s in layout.stages}
+    lanes = [f"{lane_label(s, r)}{spans.get(s, '')}" for s in range(p) for r in range(t)]
     units = {u.unit: u for u in timeline.units}
     one_batch = len({u.batch for u in timeline.units}) <= 1
     forwards = [e for e in timeline.events if e.kind == "forward"]
@@ -103,14 +106,13 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
         data.append(_bar(label, [lanes[e.rank] for e in events], [e.start_ms for e in events],
                          [e.end_ms for e in events], PIPELINE_UNIT_COLORS[u % len(PIPELINE_UNIT_COLORS)],
                          text=[label] * len(events), legendrank=n, hover=tokens))
-    for kind, name, pattern, width, opacity in (("recv", "waiting for activations", "", 0.8, 1.0),
-                                                ("send", "send", "/", 0.3, 1.0),
-                                                ("all_reduce", "all-reduce", "x", 0.3, 1.0)):
+    for kind, name, pattern, width in (("recv", "waiting for activations", "", 0.8), ("send", "send", "/", 0.3),
+                                       ("all_reduce", "all-reduce", "x", 0.3)):
         events = [e for e in timeline.events if e.kind == kind]
         if events:
             data.append(_bar(name, [lanes[e.rank] for e in events], [e.start_ms for e in events],
                              [e.end_ms for e in events], PIPELINE_COLORS[kind], width=width, pattern=pattern,
-                             opacity=opacity, legendrank=500 if kind == "recv" else 600))
+                             legendrank=500 if kind == "recv" else 600))
     if forwards:
         start, end = min(e.start_ms for e in forwards), max(e.end_ms for e in forwards)
         idle_y, idle_a, idle_b = [], [], []
@@ -123,7 +125,7 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
             data.insert(0, _bar("idle", idle_y, idle_a, idle_b, PIPELINE_COLORS["idle"], pattern=".",
                                 legendrank=700))
     s = pipeline_stats(timeline)
-    title = bubble_title(timeline) if forwards else "No pipeline work in this step"
+    title = bubble_title(timeline, s) if forwards else "No pipeline work in this step"
     fig_layout = live_layout(title, step, font_size, barmode="overlay", height=max(260, 70 * p * t + 130),
                              xaxis=dict(title="ms since the driver sent the step" if one_batch else
                                         "ms since the driver sent the first step shown", zeroline=False),
@@ -139,12 +141,10 @@ def stats_frame(traces: Sequence[StepTrace]) -> pd.DataFrame:
     """One row per step that ran on workers: units, tokens, the driver's span, and the shares of
     lanes x window that were compute, communication and bubble (engine/pipeline_stats.py)."""
     rows = []
-    for t in traces:
-        if t.pipeline is None:
-            continue
-        s = pipeline_stats(t.pipeline)
-        rows.append({"step": t.step, "schedule": t.pipeline.schedule, "units": s.num_units,
-                     "tokens": sum(u.num_tokens for u in t.pipeline.units), "span ms": t.pipeline.span_ms,
+    for t, line in timed_steps(traces):
+        s = pipeline_stats(line)
+        rows.append({"step": t.step, "schedule": line.schedule, "units": s.num_units,
+                     "tokens": sum(u.num_tokens for u in line.units), "span ms": line.span_ms,
                      "window ms": s.window_ms, "compute": s.compute_fraction, "comm": s.comm_fraction,
                      "bubble": s.bubble_fraction, "theory bubble": s.theory_bubble})
     columns = ["step", "schedule", "units", "tokens", "span ms", "window ms", "compute", "comm", "bubble",
@@ -194,11 +194,18 @@ class CalculatorView(NamedTuple):
     throughput: pd.DataFrame
 
 
-def calculator_view(layout: ParallelLayout, dims: ModelDims, dtype_bytes: float, pool_tokens: int,
+def calculator_view(layout: ParallelLayout, dims: ModelDims, config: Mapping[str, Any],
                     estimate: Any = None, refusal: str = "", measured: Sequence[StepTrace] = (),
                     kv_bytes_per_token: float | None = None, font_size: int = 12) -> CalculatorView:
-    """``estimate``: engine.sizing.estimate(model, hardware, settings=Settings(tp=t, pp=p)) or None
-    (``refusal`` then says why); ``measured``: this run's steps, for the measured token rate."""
+    """``config``: the run's EngineConfig fields (RunMeta.config): weights and activations take
+    the bytes of its compute ``dtype`` (a quantized run computes in bfloat16: its weights are
+    drawn at 2 B too), the KV pool num_blocks x block_size tokens. ``estimate``:
+    engine.sizing.estimate(model, hardware, settings=Settings(tp=t, pp=p)) or None (``refusal``
+    then says why); ``measured``: this run's steps, for the measured token rate."""
+    from engine.sizing.formats import weight_format  # the calculator's bytes per element
+
+    dtype_bytes = float(weight_format(str(config["dtype"])).bytes_per_param)
+    pool_tokens = int(config["num_blocks"]) * int(config["block_size"])
     workers = worker_bytes(layout, dims, dtype_bytes, pool_tokens, kv_bytes_per_token)
     frame = worker_frame(workers)
     names = list(frame["worker"])
@@ -226,10 +233,10 @@ def throughput_frame(traces: Sequence[StepTrace], estimate: Any, layout: Paralle
     this machine, all p x t processes together) and what a model of the same schedule gives on
     the calculator's hardware: roofline decode tokens/s x (1 - theory bubble)."""
     rows = []
-    timed = [t for t in traces if t.pipeline is not None]
+    timed = timed_steps(traces)
     if timed:
-        ms = sum(t.total_ms for t in timed)
-        tokens = sum(u.num_tokens for t in timed for u in t.pipeline.units)  # type: ignore[union-attr]
+        ms = sum(t.total_ms for t, _ in timed)
+        tokens = sum(u.num_tokens for _, line in timed for u in line.units)
         rows.append({"what": f"measured here: {len(timed)} steps on {layout.num_workers} processes",
                      "ms per step": ms / len(timed), "tokens/s": tokens / (ms / 1000) if ms > 0 else None,
                      "kind": "measured"})

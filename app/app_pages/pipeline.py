@@ -79,25 +79,25 @@ def render(view: RunView, style: live.Style) -> None:
 
 
 def schedule_tab(view: RunView, style: live.Style) -> None:
-    timed = [t for t in view.traces if t.pipeline is not None]
+    timed = pv.timed_steps(view.traces)
     if not timed:
         st.info("Step the run: each step's timeline appears here.", icon=":material/info:")
         return
-    steps = [t.step for t in reversed(timed)]
-    queue = timed[-1].pipeline is not None and timed[-1].pipeline.schedule == "batch_queue"
+    steps = [t.step for t, _ in reversed(timed)]
+    latest = timed[-1][1]
+    queue = latest.schedule == "batch_queue"
     left, right = st.columns(2)
     chosen = left.selectbox("Step", steps, format_func=lambda s: f"step {s}" + (" (latest)" if s == steps[0] else ""),
                             width=200)
-    shown = right.number_input("Steps shown", 1, MAX_SHOWN, 2 * timed[-1].pipeline.pipeline_parallel_size
-                               if queue and timed[-1].pipeline else 1, key="pipeline_shown", width=200,
+    shown = right.number_input("Steps shown", 1, MAX_SHOWN, 2 * latest.pipeline_parallel_size if queue else 1,
+                               key="pipeline_shown", width=200,
                                help="Several steps on one axis: with the batch queue a batch is still in the "
                                     "later stages while the next ones start, so one step alone looks half empty.")
-    end = next(i for i, t in enumerate(timed) if t.step == chosen) + 1
-    window = [t.pipeline for t in timed[max(0, end - int(shown)):end] if t.pipeline is not None]
-    trace = timed[end - 1]
-    timeline = merge_timelines(window)
+    end = next(i for i, (t, _) in enumerate(timed) if t.step == chosen) + 1
+    trace = timed[end - 1][0]
+    timeline = merge_timelines([line for _, line in timed[max(0, end - int(shown)):end]])
     s = pipeline_stats(timeline)
-    overall = pipeline_stats(merge_timelines([t.pipeline for t in timed if t.pipeline is not None]))
+    overall = pipeline_stats(merge_timelines([line for _, line in timed]))
     cols = st.columns(4)
     cols[0].metric("Bubble, measured", f"{s.bubble_fraction:.0%}",
                    help="Share of lanes × window (first forward start to last forward end) no worker computed or "
@@ -172,17 +172,14 @@ def calculator_tab(view: RunView, style: live.Style) -> None:
 
     layout = view.snapshot.parallel
     assert layout is not None
-    config = view.meta.config
     model = view.meta.model
     dims = state.model_dims(model)
-    dtype_bytes = 2 if config.get("dtype") in ("bfloat16", "float16") or config.get("quantization") else 4
-    pool_tokens = int(config.get("num_blocks", 0)) * int(config.get("block_size", 0))
     presets = hardware_presets()
     hardware = st.selectbox("Hardware preset", presets, key="pipeline_hardware", persist_state="session",
                             index=presets.index(DEFAULT_HARDWARE) if DEFAULT_HARDWARE in presets else 0, width=260)
     est, refusal = (None, f"the calculator has no preset for {model}") if model not in model_presets() \
         else _estimate(model, hardware, layout.pipeline_parallel_size, layout.tensor_parallel_size)
-    calc = pv.calculator_view(layout, dims, dtype_bytes, pool_tokens, est, refusal, view.traces,
+    calc = pv.calculator_view(layout, dims, view.meta.config, est, refusal, view.traces,
                               view.meta.kv_bytes_per_token, style.font_size)
     left, right = st.columns(2)
     with left:

@@ -54,7 +54,7 @@ import torch
 from engine.engine import LLMEngine, get_shared_model
 from engine.quant_tradeoff import step_round_robin
 from engine.scenario import Scenario, build_engine, load_scenario, without_speculation
-from engine.spec_decode import expected_speedup, expected_tokens_per_step
+from engine.spec_theory import expected_speedup, expected_tokens_per_step
 from engine.trace import StepTrace
 
 MODEL = "smollm2-135m"
