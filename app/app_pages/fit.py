@@ -19,6 +19,7 @@ FRAMEWORK_OPTIONS = ["auto", "none", "vllm", "sglang", "vllm-ascend"]
 WEIGHT_OPTIONS = ["auto", *calc.WEIGHT_FORMATS]
 KV_OPTIONS = ["auto", *calc.KV_DTYPES]
 VISION_OPTIONS = ["auto", "fp32", "bf16", "fp16", "fp8", "w8a8"]
+PLAIN_DELTA: dict = {"delta_color": "off", "delta_arrow": "off"}  # a metric's note, not a change
 BOUND_KEYS = ("model", "hw", "c_mem", "c_bw", "c_tf", "c_int8", "c_bf16", "c_fw", "batch", "ctx", "out", "img",
               "tiles", "w", "kv", "vis", "fw", "tp", "pp", "util", "block", "eta_m", "eta_c")
 
@@ -220,20 +221,19 @@ def _speed_metrics(est: calc.Estimate) -> None:
     cols = st.columns(4 if there else 2)
     if est.fits:
         cols[0].metric(f"Decode {asked}", f"{est.decode_tokens_per_s:,.1f} tok/s",
-                       f"≤ {est.decode_tokens_per_s_roofline:,.1f} roofline, {est.bound}-bound", delta_color="off")
+                       f"≤ {est.decode_tokens_per_s_roofline:,.1f} roofline, {est.bound}-bound", **PLAIN_DELTA)
         cols[1].metric(f"Time to first token {asked}", f"{est.prefill_seconds:,.2f} s",
-                       f"≥ {est.prefill_seconds_roofline:,.2f} s roofline", delta_color="off")
+                       f"≥ {est.prefill_seconds_roofline:,.2f} s roofline", **PLAIN_DELTA)
         return
-    cols[0].metric(f"Decode {asked}", "does not fit", "no speed: it cannot run there", delta_color="off")
-    cols[1].metric(f"Time to first token {asked}", "does not fit", "no speed: it cannot run there",
-                   delta_color="off")
+    for col, what in zip(cols, ("Decode", "Time to first token")):
+        col.metric(f"{what} {asked}", "does not fit", "no speed: it cannot run there", **PLAIN_DELTA)
     if there:
         fewest = f"on {there.devices}, fewest that fit"
         cols[2].metric(f"Decode {fewest}", f"{there.decode_tokens_per_s:,.1f} tok/s",
                        f"≤ {there.decode_tokens_per_s_roofline:,.1f} roofline (tp {there.tp}, pp {there.pp})",
-                       delta_color="off")
+                       **PLAIN_DELTA)
         cols[3].metric(f"Time to first token {fewest}", f"{there.prefill_seconds:,.2f} s",
-                       f"≥ {there.prefill_seconds_roofline:,.2f} s roofline", delta_color="off")
+                       f"≥ {there.prefill_seconds_roofline:,.2f} s roofline", **PLAIN_DELTA)
 
 
 def render(est, hardware) -> None:
@@ -250,7 +250,7 @@ def render(est, hardware) -> None:
     m[1].metric("KV per token", f"{est.kv_bytes_per_token / 1024:,.1f} KiB", f"{est.kv_dtype.upper()}", delta_color="off")
     m[2].metric(f"Needed per {md(est.device_unit)}", f"{est.total_bytes_per_device / calc.GiB:.2f} GiB",
                 f"of {est.usable_bytes_per_device / calc.GiB:.2f} GiB usable" if est.fits
-                else md(est.margin), delta_color="off")
+                else md(est.margin), **PLAIN_DELTA)
     _speed_metrics(est)
     there = est.at_devices_needed  # when it only fits on more devices, the command is for there
 
