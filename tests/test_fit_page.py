@@ -93,7 +93,7 @@ def test_every_device_table_and_roofline_and_formulas():
     assert len(table) == len(hardware_presets())
     assert {"fits?", "devices needed", "decode tok/s (expected)"} <= set(table.columns)
     t4 = table[table["hardware"] == "T4 16GB"].iloc[0]
-    assert t4["fits?"] == "with more" and t4["devices needed"] == 2
+    assert t4["fits?"] == "no — needs 2" and t4["devices needed"] == 2
     roof = next(spec for title, spec in charts(at).items() if title.startswith("Roofline"))
     assert roof["layout"]["xaxis"]["type"] == "log"
     ridge = next(t for t in roof["data"] if t["name"] == "ridge point")
@@ -112,7 +112,7 @@ def test_every_device_table_and_roofline_and_formulas():
 def test_settings_come_from_the_url():
     at = open_page(model="llama-3-70b", hw="rtx-4090", batch="4", ctx="8192", w="fp8", fw="vllm")
     no_traceback(at)
-    assert at.markdown[0].value.startswith("## :orange[Fits with more devices] — Llama-3-70B on 1 × GeForce RTX 4090")
+    assert at.markdown[0].value.startswith("## :orange[Does not fit on 1 × GeForce RTX 4090 — needs ")
     assert at.selectbox(key="model").value == "llama-3-70b"
     assert at.number_input(key="batch").value == 4
     assert at.number_input(key="ctx").value == 8192
@@ -203,3 +203,53 @@ def test_extreme_inputs_never_raise(query):
     at = open_page(**query)
     no_traceback(at)
     assert at.error or at.markdown[0].value.startswith("## :")
+
+
+# --- the verdict says what it means (issue #19, item 8) ----------------------------------------------------------
+
+def _metrics(at: AppTest) -> dict:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_over_by_a_little_reads_does_not_fit_with_speed_only_where_it_fits():
+    """The speaker's case: Llama-3-70B on 2 x H100 at 32,768 tokens, over by ~1.4 GiB per device."""
+    at = open_page(model="llama-3-70b", hw="h100-sxm", tp="2", ctx="32768")
+    no_traceback(at)
+    assert at.markdown[0].value == ("## :orange[Does not fit on 2 × H100 SXM 80GB — needs 4] — Llama-3-70B,"
+                                    " over by 1.38 GiB per device")
+    assert not at.success
+    box = at.warning[0].value
+    assert box.startswith("**Does not fit on 2 devices — needs 4**") and "over by 1.38 GiB" in box
+    metrics = _metrics(at)
+    assert metrics["Needed per device"] == "72.68 GiB"
+    assert metrics["Decode on 2 (asked)"] == metrics["Time to first token on 2 (asked)"] == "does not fit"
+    assert metrics["Decode on 4, fewest that fit"].endswith(" tok/s")
+    assert metrics["Time to first token on 4, fewest that fit"].endswith(" s")
+    assert not any(v.endswith("tok/s") for k, v in metrics.items() if "fewest" not in k)
+    serve = next(c.value for c in at.code if c.value.startswith("vllm serve"))
+    assert "--max-model-len 8192 " in serve and "32768" not in serve and "--tensor-parallel-size 4" in serve
+    assert any("not 32,768" in c.value and "the model has 8,192 positions" in c.value for c in at.caption)
+
+
+def test_an_exact_fit_and_one_token_over():
+    from engine.memory import Settings, Workload, estimate
+    n = estimate("llama-3.1-70b", "h100-sxm", Workload(context=4096), Settings(tp=2), detail=False).max_context
+    at = open_page(model="llama-3.1-70b", hw="h100-sxm", tp="2", ctx=str(n), out="512")
+    no_traceback(at)
+    assert at.markdown[0].value == "## :green[Fits] — Llama-3.1-70B on 2 × H100 SXM 80GB"
+    assert at.success and re.search(r"\([\d.]+ (MiB|KiB|B) to spare\)", at.success[0].value)
+    assert _metrics(at)["Decode on 2"].endswith(" tok/s")
+    at = open_page(model="llama-3.1-70b", hw="h100-sxm", tp="2", ctx=str(n + 1), out="512")
+    no_traceback(at)
+    assert re.fullmatch(r"## :orange\[Does not fit on 2 × H100 SXM 80GB — needs 4\] — Llama-3\.1-70B,"
+                        r" over by [\d.]+ (MiB|KiB|B) per device", at.markdown[0].value)
+    assert not at.success and _metrics(at)["Decode on 2 (asked)"] == "does not fit"
+
+
+def test_fits_with_room():
+    at = open_page(model="llama-3-70b", hw="h100-sxm", tp="2")
+    no_traceback(at)
+    assert at.markdown[0].value == "## :green[Fits] — Llama-3-70B on 2 × H100 SXM 80GB"
+    assert "(2.99 GiB to spare)" in at.success[0].value
+    metrics = _metrics(at)
+    assert metrics["Decode on 2"].endswith(" tok/s") and not any("fewest" in k or "asked" in k for k in metrics)

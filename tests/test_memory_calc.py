@@ -275,7 +275,7 @@ def test_devices_needed_is_minimal_among_engine_layouts():
     e = estimate("llama-3-70b", "rtx-4090", detail=False)
     p = plan("llama-3-70b", "rtx-4090")
     n, tp, pp = e.devices_needed, e.devices_needed_tp, e.devices_needed_pp
-    assert not e.fits and e.verdict_key == "fits_with_more" and n == tp * pp
+    assert not e.fits and e.verdict_key == "needs_more_devices" and n == tp * pp
     assert p.fits(1, 4096, tp, pp)
     for t in (1, 2, 4, 8):  # no smaller TP within the node fits
         if t < tp and p.tp_valid(t):

@@ -41,7 +41,8 @@ def test_internvl2_on_atlas_300v_pro_text_answer():
     assert "decode   <= 12.8 tok/s roofline (memory-bound" in out and "204.8 GB/s" in out
     assert "INT8 W8A8:" in out and "INT4 W4A16" in out  # what the smaller formats would give
     assert "310P is FP16-only" in out
-    assert "always set --max-model-len on 310P" in out and "2.00 GiB" in out  # the 32k default mask
+    # the default max_model_len's mask: 32,768 positions x rope_scaling dynamic factor 2 = 65,536 (vLLM's rule)
+    assert "always set --max-model-len on 310P" in out and "default 65,536 would take 8.00 GiB" in out
     assert "KV room  13.51 GiB for the KV pool = 110,592 tokens" in out
     assert "vllm serve OpenGVLab/InternVL2-8B" in out and "--max-model-len 4096" in out
     assert "--dtype float16" in out and "--enforce-eager" in out
@@ -54,7 +55,7 @@ def test_internvl2_on_atlas_300v_pro_json():
     assert d["kv_bytes_per_token"] == 131_072
     assert d["decode_tokens_per_s_roofline"] == pytest.approx(12.7, rel=0.02)
     assert d["bound"] == "memory"
-    assert d["max_context"] == 32_768  # the model's limit; KV room would allow ~111k tokens
+    assert d["max_context"] == 65_536  # the model's limit (32,768 x dynamic rope factor 2); KV room ~111k tokens
     assert d["kv_room_tokens"] == pytest.approx(111_000, rel=0.03)
     w8a8 = next(a for a in d["alternatives"] if a["format"] == "w8a8")
     w4a16 = next(a for a in d["alternatives"] if a["format"] == "int4")
@@ -201,9 +202,9 @@ CONTRACT_TOP_KEYS = frozenset({
     "devices_needed_pp", "devices_needed_tp", "efficiency_compute", "efficiency_memory", "fits", "framework",
     "hardware", "hardware_name", "image_tokens", "images", "kv_bytes", "kv_bytes_per_device", "kv_bytes_per_token",
     "kv_bytes_per_token_per_device", "kv_dtype", "kv_pool_bytes", "kv_room_tokens", "mask_bytes", "max_batch",
-    "max_context", "model", "model_name", "notes", "output_tokens", "overhead_bytes", "params_active", "params_total",
-    "params_vision", "peak_flops", "peak_label", "pp", "prefill_bound", "prefill_bytes", "prefill_flops",
-    "prefill_seconds", "prefill_seconds_roofline", "prompt_tokens", "reason", "reserve_bytes",
+    "max_context", "model", "model_name", "notes", "output_tokens", "over_bytes_per_device", "overhead_bytes",
+    "params_active", "params_total", "params_vision", "peak_flops", "peak_label", "pp", "prefill_bound",
+    "prefill_bytes", "prefill_flops", "prefill_seconds", "prefill_seconds_roofline", "prompt_tokens", "reason", "reserve_bytes",
     "ridge_flops_per_byte", "serve_command", "suggestions", "tiles", "total_bytes_per_device", "tp",
     "usable_bytes_per_device", "verdict", "verdict_key", "vision_dtype", "vision_weight_bytes_per_device", "warnings",
     "weight_bytes", "weight_bytes_per_device", "weights_format"})

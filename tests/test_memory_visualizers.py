@@ -39,7 +39,7 @@ def test_memory_bar_marks_overflow():
     over = estimate("llama-3-70b", "rtx-4090", detail=False)
     fig = vm.memory_bar(over)
     assert any(s.type == "rect" for s in fig.layout.shapes)
-    assert vm.verdict_color(over) == VERDICT_COLORS["fits_with_more"]
+    assert vm.verdict_color(over) == VERDICT_COLORS["needs_more_devices"]
 
 
 def test_roofline_places_points_on_the_roof(est):
@@ -67,7 +67,7 @@ def test_tables(est):
     assert list(at["format"]) == ["FP16 (current)", "INT8 W8A8", "INT4 W4A16 g128 (AWQ/GPTQ)"]
     rows = compare_hardware("llama-3-8b", ["rtx-4090", "t4", "atlas-300i-duo"])
     ct = vm.compare_table(rows)
-    assert list(ct["fits?"]) == ["yes", "with more", "yes"]
+    assert list(ct["fits?"]) == ["yes", "no — needs 2", "yes"]
     assert ct.iloc[1]["devices needed"] == 2 and ct.iloc[1]["tp x pp"] == "2 x 1"
 
 

@@ -91,7 +91,8 @@ def compare_table(rows: list[HardwareRow]) -> pd.DataFrame:
     for r in rows:
         out.append({
             "hardware": r.name,
-            "fits?": ("yes" if r.fits else ("with more" if r.devices_needed else "no")) if not r.error else "n/a",
+            "fits?": ("yes" if r.fits else (f"no — needs {r.devices_needed}" if r.devices_needed else "no"))
+            if not r.error else "n/a",
             "devices needed": r.devices_needed,
             "tp x pp": "" if r.tp is None else f"{r.tp} x {r.pp}",
             "memory GiB": None if r.memory_gib is None else round(r.memory_gib, 1),

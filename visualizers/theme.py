@@ -117,7 +117,7 @@ MEMORY_COLORS: dict[str, str] = {
 # Verdicts (also used for table cells).
 VERDICT_COLORS: dict[str, str] = {
     "fits": "#228833",
-    "fits_with_more": "#EE7733",
+    "needs_more_devices": "#EE7733",
     "does_not_fit": "#EE6677",
 }
 

@@ -19,6 +19,7 @@ FRAMEWORK_OPTIONS = ["auto", "none", "vllm", "sglang", "vllm-ascend"]
 WEIGHT_OPTIONS = ["auto", *calc.WEIGHT_FORMATS]
 KV_OPTIONS = ["auto", *calc.KV_DTYPES]
 VISION_OPTIONS = ["auto", "fp32", "bf16", "fp16", "fp8", "w8a8"]
+PLAIN_DELTA: dict = {"delta_color": "off", "delta_arrow": "off"}  # a metric's note, not a change
 BOUND_KEYS = ("model", "hw", "c_mem", "c_bw", "c_tf", "c_int8", "c_bf16", "c_fw", "batch", "ctx", "out", "img",
               "tiles", "w", "kv", "vis", "fw", "tp", "pp", "util", "block", "eta_m", "eta_c")
 
@@ -197,29 +198,61 @@ except Exception as exc:  # noqa: BLE001 - the page promise: a message, never a 
     st.error(f"Unexpected problem with these inputs ({type(exc).__name__}): {md(exc)}", icon="🚫")
     st.stop()
 
+def _here(est: calc.Estimate) -> str:
+    """The devices asked for, in words: "2 × H100 SXM 80GB" (escaped)."""
+    return f"{est.devices} × {md(est.hardware_name)}"
+
+
+def _headline(est: calc.Estimate) -> str:
+    """The verdict line. Fits: green "Fits". Otherwise "Does not fit on N × device" first, then
+    what would (amber "— needs K" when more devices fit, red when none up to 64 do) and how far over."""
+    if est.fits:
+        return f"## :green[Fits] — {md(est.model_name)} on {_here(est)}"
+    colour, needs = ("orange", f" — needs {est.devices_needed}") if est.devices_needed else ("red", "")
+    return (f"## :{colour}[Does not fit on {_here(est)}{needs}] — {md(est.model_name)},"
+            f" {md(est.margin)} per {md(est.device_unit)}")
+
+
+def _speed_metrics(est: calc.Estimate) -> None:
+    """Speed on the devices asked for where it fits there; otherwise "does not fit" in their place
+    and, beside them, the speed on the fewest devices that fit, labelled so."""
+    asked = f"on {est.devices} (asked)" if not est.fits else f"on {est.devices}"
+    there = est.at_devices_needed
+    cols = st.columns(4 if there else 2)
+    if est.fits:
+        cols[0].metric(f"Decode {asked}", f"{est.decode_tokens_per_s:,.1f} tok/s",
+                       f"≤ {est.decode_tokens_per_s_roofline:,.1f} roofline, {est.bound}-bound", **PLAIN_DELTA)
+        cols[1].metric(f"Time to first token {asked}", f"{est.prefill_seconds:,.2f} s",
+                       f"≥ {est.prefill_seconds_roofline:,.2f} s roofline", **PLAIN_DELTA)
+        return
+    for col, what in zip(cols, ("Decode", "Time to first token")):
+        col.metric(f"{what} {asked}", "does not fit", "no speed: it cannot run there", **PLAIN_DELTA)
+    if there:
+        fewest = f"on {there.devices}, fewest that fit"
+        cols[2].metric(f"Decode {fewest}", f"{there.decode_tokens_per_s:,.1f} tok/s",
+                       f"≤ {there.decode_tokens_per_s_roofline:,.1f} roofline (tp {there.tp}, pp {there.pp})",
+                       **PLAIN_DELTA)
+        cols[3].metric(f"Time to first token {fewest}", f"{there.prefill_seconds:,.2f} s",
+                       f"≥ {there.prefill_seconds_roofline:,.2f} s roofline", **PLAIN_DELTA)
+
+
 def render(est, hardware) -> None:
     """Everything below the controls; pure display of one estimate."""
-    # verdict first, in words and colour
-    colour = {"fits": "green", "fits_with_more": "orange", "does_not_fit": "red"}[est.verdict_key]
-    headline = {"fits": "Fits", "fits_with_more": "Fits with more devices", "does_not_fit": "Does not fit"}[est.verdict_key]
-    st.markdown(f"## :{colour}[{headline}] — {md(est.model_name)} on {est.devices} × {md(est.hardware_name)}")
-    box = {"fits": st.success, "fits_with_more": st.warning, "does_not_fit": st.error}[est.verdict_key]
+    # verdict first, in words and colour: anything but "fits" starts with "Does not fit"
+    st.markdown(_headline(est))
+    box = {"fits": st.success, "needs_more_devices": st.warning, "does_not_fit": st.error}[est.verdict_key]
     box(f"**{md(est.verdict[0].upper() + est.verdict[1:])}** with {md(calc.FRAMEWORK_LABELS[est.framework])}: "
         f"{md(est.reason)}.",
-        icon={"fits": "✅", "fits_with_more": "➕", "does_not_fit": "⛔"}[est.verdict_key])
+        icon={"fits": "✅", "needs_more_devices": "⛔", "does_not_fit": "⛔"}[est.verdict_key])
 
-    m = st.columns(5)
+    m = st.columns(3)
     m[0].metric("Weights", f"{est.weight_bytes / calc.GiB:.2f} GiB", f"{est.weights_format.upper()}", delta_color="off")
     m[1].metric("KV per token", f"{est.kv_bytes_per_token / 1024:,.1f} KiB", f"{est.kv_dtype.upper()}", delta_color="off")
     m[2].metric(f"Needed per {md(est.device_unit)}", f"{est.total_bytes_per_device / calc.GiB:.2f} GiB",
-                f"of {est.usable_bytes_per_device / calc.GiB:.2f} GiB usable", delta_color="off")
-    there = est.at_devices_needed  # when it only fits on more devices, speed is quoted there
-    speed = there or est  # both carry decode_tokens_per_s(_roofline) and prefill_seconds(_roofline)
-    where = f" (on {there.devices})" if there else ""
-    m[3].metric(f"Decode{where}", f"{speed.decode_tokens_per_s:,.1f} tok/s",
-                f"≤ {speed.decode_tokens_per_s_roofline:,.1f} roofline, {est.bound}-bound", delta_color="off")
-    m[4].metric(f"Time to first token{where}", f"{speed.prefill_seconds:,.2f} s",
-                f"≥ {speed.prefill_seconds_roofline:,.2f} s roofline", delta_color="off")
+                f"of {est.usable_bytes_per_device / calc.GiB:.2f} GiB usable" if est.fits
+                else md(est.margin), **PLAIN_DELTA)
+    _speed_metrics(est)
+    there = est.at_devices_needed  # when it only fits on more devices, the command is for there
 
     st.plotly_chart(vm.memory_bar(est), key="memory_bar", width="stretch", config={"displaylogo": False})
 
@@ -242,6 +275,8 @@ def render(est, hardware) -> None:
     where = f" on {there.devices} {md(est.device_unit)}s (tp {there.tp}, pp {there.pp}), where it fits" if there else ""
     st.caption(f"With {md(est.serve_heading)}{where}:")
     st.code(there.serve_command if there else est.serve_command, language="bash")
+    if est.serve_note:
+        st.caption(f"ℹ️ {md(est.serve_note)}")
 
     tab_cmp, tab_fmt, tab_roof, tab_ctx = st.tabs(["Every device", "Other formats", "Roofline", "Context vs sequences"])
     with tab_cmp:
@@ -249,7 +284,8 @@ def render(est, hardware) -> None:
             rows = _compare(model_key, config_text, workload, settings)
             st.dataframe(vm.compare_table(rows), key="compare_table", hide_index=True, width="stretch")
             st.caption("Same model and settings on every preset (framework chosen per device unless you picked one)."
-                       " Where it needs more devices, speed is for that many.")
+                       " Where it does not fit on the devices asked for (\"no — needs N\"), memory and speed are"
+                       " for the fewest that fit (the tp x pp column).")
         except calc.SizingError as exc:
             st.error(f"Comparison unavailable: {md(exc)}")
     with tab_fmt:

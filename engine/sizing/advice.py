@@ -98,11 +98,29 @@ def serve_target(plan: Plan) -> ServeTarget:
     return ServeTarget(fw, FRAMEWORK_LABELS[fw], "")
 
 
+def serve_len(plan: Plan) -> int:
+    """The context the serve command asks for: the sized context, capped at the model's own limit
+    (``ModelSpec.max_model_len``: max_position_embeddings, rope-scaled where rope_scaling extends
+    it). A server refuses a longer one, so the command never asks for it; the sizing keeps the
+    context asked for and warns (``workload``)."""
+    limit = plan.model.max_model_len
+    return plan.context if not limit else min(plan.context, limit)
+
+
+def serve_len_note(plan: Plan) -> str:
+    """Words for a capped serve length ("" when the command asks for the sized context)."""
+    n = serve_len(plan)
+    if n == plan.context:
+        return ""
+    return (f"the command asks for {n:,} tokens per sequence, not {plan.context:,}: the model has"
+            f" {plan.model.positions_text}")
+
+
 def _llama_server(plan: Plan) -> str:
     m, fmt, kv = plan.model, plan.fmt, plan.kv
     name = (m.hf_id or m.display_name).split("/")[-1]
     quant = fmt.key.upper() if fmt.family == "gguf" else "Q8_0"
-    parts = [f"llama-server -m {name}-{quant}.gguf", f"-c {plan.batch * plan.context}", f"-np {plan.batch}", "-ngl 999"]
+    parts = [f"llama-server -m {name}-{quant}.gguf", f"-c {plan.batch * serve_len(plan)}", f"-np {plan.batch}", "-ngl 999"]
     if kv.key in ("q8_0", "q4_0"):
         parts.append(f"--cache-type-k {kv.key} --cache-type-v {kv.key}")
     if m.vision:
@@ -115,7 +133,7 @@ def _sglang(plan: Plan) -> str:
     parts = ["python -m sglang.launch_server", f"--model-path {m.hf_id or m.display_name}"]
     if m.trust_remote_code:
         parts.append("--trust-remote-code")
-    parts += [f"--dtype {torch_dtype_name(plan.precision.act_dtype)}", f"--context-length {plan.context}",
+    parts += [f"--dtype {torch_dtype_name(plan.precision.act_dtype)}", f"--context-length {serve_len(plan)}",
               f"--max-running-requests {plan.batch}", f"--mem-fraction-static {b.static_fraction(plan.tp):.2f}",
               f"--chunked-prefill-size {plan.batched_tokens}"]
     if plan.tp > 1:
@@ -145,7 +163,7 @@ def _vllm(plan: Plan, ascend: bool) -> str:
     if plan.kv.vllm_name and plan.kv.vllm_name != "auto":
         parts.append(f"--kv-cache-dtype {plan.kv.vllm_name}")
     util = b.util if b.util is not None else DEFAULT_UTIL
-    parts += [f"--max-model-len {plan.context}", f"--max-num-seqs {plan.batch}",
+    parts += [f"--max-model-len {serve_len(plan)}", f"--max-num-seqs {plan.batch}",
               f"--max-num-batched-tokens {max(plan.batched_tokens, 1)}", f"--gpu-memory-utilization {util:.2f}"]
     if plan.tp > 1:
         parts.append(f"--tensor-parallel-size {plan.tp}")

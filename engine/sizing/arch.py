@@ -117,6 +117,23 @@ class ModelSpec:
     notes: tuple[str, ...] = ()
     source: dict[str, Any] = field(default_factory=dict)
     checkpoint: Checkpoint | None = None
+    #: (scaled length, words) when rope_scaling extends max_position_embeddings (``_rope_scaled_positions``)
+    rope_positions: tuple[int, str] | None = None
+
+    # -- positions ----------------------------------------------------------------
+    @property
+    def max_model_len(self) -> int | None:
+        """The longest context a server accepts for this model (vLLM's derived max_model_len):
+        max_position_embeddings, or its rope-scaled length where rope_scaling extends it; None
+        when the config names no limit."""
+        return self.rope_positions[0] if self.rope_positions else self.max_position
+
+    @property
+    def positions_text(self) -> str:
+        """Where ``max_model_len`` comes from, for people: "8,192 positions (max_position_embeddings)"."""
+        if self.rope_positions:
+            return f"{self.rope_positions[0]:,} positions ({self.rope_positions[1]})"
+        return f"{self.max_position or 0:,} positions (max_position_embeddings)"
 
     # -- parameters ---------------------------------------------------------------
     @property
@@ -1088,6 +1105,34 @@ def _max_position(parts: dict[str, Any], text_cfg: dict[str, Any], cfg: dict[str
     return top
 
 
+#: rope types whose length max_position_embeddings already counts (vLLM's _get_and_verify_max_len)
+_ROPE_ALREADY_COUNTED = ("su", "longrope", "llama3")
+
+
+def _rope_scaled_positions(text_cfg: dict[str, Any], model_type: str, max_pos: int | None,
+                           where: str) -> tuple[int, str] | None:
+    """The rope-scaled length, as vLLM derives max_model_len: with ``rope_scaling`` of a type other
+    than su / longrope / llama3 (and not Gemma-3, whose max_position_embeddings is already scaled),
+    max_position_embeddings x factor, or original_max_position_embeddings x factor for yarn.
+    None when rope_scaling is absent or does not extend the limit."""
+    rope = _obj(text_cfg, "rope_scaling")
+    if rope is None or max_pos is None or "gemma3" in model_type:
+        return None
+    prefix = f"{where}.rope_scaling" if where else "rope_scaling"
+    rope_type = _str(rope, "rope_type", where=prefix) or _str(rope, "type", where=prefix)
+    if not rope_type or rope_type in _ROPE_ALREADY_COUNTED:
+        return None
+    factor = _float(rope, "factor", 1.0, high=1e6, where=prefix)
+    base, base_name = max_pos, "max_position_embeddings"
+    if rope_type == "yarn":
+        base = _req_int(rope, "original_max_position_embeddings", what="yarn rope scaling", where=prefix)
+        base_name = "original_max_position_embeddings"
+    scaled = int(base * factor)
+    if scaled <= max_pos:
+        return None
+    return scaled, f"{base_name} {base:,} x rope_scaling {rope_type} factor {factor:g}"
+
+
 def model_from_config(cfg: Any, key: str = "custom", source: dict[str, Any] | None = None) -> ModelSpec:
     """Build a ModelSpec from a parsed config.json (a dict). Any malformed field raises
     SizingError (a ValueError) with one line naming it."""
@@ -1113,5 +1158,6 @@ def model_from_config(cfg: Any, key: str = "custom", source: dict[str, Any] | No
     return ModelSpec(
         key=key, display_name=str(display), hf_id=src.get("hf_id") or name_or_path,
         model_type=top_type or model_type, max_position=max_pos, checkpoint_dtype=dtype,
-        vision=vision, trust_remote_code=trust_remote_code, notes=tuple(notes), source=src, **parts,
+        vision=vision, trust_remote_code=trust_remote_code, notes=tuple(notes), source=src,
+        rope_positions=_rope_scaled_positions(text_cfg, model_type, max_pos, where), **parts,
     )

@@ -110,11 +110,32 @@ def _list_hardware(as_json: bool) -> str:
     return "\n".join(out)
 
 
+def _speed_lines(e: Estimate) -> list[str]:
+    """Speed on the devices asked for, only where it fits there; otherwise a line saying it is not
+    quoted, and the speed on the fewest devices that fit, labelled as such."""
+    here = f"{e.devices} {e.device_unit}{'s' if e.devices > 1 else ''}"
+    if not e.fits:
+        lines = [f"  speed    not quoted for {here}: it does not fit there"]
+        there = e.at_devices_needed
+        if there:
+            lines.append(f"  fewest   {there.devices} {e.device_unit}s fit (tp {there.tp}, pp {there.pp}); there: decode <="
+                         f" {there.decode_tokens_per_s_roofline:,.1f} tok/s roofline (~{there.decode_tokens_per_s:,.1f});"
+                         f" prefill >= {there.prefill_seconds_roofline:,.2f} s roofline (~{there.prefill_seconds:,.2f} s)")
+        return lines
+    return [f"  decode   <= {e.decode_tokens_per_s_roofline:,.1f} tok/s roofline ({e.bound}-bound:"
+            f" {e.decode_bytes_per_step / 1e9:,.2f} GB read per step at {e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s);"
+            f" expect ~{e.decode_tokens_per_s:,.1f} tok/s at efficiency {e.efficiency_memory:.2f}",
+            f"  prefill  >= {e.prefill_seconds_roofline:,.2f} s roofline for {e.batch * e.prompt_tokens:,} prompt tokens"
+            f" ({e.prefill_bound}-bound, {e.prefill_flops / 1e12:,.1f} TFLOP at {rate(e.peak_flops)}"
+            f" {e.peak_label}); expect ~{e.prefill_seconds:,.2f} s at efficiency {e.efficiency_compute:.2f}"]
+
+
 def render_text(e: Estimate, formulas: bool = False) -> str:
     """The answer for people: verdict, why, memory, room, devices, speed, formats, advice, command."""
     unit = e.device_unit
     lines = [f"{e.model_name} on {e.devices} x {e.hardware_name} ({gib(e.device_memory_bytes)}, "
-             f"{e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s each) with {FRAMEWORK_LABELS[e.framework]}: {e.verdict.upper()}",
+             f"{e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s each) with {FRAMEWORK_LABELS[e.framework]}: {e.verdict.upper()}"
+             + ("" if e.fits else f" ({e.margin} per {unit})"),
              f"  why      {e.reason}"]
     split = (f": LLM {(e.params_total - e.params_vision) / 1e9:.3f} B + vision/projector {e.params_vision / 1e9:.3f} B"
              if e.params_vision else "")
@@ -146,18 +167,8 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
     if e.devices_needed:
         lines.append(f"  devices  fewest that fit: {e.devices_needed} (tp {e.devices_needed_tp}, pp {e.devices_needed_pp})"
                      + (f": {e.devices_note}" if e.devices_note else ""))
-    as_is = "" if e.fits else "as configured: "
-    lines.append(f"  decode   {as_is}<= {e.decode_tokens_per_s_roofline:,.1f} tok/s roofline ({e.bound}-bound:"
-                 f" {e.decode_bytes_per_step / 1e9:,.2f} GB read per step at {e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s);"
-                 f" expect ~{e.decode_tokens_per_s:,.1f} tok/s at efficiency {e.efficiency_memory:.2f}")
-    lines.append(f"  prefill  {as_is}>= {e.prefill_seconds_roofline:,.2f} s roofline for {e.batch * e.prompt_tokens:,} prompt tokens"
-                 f" ({e.prefill_bound}-bound, {e.prefill_flops / 1e12:,.1f} TFLOP at {rate(e.peak_flops)}"
-                 f" {e.peak_label}); expect ~{e.prefill_seconds:,.2f} s at efficiency {e.efficiency_compute:.2f}")
+    lines += _speed_lines(e)
     there = e.at_devices_needed
-    if there:
-        lines.append(f"  fitted   on {there.devices} {unit}s (tp {there.tp}, pp {there.pp}): decode <="
-                     f" {there.decode_tokens_per_s_roofline:,.1f} tok/s roofline (~{there.decode_tokens_per_s:,.1f});"
-                     f" prefill >= {there.prefill_seconds_roofline:,.2f} s (~{there.prefill_seconds:,.2f} s)")
     others = [a for a in e.alternatives if not a.current]
     if others:
         lines.append("  formats  " + "; ".join(
@@ -175,6 +186,8 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
     where = f" on {there.devices} {unit}s (tp {there.tp}, pp {there.pp}), where it fits" if there else ""
     lines.append(f"  serve    with {e.serve_heading}{where}:")
     lines.append(f"           {there.serve_command if there else e.serve_command}")
+    if e.serve_note:
+        lines.append(f"           ({e.serve_note})")
     if formulas:
         lines.append("  formulas")
         for name, text in e.formulas.items():

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from fractions import Fraction as F
 from typing import Any
 
-from .advice import FormatOption, _alternatives, _suggestions, serve_command, serve_target
+from .advice import FormatOption, _alternatives, _suggestions, serve_command, serve_len_note, serve_target
 from .arch import ModelSpec
 from .formats import SizingError, kv_dtype, weight_format
 from .formulas import formulas
@@ -20,7 +20,7 @@ from .models import get_model
 from .parallel import MAX_DEVICES, DeviceLayout, fewest_devices
 from .plan import Plan, Settings, Speed, StageMemory, Workload
 from .precision import group_bytes
-from .units import GiB, ceil_exact, gib, search_max
+from .units import GiB, ceil_exact, gib, margin, search_max
 from .workload import MAX_BATCH, MAX_CONTEXT
 
 _NOT_CONTRACT = {"contract": False}
@@ -80,6 +80,7 @@ class Estimate:
     reserve_bytes: int
     total_bytes_per_device: int
     usable_bytes_per_device: int
+    over_bytes_per_device: int  # total - usable on the worst device: > 0 over, <= 0 to spare
     device_memory_bytes: int
     kv_pool_bytes: int
     kv_room_tokens: int
@@ -124,10 +125,16 @@ class Estimate:
     # not in the JSON contract
     serve_heading: str = field(default="", metadata=_NOT_CONTRACT)  # which tool the serve line is for, and why
     devices_note: str = field(default="", metadata=_NOT_CONTRACT)  # how the fewest-devices layout was chosen
+    serve_note: str = field(default="", metadata=_NOT_CONTRACT)  # why the serve command's context is capped
     #: a window on every KV layer: the most tokens a sequence keeps; kv_room_tokens then counts the pool's
     #: token slots (shared by sequences), not a context limit. None: some layer keeps every token.
     kv_window: int | None = field(default=None, metadata=_NOT_CONTRACT)
     kv_window_sequences: int | None = field(default=None, metadata=_NOT_CONTRACT)  # sequences at a full window
+
+    @property
+    def margin(self) -> str:
+        """How far over the usable memory the worst device is, or how much it has to spare, in words."""
+        return margin(self.over_bytes_per_device)
 
     @property
     def kv_room_unit(self) -> str:
@@ -152,18 +159,21 @@ class Estimate:
 
 
 def _verdict_words(fits: bool, devices_needed: int | None, current: int, unit: str) -> tuple[str, str]:
+    """(verdict_key, verdict): "fits" on the devices asked for; otherwise it does not fit, and the
+    words say so first ("does not fit on 2 devices — needs 4"), never as a kind of fit."""
+    here = f"{current} {unit}{'s' if current > 1 else ''}"
     if fits:
-        return "fits", f"fits on {current} {unit}{'s' if current > 1 else ''}"
+        return "fits", f"fits on {here}"
     if devices_needed:
-        return "fits_with_more", f"fits with {devices_needed} {unit}s"
-    return "does_not_fit", "does not fit"
+        return "needs_more_devices", f"does not fit on {here} — needs {devices_needed}"
+    return "does_not_fit", f"does not fit on {here}, nor on up to {MAX_DEVICES} {unit}s"
 
 
 def _max_context(plan: Plan, batch: int) -> int:
     """Longest context that fits at ``batch`` (bisection up to the model's limit or 2**24)."""
     if not plan.fits(batch, 1):
         return 0
-    cap = plan.model.max_position or MAX_CONTEXT
+    cap = plan.model.max_model_len or MAX_CONTEXT
     return search_max(lambda s: plan.fits(batch, s), 1, cap)
 
 
@@ -199,13 +209,12 @@ def _layout_memory_note(plan: Plan, layout: DeviceLayout, unit: str) -> str:
 def _reason(worst: StageMemory, fits: bool, found: bool, unit: str) -> str:
     """Why, in one sentence: needed vs usable, and the largest part when it does not fit."""
     if fits:
-        return (f"{gib(worst.total)} needed per {unit} of {gib(worst.usable)} usable"
-                f" ({gib(worst.usable - worst.total)} to spare)")
+        return f"{gib(worst.total)} needed per {unit} of {gib(worst.usable)} usable ({margin(worst.over)})"
     parts = {"weights": worst.weights, "KV cache": worst.kv, "activations": worst.activations,
              "mask": worst.mask, "overhead": worst.overhead, "reserve": worst.reserve}
     biggest = max(parts, key=lambda k: parts[k])
     reason = (f"{gib(worst.total)} needed per {unit} but only {gib(worst.usable)} usable"
-              f" (over by {gib(worst.over)}; largest part: {biggest} {gib(parts[biggest])})")
+              f" ({margin(worst.over)}; largest part: {biggest} {gib(parts[biggest])})")
     if worst.weights > worst.usable:
         reason += "; the weights alone do not fit"
     if not found:
@@ -267,6 +276,7 @@ def estimate(model: ModelSpec | str, hardware: Hardware | str, workload: Workloa
         kv_bytes=ceil_exact(sum((plan.kv_bytes_stage(st, B, S) for st in one), F(0))), kv_bytes_per_device=worst.kv,
         activation_bytes=worst.activations, mask_bytes=worst.mask, overhead_bytes=worst.overhead,
         reserve_bytes=worst.reserve, total_bytes_per_device=worst.total, usable_bytes_per_device=worst.usable,
+        over_bytes_per_device=worst.over,
         device_memory_bytes=hw.memory_bytes, kv_pool_bytes=min(s.kv_pool for s in stages),
         kv_room_tokens=min(s.kv_room_tokens for s in stages),
         fits=fits, verdict=verdict, verdict_key=verdict_key, reason=_reason(worst, fits, layout is not None, unit),
@@ -281,7 +291,7 @@ def estimate(model: ModelSpec | str, hardware: Hardware | str, workload: Workloa
         decode_bytes_per_step=roof.decode_bytes, decode_flops_per_step=roof.decode_flops,
         prefill_flops=roof.prefill_flops, prefill_bytes=roof.prefill_bytes, serve_command=serve_command(plan),
         at_devices_needed=None, warnings=list(dict.fromkeys(plan.warnings)), notes=list(dict.fromkeys(plan.notes)),
-        stages=stages, serve_heading=target.heading,
+        stages=stages, serve_heading=target.heading, serve_note=serve_len_note(plan),
         devices_note=layout.explanation if layout and layout.devices > 1 else "",
     )
     if spec.has_kv and spec.kv_window_bound:
@@ -395,7 +405,7 @@ def concurrency_curve(model: ModelSpec | str, hardware: Hardware | str, workload
     spec, hw = _resolve_inputs(model, hardware)
     plan = Plan(spec, hw, workload or Workload(), settings or Settings())
     if contexts is None:
-        top = spec.max_position or 131072
+        top = spec.max_model_len or 131072
         contexts = sorted({c for c in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, top)
                            if 2 <= c <= top})
     return [CurvePoint(c, _max_batch(plan, c)) for c in contexts]

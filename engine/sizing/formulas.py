@@ -110,7 +110,7 @@ def _fits(est: Estimate) -> str:
 
 def _kv_room(plan: Plan, est: Estimate) -> str:
     m = plan.model
-    capped = m.max_position and est.max_context == m.max_position
+    capped = m.max_model_len and est.max_context == m.max_model_len
     if est.kv_window:
         room = (f" = {est.kv_room_tokens:,} token slots; a window on every layer: a sequence keeps at most"
                 f" round_up(window {est.kv_window:,}, block) tokens, so pool / (that x KV/token) ="
@@ -120,7 +120,7 @@ def _kv_room(plan: Plan, est: Estimate) -> str:
                  if any(lay.window for lay in m.layers) else "") + f" = {est.kv_room_tokens:,} tokens")
     return (f"KV room = pool / KV-per-token-per-device = {gib(est.kv_pool_bytes)} / {est.kv_bytes_per_token_per_device:,} B"
             + room + f"; largest context at {est.batch} sequence(s) = {est.max_context:,}"
-            + (f" (capped at max_position_embeddings {m.max_position:,})" if capped and m.max_position else "")
+            + (f" (capped at the model's {m.positions_text})" if capped else "")
             + f"; most sequences at {est.context:,} tokens = {est.max_batch:,}")
 
 

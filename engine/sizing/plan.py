@@ -280,7 +280,7 @@ class Plan:
             "310P is FP16-only: no BF16 (MindIE and vllm-ascend); "
             + ("this BF16 checkpoint runs as FP16 (--dtype float16) — same bytes, watch for FP16 overflow"
                if ckpt in ("bf16", "fp32") else "serve with --dtype float16"))
-        default_len = model.max_position or ctx
+        default_len = model.max_model_len or ctx
         self.remarks.warn(
             f"always set --max-model-len on 310P: the dense FP16 attention mask is max_model_len^2 x 2 B ="
             f" {fmt_bytes(ascend_mask_bytes(ctx))} at {ctx:,}"

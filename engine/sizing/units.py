@@ -12,7 +12,7 @@ from fractions import Fraction
 
 from .hardware import GiB, MiB
 
-__all__ = ["GiB", "MiB", "ceil_exact", "round_up", "search_max", "gib", "fmt_bytes", "rate", "tokens"]
+__all__ = ["GiB", "MiB", "ceil_exact", "round_up", "search_max", "gib", "fmt_bytes", "margin", "rate", "tokens"]
 
 
 def ceil_exact(x: Fraction | int | float) -> int:
@@ -57,6 +57,13 @@ def fmt_bytes(n: float | int | Fraction) -> str:
     if abs(v) >= 1024:
         return f"{v / 1024:,.1f} KiB"
     return f"{v:,.0f} B"
+
+
+def margin(over: int) -> str:
+    """Bytes over the usable memory (``over`` > 0) or to spare, in words: "over by 1.38 GiB",
+    "2.99 GiB to spare"; under 0.01 GiB in MiB / KiB / B, so a hair's breadth never reads as 0.00 GiB."""
+    size = gib(abs(over)) if abs(over) >= GiB / 100 else fmt_bytes(abs(over))
+    return f"over by {size}" if over > 0 else f"{size} to spare"
 
 
 def rate(flops: float) -> str:

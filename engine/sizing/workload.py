@@ -7,7 +7,8 @@ output = min(512, context / 8).
 Documented maxima (refused above them, one line, exit 2 on the CLI):
   context, prompt, output       <= 2**24 = 16,777,216 tokens per sequence (the longest context
                                    any served model offers today is 10M; beyond the model's own
-                                   max_position_embeddings it is a warning, not a refusal)
+                                   limit, ModelSpec.max_model_len, it is a warning,
+                                   not a refusal; the serve command is capped there)
   batch (concurrent sequences)  <= 2**20 = 1,048,576
   images per sequence           <= 64;  tiles per image <= 40 (InternViT's tested maximum)
 """
@@ -62,8 +63,8 @@ def _optional(name: str, value: int | None, minimum: int, maximum: int) -> int |
 
 
 def _default_context(model: ModelSpec) -> int:
-    """4096, or the model's own limit when that is shorter."""
-    return DEFAULT_CONTEXT if not model.max_position else min(DEFAULT_CONTEXT, model.max_position)
+    """4096, or the model's own limit (``ModelSpec.max_model_len``) when that is shorter."""
+    return DEFAULT_CONTEXT if not model.max_model_len else min(DEFAULT_CONTEXT, model.max_model_len)
 
 
 def resolve_workload(model: ModelSpec, w: Workload, remarks: Remarks) -> ResolvedWorkload:
@@ -111,8 +112,8 @@ def resolve_workload(model: ModelSpec, w: Workload, remarks: Remarks) -> Resolve
         if text < 0:
             raise SizingError(f"{images} image(s) x {tiles} tiles = {images * per_image:,} tokens do not fit in"
                               f" {context:,} tokens of context with {out:,} output tokens")
-    if model.max_position and context > model.max_position:
-        remarks.warn(f"context {context:,} is beyond the model's max_position_embeddings"
-                     f" ({model.max_position:,}); vLLM refuses it unless forced")
+    if model.max_model_len and context > model.max_model_len:
+        remarks.warn(f"context {context:,} is beyond the model's {model.positions_text}; vLLM refuses it"
+                     f" unless forced, so the serve command below is capped at {model.max_model_len:,}")
     return ResolvedWorkload(batch=batch, context=context, output=out, prompt_text=text, images=images,
                             tiles=tiles if images else 0, image_tokens=images * per_image)
