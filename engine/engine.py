@@ -43,6 +43,7 @@ from engine.executor import InFlightBatch, ParallelRunner
 from engine.model_runner import DTYPES, ModelRunner, kv_cache_bytes_per_token
 from engine.models.llama import LlamaModel
 from engine.models.loader import check_model_name, load_model
+from engine.parallel_layout import stage_layouts
 from engine.request import Request, RequestCheckpoint, RequestStatus
 from engine.sampling import SamplingError, sample_rows
 from engine.drafter import Draft, Drafter, NgramDrafter
@@ -266,6 +267,8 @@ class LLMEngine:
                              f"quantization={c.quantization!r}; pass the model name, or get_shared_model(..., "
                              f"quantization=...)")
         mc = self.shared.model.config
+        # The split must fit the model at every p, p = 1 included (no worker checks it there).
+        stage_layouts(mc.num_hidden_layers, c.pipeline_parallel_size, c.pipeline_layer_split)
         self.tokenizer = self.shared.tokenizer
         # A closure over the tokenizer, not a bound method: the scheduler keeps it, and a
         # reference back to the engine would put the engine in a cycle that only the garbage
@@ -310,7 +313,10 @@ class LLMEngine:
             assert spec.num_layers is not None
             return self.shared.model, spec.num_layers
         assert spec.model is not None
-        model = get_shared_model(spec.model, quantization=spec.quantization).model
+        try:
+            model = get_shared_model(spec.model, quantization=spec.quantization).model
+        except ValueError as e:  # "model: unknown model ..." is about the draft, not the target
+            raise ValueError(f"speculative_config.{e}") from None
         return model, model.config.num_hidden_layers
 
     def _draft_kv_bytes_per_token(self) -> int:
