@@ -5,6 +5,7 @@ range, so a bad knob never reaches the engine's state.
 """
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -290,6 +291,42 @@ class EngineConfig:
         return self.num_blocks * self.block_size
 
 
+# vLLM SamplingParams keywords InferScope does not implement -> why, and what to use instead.
+# An explicit table: a keyword in neither it nor the fields is reported as unknown (a typo).
+UNSUPPORTED_SAMPLING_KEYWORDS: dict[str, str] = {
+    "best_of": "returning the best n of best_of sampled sequences is not supported; use n for n parallel "
+               "sequences (all returned)",
+    "use_beam_search": "beam search is not supported; use temperature=0 (greedy) or n > 1 (parallel sampling)",
+    "length_penalty": "beam search (and its length_penalty) is not supported",
+    "early_stopping": "beam search (and its early_stopping) is not supported",
+    "presence_penalty": "penalties are not supported",
+    "frequency_penalty": "penalties are not supported",
+    "repetition_penalty": "penalties are not supported",
+    "min_p": "min_p filtering is not supported; use top_p or top_k",
+    "min_tokens": "min_tokens is not supported; ignore_eos=True generates exactly max_tokens",
+    "stop_token_ids": "stop token ids are not supported; use stop (strings)",
+    "logprobs": "log probabilities are not returned",
+    "prompt_logprobs": "log probabilities are not returned",
+    "logit_bias": "logit bias is not supported",
+}
+
+
+def check_sampling_keywords(keywords: Mapping[str, object]) -> None:
+    """Keywords SamplingParams does not take: a ValueError naming the first, saying that
+    InferScope does not support it (a vLLM keyword in UNSUPPORTED_SAMPLING_KEYWORDS) or that it
+    is unknown, with the closest field when it looks like a typo."""
+    fields = SamplingParams.__dataclass_fields__
+    for key in keywords:
+        if key in fields:
+            continue
+        if key in UNSUPPORTED_SAMPLING_KEYWORDS:
+            raise ValueError(f"{key}: InferScope does not support vLLM's SamplingParams({key}=...): "
+                             f"{UNSUPPORTED_SAMPLING_KEYWORDS[key]}")
+        close = difflib.get_close_matches(key, list(fields), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ValueError(f"{key[:40]}: unknown SamplingParams field (fields: {', '.join(fields)}){hint}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request samples and when it stops.
@@ -308,7 +345,9 @@ class SamplingParams:
                  set is a ValueError naming n (add_request / generate)
 
     With a seed, a request's random draws come from its own generator, so a run replays
-    identically.
+    identically. A keyword that is not a field is a ValueError naming it
+    (``check_sampling_keywords``: vLLM's best_of, use_beam_search, penalties ... are not
+    supported; anything else is unknown).
     """
 
     temperature: float = 1.0
@@ -319,6 +358,11 @@ class SamplingParams:
     stop: Sequence[str] | None = field(default_factory=tuple)  # stored as tuple[str, ...]
     ignore_eos: bool = False
     n: int = 1
+
+    def __new__(cls, *args: object, **kwargs: object) -> SamplingParams:
+        """Checks the keywords before the dataclass __init__ would refuse one with a TypeError."""
+        check_sampling_keywords(kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _stop_strings(self.stop))

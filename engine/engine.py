@@ -43,6 +43,7 @@ from engine.executor import InFlightBatch, ParallelRunner
 from engine.model_runner import DTYPES, ModelRunner, kv_cache_bytes_per_token
 from engine.models.llama import LlamaModel
 from engine.models.loader import check_model_name, load_model
+from engine.parallel_layout import stage_layouts
 from engine.request import Request, RequestCheckpoint, RequestStatus
 from engine.sampling import SamplingError, sample_rows
 from engine.drafter import Draft, Drafter, NgramDrafter
@@ -148,6 +149,57 @@ class RequestOutput:
     num_cached_tokens: int | None = None  # prompt tokens served by the prefix cache (vLLM's name)
 
 
+@dataclass
+class ProgressWatch:
+    """The no-progress backstop: steps since any request last made progress.
+
+    Progress: a token appended, a request finished, or a scheduled chunk reaching past the most
+    tokens its request ever had computed (its high-water mark). Without preemption every
+    scheduled chunk is progress; a preempted request that is recomputed makes none until it
+    passes where it was. Rule: ``stuck`` once ``limit`` steps in a row made no progress while
+    preempting -- the schedule keeps undoing its own work (a livelock), which the scheduler's
+    preemption order rules out; this only turns a bug into an error instead of a hang.
+    """
+
+    limit: int
+    high_water: dict[str, int] = field(default_factory=dict)
+    idle_steps: int = 0
+    preemptions: int = 0  # during the idle steps
+
+    @staticmethod
+    def limit_for(config: EngineConfig, max_model_len: int) -> int:
+        """Steps a correct schedule may go without progress, with a wide margin: the oldest
+        request is never preempted and is scheduled at least every 2p steps (the batch queue
+        can make it wait for an in-flight batch), so it passes its high-water mark after
+        recomputing at most max_model_len tokens, max_num_batched_tokens per schedule."""
+        p = config.pipeline_parallel_size
+        return 4 * p * (cdiv(max_model_len, config.max_num_batched_tokens) + 2) + 16
+
+    def observe(self, output: SchedulerOutput, appended: bool, finished: Sequence[str]) -> None:
+        """Account one step: its (retired) scheduled chunks, whether it appended tokens, the
+        requests that finished."""
+        progressed = appended or bool(finished)
+        for s in output.scheduled:
+            end = s.start + s.num_new_tokens
+            if end > self.high_water.get(s.request_id, 0):
+                self.high_water[s.request_id] = end
+                progressed = True
+        for rid in finished:
+            self.high_water.pop(rid, None)
+        if progressed:
+            self.idle_steps = self.preemptions = 0
+        else:
+            self.idle_steps += 1
+            self.preemptions += len(output.preempted)
+
+    @property
+    def stuck(self) -> bool:
+        return self.idle_steps >= self.limit and self.preemptions > 0
+
+    def copy(self) -> ProgressWatch:
+        return ProgressWatch(self.limit, dict(self.high_water), self.idle_steps, self.preemptions)
+
+
 @dataclass(frozen=True)
 class StepCheckpoint:
     """The engine's state before a step: what ``LLMEngine.step`` restores when the step fails."""
@@ -165,6 +217,7 @@ class StepCheckpoint:
     drafter_state: object = None
     # Pipeline "batch_queue": the batches in flight before the step.
     in_flight: tuple[InFlightBatch, ...] = ()
+    progress: ProgressWatch | None = None  # the no-progress backstop before the step
 
     def save_generators(self, requests: Iterable[Request]) -> None:
         """Remember the generator states of requests about to draw from them (restored in
@@ -214,6 +267,8 @@ class LLMEngine:
                              f"quantization={c.quantization!r}; pass the model name, or get_shared_model(..., "
                              f"quantization=...)")
         mc = self.shared.model.config
+        # The split must fit the model at every p, p = 1 included (no worker checks it there).
+        stage_layouts(mc.num_hidden_layers, c.pipeline_parallel_size, c.pipeline_layer_split)
         self.tokenizer = self.shared.tokenizer
         # A closure over the tokenizer, not a bound method: the scheduler keeps it, and a
         # reference back to the engine would put the engine in a cycle that only the garbage
@@ -246,6 +301,7 @@ class LLMEngine:
         self.reserved_ids: set[str] = set()  # ids of parallel-sampling sequences not forked yet
         self.pending: list[Request] = []  # added, arrival step not reached
         self.step_count = 0
+        self.progress = ProgressWatch(ProgressWatch.limit_for(self.config, self.max_model_len))
         self.trace_seconds = 0.0  # time spent building StepTraces (for the benchmark)
         self.lock = threading.RLock()
         self._ids = itertools.count()
@@ -257,7 +313,10 @@ class LLMEngine:
             assert spec.num_layers is not None
             return self.shared.model, spec.num_layers
         assert spec.model is not None
-        model = get_shared_model(spec.model, quantization=spec.quantization).model
+        try:
+            model = get_shared_model(spec.model, quantization=spec.quantization).model
+        except ValueError as e:  # "model: unknown model ..." is about the draft, not the target
+            raise ValueError(f"speculative_config.{e}") from None
         return model, model.config.num_hidden_layers
 
     def _draft_kv_bytes_per_token(self) -> int:
@@ -474,7 +533,7 @@ class LLMEngine:
         checkpoint = StepCheckpoint(self.step_count, tuple(self.pending), self.scheduler.queues(),
                                     tuple((r, r.checkpoint()) for r in live),
                                     drafter_state=None if self.drafter is None else self.drafter.checkpoint(),
-                                    in_flight=tuple(self.in_flight))
+                                    in_flight=tuple(self.in_flight), progress=self.progress.copy())
         self.kv.begin()
         return checkpoint
 
@@ -492,6 +551,8 @@ class LLMEngine:
         self.scheduler.restore_queues(cp.queues)
         self.kv.rollback()
         self.in_flight = deque(cp.in_flight)
+        if cp.progress is not None:
+            self.progress = cp.progress
         self.step_count = cp.step_count
 
     def _step(self, cp: StepCheckpoint) -> StepTrace:
@@ -536,6 +597,7 @@ class LLMEngine:
         if self.drafter is not None:
             for rid in (*finished, *output.preempted):
                 self.drafter.release(rid)
+        self.progress.observe(output, bool(appended), finished)
         t3 = time.perf_counter()
         trace = self._build_trace(output, arrived, finished, appended, cp.forked,
                                   (t1 - td) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, tuple(spec), (td - t0) * 1e3)
@@ -556,14 +618,18 @@ class LLMEngine:
         starts it as soon as it is done with the previous one, so the pipeline stays full
         across steps. Then take the oldest batch's results. Invariant: a request is in at most
         one in-flight batch; its KV and ``num_computed_tokens`` run ahead of its tokens only
-        while it is in flight. -> the outputs scheduled (the last one empty when the requests
-        ran out before the queue was full)."""
+        while it is in flight. Progress (as the single-process scheduler): a request is only
+        preempted for an older one, and one whose newer requests are all in flight waits for
+        them (Scheduler.schedule); once a batch of the step preempted, no later batch of the
+        step admits (a victim is not re-admitted in the step that preempted it). -> the outputs
+        scheduled (the last one empty when the requests ran out before the queue was full)."""
         p = runner.max_batches
         filled: list[SchedulerOutput] = []
         while len(self.in_flight) < p:
             busy = self._in_flight_ids()
             cap = max(1, -(-(len(self.scheduler.running) + len(self.scheduler.waiting)) // p))
-            output = self.scheduler.schedule(exclude=busy, max_requests=cap)
+            output = self.scheduler.schedule(exclude=busy, max_requests=cap,
+                                             may_admit=not any(o.preempted for o in filled))
             filled.append(output)
             if output.is_empty:
                 break
@@ -700,10 +766,22 @@ class LLMEngine:
         return to_sample, torch.tensor(rows, dtype=torch.long)
 
     def made_no_progress(self, trace: StepTrace) -> bool:
-        """True when a step scheduled and preempted nothing although requests were waiting or
-        running: with nothing running every block is free and every queued request fits the
-        pool (checked at add_request), so such a step means the engine is stuck."""
-        return not trace.scheduled and not trace.preempted and self.scheduler.has_work()
+        """True when the engine is stuck (``no_progress_reason``)."""
+        return self.no_progress_reason(trace) is not None
+
+    def no_progress_reason(self, trace: StepTrace) -> str | None:
+        """Why the engine is stuck after ``trace``'s step, or None. Stuck: (1) the step
+        scheduled and preempted nothing although requests were waiting or running (with
+        nothing running every block is free and every queued request fits the pool, checked at
+        add_request); (2) the backstop (ProgressWatch): ``limit`` steps in a row preempted and
+        recomputed without any request getting past where it had been."""
+        if not trace.scheduled and not trace.preempted and self.scheduler.has_work():
+            return "nothing could be scheduled"
+        w = self.progress
+        if w.stuck and self.has_unfinished_requests():
+            return (f"{w.idle_steps} steps in a row without any request gaining a token, while "
+                    f"{w.preemptions} preemptions undid computed work (a preemption livelock)")
+        return None
 
     def _admit_arrivals(self) -> tuple[str, ...]:
         arrived = []
@@ -923,9 +1001,10 @@ class LLM:
         remaining = [engine.requests[i] for i in ids]
         while remaining:
             trace = engine.step()
-            if engine.made_no_progress(trace):
-                raise RuntimeError(f"generate: no progress at step {trace.step} (nothing could be scheduled for "
-                                   f"{len(remaining)} unfinished requests); the engine is stuck")
+            reason = engine.no_progress_reason(trace)
+            if reason is not None:
+                raise RuntimeError(f"generate: no progress at step {trace.step} ({reason}; {len(remaining)} "
+                                   f"unfinished requests); the engine is stuck")
             remaining = [r for r in remaining if not engine.is_finished(r)]
 
 

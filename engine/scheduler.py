@@ -119,17 +119,28 @@ class Scheduler:
         self.running = list(queues[1])
 
     # -- the algorithm ------------------------------------------------------------------
-    def schedule(self, exclude: frozenset[str] = frozenset(), max_requests: int | None = None) -> SchedulerOutput:
+    def schedule(self, exclude: frozenset[str] = frozenset(), max_requests: int | None = None,
+                 may_admit: bool = True) -> SchedulerOutput:
         """Decide this step's tokens per request.
 
         Pipeline batch queue (LLMEngine._fill_batch_queue): ``exclude`` holds the running
         requests of batches still in flight, which are neither scheduled nor preempted (a
-        request is never in two in-flight batches); ``max_requests`` caps the batch's requests.
+        request is never in two in-flight batches); ``max_requests`` caps the batch's requests;
+        ``may_admit=False`` admits no waiting request (an earlier batch of the step preempted).
 
         Invariants: the sum of scheduled tokens <= max_num_batched_tokens; every scheduled
         request's block table covers num_computed_tokens + its new tokens; a request
         preempted this step is not scheduled; nothing is admitted in a step that preempted.
         ``num_computed_tokens`` advances optimistically here.
+
+        Preemption follows the running order (admission order, oldest first: vLLM's priority):
+        a request that needs blocks preempts the newest request admitted after it, or itself
+        when none was (``_victim``); never an older one. So the oldest running request is never
+        preempted while another runs and always progresses. When every request admitted after
+        it is in flight, it waits for their batch to retire (no preemption, no admission, this
+        batch ends) instead of preempting itself: giving up the older request's progress to a
+        newer one that is immune while in flight is how the batch queue used to livelock (two
+        requests taking turns preempting each other, neither ever finishing).
 
         Speculative decoding: a running request with drafts (``spec_token_ids``) is scheduled
         for 1 + k query tokens (its last token and the k drafts), all or none: when the budget
@@ -143,6 +154,7 @@ class Scheduler:
         self._lookups, self._copies = [], []
 
         i = 0
+        stalled = False
         limit = max_requests if max_requests is not None else len(self.running) + len(self.waiting)
         while i < len(self.running) and budget > 0 and len(scheduled) < limit:
             request = self.running[i]
@@ -161,8 +173,9 @@ class Scheduler:
                 n = self._chunk_size(request.num_tokens_with_spec - request.num_computed_tokens, budget)
                 ok = self._allocate(request, n)
             while not ok:
-                victim = self._newest_preemptable(exclude)
-                if victim is None:  # everyone else is in another batch of this step
+                victim = self._victim(request, exclude)
+                if victim is None:  # the requests admitted after it are in flight: wait for them
+                    stalled = True
                     n = 0
                     break
                 self._preempt(victim)
@@ -177,7 +190,7 @@ class Scheduler:
             budget -= n
             i += 1
 
-        if not preempted and self._may_admit():
+        if may_admit and not preempted and not stalled and self._may_admit():
             budget = self._admit(budget, scheduled, limit)
         chosen = {s.request_id for s in scheduled} | exclude
         for request in self.running:
@@ -187,12 +200,16 @@ class Scheduler:
         total = self.config.max_num_batched_tokens - budget
         return SchedulerOutput(tuple(scheduled), tuple(preempted), total, tuple(self._lookups), tuple(self._copies))
 
-    def _newest_preemptable(self, exclude: frozenset[str]) -> Request | None:
-        """Take the newest running request not in ``exclude`` out of ``running``."""
-        for i in range(len(self.running) - 1, -1, -1):
-            if self.running[i].request_id not in exclude:
-                return self.running.pop(i)
-        return None
+    def _victim(self, request: Request, exclude: frozenset[str]) -> Request | None:
+        """Take the request to preempt for ``request`` out of ``running``: the newest running
+        request admitted after it that is not in ``exclude``; ``request`` itself when it is the
+        newest running request; None (nothing taken) when every request admitted after it is
+        in ``exclude`` (in flight), so ``request`` has to wait for them."""
+        at = self.running.index(request)
+        for j in range(len(self.running) - 1, at, -1):
+            if self.running[j].request_id not in exclude:
+                return self.running.pop(j)
+        return self.running.pop(at) if at == len(self.running) - 1 else None
 
     def _allocate(self, request: Request, n: int, computed: KVCacheBlocks = NO_BLOCKS) -> bool:
         """allocate_slots, keeping its copy-on-write copies for the runner."""

@@ -168,8 +168,9 @@ def test_batch_queue_batches_in_flight_are_disjoint(cfg: dict, workload: list, n
     """Rule (vLLM's batch queue, as the engine drives the scheduler): while fewer than n batches
     are in flight, schedule one more with ``exclude`` = the requests in flight; then retire the
     oldest. Every batch is within the token budget; no request is in two in-flight batches; no
-    batch preempts a request in flight; in-flight requests keep their KV; the queues stay
-    consistent (``check_integrity`` with the in-flight ids) and every request finishes."""
+    batch preempts a request in flight; the oldest running request is never preempted while
+    another runs; in-flight requests keep their KV; the queues stay consistent
+    (``check_integrity`` with the in-flight ids) and every request finishes."""
     cfg = EngineConfig(**cfg)
     cp = ControlPlane(cfg)
     todo = [(i, s) for i, s in enumerate(workload) if admissible(s, cfg, cp.max_model_len)]
@@ -182,10 +183,14 @@ def test_batch_queue_batches_in_flight_are_disjoint(cfg: dict, workload: list, n
     for _ in range(800):
         if not sched.has_work() and not in_flight:
             break
+        preempted = False
         while len(in_flight) < n:
             busy = frozenset(s.request_id for b in in_flight for s in b.scheduled)
             cap = max(1, -(-(len(sched.running) + len(sched.waiting)) // n))
-            out = sched.schedule(exclude=busy, max_requests=cap)
+            oldest = sched.running[0].request_id if len(sched.running) > 1 else None
+            out = sched.schedule(exclude=busy, max_requests=cap, may_admit=not preempted)
+            preempted = preempted or bool(out.preempted)
+            assert oldest not in out.preempted, "the oldest running request was preempted for a newer one"
             ids = [s.request_id for s in out.scheduled]
             assert len(ids) == len(set(ids)) and len(ids) <= cap
             assert out.num_batched_tokens == sum(s.num_new_tokens for s in out.scheduled) <= cfg.max_num_batched_tokens

@@ -227,3 +227,44 @@ def test_generate_with_one_bad_prompt_adds_none(tiny, case):
     # The same LLM still works, and gives the clean-run tokens.
     (out,) = llm.generate([GOOD_PROMPT], GOOD_PARAMS)
     assert out.outputs[0].token_ids == clean_tokens(tiny, {})
+
+
+# -- errors that name the right thing (issue #26 item 7) -------------------------------------
+
+def test_unknown_draft_model_names_speculative_config_model(tiny):
+    """The target model is fine; the error is about the draft model."""
+    spec = {"method": "draft_model", "model": "no-such-draft", "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match=r"^speculative_config\.model: unknown model 'no-such-draft'"):
+        LLMEngine(tiny, speculative_config=spec)
+    with pytest.raises(ValueError, match=r"^speculative_config\.model: "):
+        LLMEngine(tiny, speculative_config={**spec, "model": "a\x00b"})
+
+
+@pytest.mark.parametrize("split", [(7,), (1,), (3,)])
+def test_layer_split_that_does_not_fit_the_model_is_rejected_at_one_stage(tiny, split):
+    """tiny-random has 2 layers: at p = 1 the split must be (2,), as at any p it must sum to
+    the model's layers (no worker exists at p = 1 to check it)."""
+    with pytest.raises(ValueError, match=r"^pipeline_layer_split: .*2 layers"):
+        LLMEngine(tiny, pipeline_layer_split=split)
+    assert LLMEngine(tiny, pipeline_layer_split=(2,)).config.pipeline_layer_split == (2,)
+
+
+@pytest.mark.parametrize("keyword, value, hint", [
+    ("best_of", 4, "use n"),
+    ("use_beam_search", True, "beam search is not supported"),
+    ("presence_penalty", 0.5, "penalties are not supported"),
+    ("repetition_penalty", 1.1, "penalties are not supported"),
+    ("min_p", 0.1, "top_p"),
+    ("stop_token_ids", [2], "use stop"),
+    ("logprobs", 5, "not returned"),
+])
+def test_vllm_sampling_keywords_we_do_not_support_are_a_value_error_naming_them(keyword, value, hint):
+    with pytest.raises(ValueError, match=rf"^{keyword}: InferScope does not support .*{hint}"):
+        SamplingParams(**{keyword: value})
+
+
+@pytest.mark.parametrize("keyword, suggestion", [("max_token", "did you mean max_tokens"), ("bogus", "fields: ")])
+def test_unknown_sampling_keyword_is_named_with_the_fields(keyword, suggestion):
+    """Not a vLLM keyword either: still refused by name (a typo is never silently dropped)."""
+    with pytest.raises(ValueError, match=rf"^{keyword}: unknown SamplingParams field.*{suggestion}"):
+        SamplingParams(temperature=0, **{keyword: 1})
