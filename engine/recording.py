@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Mapping
 
-from engine.config import MAX_MICROBATCHES, MAX_SPECULATIVE_TOKENS, MAX_WORKERS, EngineConfig
+from engine.config import MAX_MODEL_LEN, MAX_TOKENS, MAX_MICROBATCHES, MAX_SPECULATIVE_TOKENS, MAX_WORKERS, EngineConfig
 from engine.run import PolicyRun, RunMeta
 from engine.schema import SchemaError, decode, key_segment, show
 from engine.trace import (TAGGED, ParallelLayout, PipelineTimeline, PrefixCacheEvents, PrefixNode, RequestState,
@@ -188,6 +188,14 @@ def _within(path: str, check: Any, *args: Any) -> None:
         raise e.under(path) from None
 
 
+def _unique_ids(ids: Sequence[str], path: str) -> None:
+    """No id twice in the list of ids at ``path``."""
+    seen: set[str] = set()
+    for i, rid in enumerate(ids):
+        _require(rid not in seen, f"{path}[{i}]", f"request {show(rid)} appears twice")
+        seen.add(rid)
+
+
 def _unique(ids: Sequence[str], path: str, what: str) -> None:
     """No id twice in ``ids`` (the ``request_id`` field of the items at ``path``)."""
     seen: set[str] = set()
@@ -256,6 +264,7 @@ def _check_requests(s: Snapshot, known: set[str]) -> None:
         total = r.num_prompt_tokens + r.num_output_tokens
         _require(r.num_computed_tokens <= total, f"{path}.num_computed_tokens",
                  f"must be <= num_prompt_tokens + num_output_tokens = {total}, got {r.num_computed_tokens}")
+        _require(r.max_tokens <= MAX_TOKENS, f"{path}.max_tokens", f"must be <= {MAX_TOKENS}, got {r.max_tokens}")
         _require(r.num_output_tokens <= r.max_tokens, f"{path}.num_output_tokens",
                  f"must be <= max_tokens = {r.max_tokens}, got {r.num_output_tokens}")
         _require(r.num_cached_tokens <= r.num_prompt_tokens, f"{path}.num_cached_tokens",
@@ -375,6 +384,12 @@ def check_trace(t: StepTrace, after: Snapshot) -> None:
     _known(chunk_ids, known, "scheduled", ".request_id")
     for name in ("arrived", "preempted", "finished"):
         _known(getattr(t, name), known, name)
+        _unique_ids(getattr(t, name), name)
+    _require(t.num_waiting + t.num_running <= len(after.requests), "num_running",
+             f"num_waiting + num_running must be <= the requests ({len(after.requests)}), "
+             f"got {t.num_waiting} + {t.num_running}")
+    _require(t.num_cached_blocks <= after.num_blocks, "num_cached_blocks",
+             f"must be <= num_blocks = {after.num_blocks}, got {t.num_cached_blocks}")
     _known([x.request_id for x in t.sampled], known, "sampled", ".request_id")
     _block_ids(t.blocks_allocated, after.num_blocks, "blocks_allocated")
     _block_ids(t.blocks_freed, after.num_blocks, "blocks_freed")
@@ -394,7 +409,7 @@ def check_trace(t: StepTrace, after: Snapshot) -> None:
     _within("spec", _check_spec, t)
     _within("prefix", _check_prefix, t.prefix, after, known)
     if t.pipeline is not None:
-        _within("pipeline", _check_timeline, t.pipeline, after, known)
+        _within("pipeline", _check_timeline, t.pipeline, after, known, t.num_batched_tokens)
 
 
 def _check_chunk(c: ScheduledChunk, r: RequestState) -> None:
@@ -445,6 +460,10 @@ def _check_prefix(events: PrefixCacheEvents, after: Snapshot, known: set[str]) -
     for i, h in enumerate(events.lookups):
         path = f"lookups[{i}]"
         _require(h.request_id in known, f"{path}.request_id", f"request {show(h.request_id)} is not in the snapshot's requests")
+        total = next((r.num_prompt_tokens + r.num_output_tokens for r in after.requests
+                      if r.request_id == h.request_id), 0)
+        _require(h.num_tokens <= total, f"{path}.num_tokens",
+                 f"must be <= the request's tokens ({total}), got {h.num_tokens}")
         _require(h.num_cached_tokens < h.num_tokens, f"{path}.num_cached_tokens",
                  f"must be < num_tokens = {h.num_tokens} (the last token is always computed), got {h.num_cached_tokens}")
     for i, c in enumerate(events.copies):
@@ -453,6 +472,7 @@ def _check_prefix(events: PrefixCacheEvents, after: Snapshot, known: set[str]) -
         _block_ids((c.src_block, c.dst_block), after.num_blocks, f"{path}.blocks")
         _require(c.src_block != c.dst_block, f"{path}.dst_block", f"must differ from src_block {c.src_block}")
     _known(events.forked, known, "forked")
+    _unique_ids(events.forked, "forked")
     parents = {r.request_id: r.parent_id for r in after.requests}
     for i, rid in enumerate(events.forked):
         _require(parents[rid] is not None, f"forked[{i}]", f"request {show(rid)} has no parent_id")
@@ -464,7 +484,7 @@ def _check_prefix(events: PrefixCacheEvents, after: Snapshot, known: set[str]) -
         _require(node.parent_id is not None, f"evicted[{i}].parent_id", "the root is never evicted")
 
 
-def _check_timeline(p: PipelineTimeline, after: Snapshot, known: set[str]) -> None:
+def _check_timeline(p: PipelineTimeline, after: Snapshot, known: set[str], num_batched_tokens: int) -> None:
     """The workers' timed work: the run's layout (p, t, schedule, m), units numbered in order,
     naming known requests; every event on a worker of the layout (rank = stage x t + tp_rank),
     of a listed unit, start <= end."""
@@ -480,6 +500,10 @@ def _check_timeline(p: PipelineTimeline, after: Snapshot, known: set[str]) -> No
         _require(u.unit == i, f"units[{i}].unit", f"must be {i}, got {u.unit}")
         _require(u.microbatch == i, f"units[{i}].microbatch", f"must be {i} (the unit's piece of the batch), got {u.microbatch}")
         _known(u.request_ids, known, f"units[{i}].request_ids")
+        _unique_ids(u.request_ids, f"units[{i}].request_ids")
+    _require(sum(u.num_tokens for u in p.units) == num_batched_tokens, "units",
+             f"the units' num_tokens must add up to the step's num_batched_tokens = {num_batched_tokens}, "
+             f"got {sum(u.num_tokens for u in p.units)}")
     pp, tp = p.pipeline_parallel_size, p.tensor_parallel_size
     for i, e in enumerate(p.events):
         path = f"events[{i}]"
@@ -566,6 +590,9 @@ def check_meta(meta: RunMeta, first: Snapshot) -> None:
     for name in ("block_size", "num_blocks"):
         _require(getattr(config, name) == getattr(first, name), f"meta.config.{name}",
                  f"must match the snapshots' {name} = {getattr(first, name)}, got {getattr(config, name)}")
+    _require(meta.max_model_len <= MAX_MODEL_LEN and config.max_model_len in (None, meta.max_model_len),
+             "meta.max_model_len", f"must be <= {MAX_MODEL_LEN} and the config's max_model_len when set "
+             f"({config.max_model_len}), got {meta.max_model_len}")
     layout = first.parallel
     _require((layout is None) == (config.num_workers == 1), "initial.parallel",
              f"must be {'null' if layout is None else 'set'}: the config runs {config.num_workers} worker process(es)")
@@ -580,6 +607,22 @@ def check_meta(meta: RunMeta, first: Snapshot) -> None:
     _require(meta.kv_bytes_per_token == first.kv_bytes_per_token, "meta.kv_bytes_per_token",
              f"must match the snapshots' kv_bytes_per_token = {first.kv_bytes_per_token}, "
              f"got {meta.kv_bytes_per_token}")
+
+
+def check_limits(meta: RunMeta, traces: Sequence[StepTrace], snapshots: Sequence[Snapshot], where: str) -> None:
+    """The run's limits hold throughout: every step's budget <= max_num_batched_tokens, every
+    request's prompt + output <= max_model_len (``where(i)`` names snapshot i's path)."""
+    budget = meta.config.get("max_num_batched_tokens", EngineConfig.max_num_batched_tokens)
+    for i, t in enumerate(traces):
+        _require(t.token_budget <= budget, f"{where}traces[{i}].token_budget" if where else f"steps[{i}].trace.token_budget",
+                 f"must be <= the config's max_num_batched_tokens = {budget}, got {t.token_budget}")
+    for i, s in enumerate(snapshots):
+        for j, r in enumerate(s.requests):
+            _require(r.num_prompt_tokens + r.num_output_tokens <= meta.max_model_len,
+                     f"{where}final.requests[{j}].num_prompt_tokens" if where
+                     else f"{snapshot_path(i)}.requests[{j}].num_prompt_tokens",
+                     f"num_prompt_tokens + num_output_tokens must be <= max_model_len = {meta.max_model_len}, "
+                     f"got {r.num_prompt_tokens} + {r.num_output_tokens}")
 
 
 def check_comparison(comparison: Mapping[str, PolicyRunEntry], first: Snapshot) -> None:
@@ -604,5 +647,8 @@ def to_recording(file: RecordingFile) -> Recording:
     check_history(traces, snapshots)
     check_meta(file.meta, file.initial)
     check_comparison(file.comparison, file.initial)
+    check_limits(file.meta, traces, snapshots, "")
+    for policy, run in file.comparison.items():
+        check_limits(file.meta, run.traces, (run.final,), f"comparison.{key_segment(policy)}.")
     comparison = {p: PolicyRun(p, r.traces, r.final) for p, r in file.comparison.items()}
     return Recording(file.meta, traces, snapshots, comparison)
