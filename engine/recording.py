@@ -41,6 +41,7 @@ from engine.schema import SchemaError, decode, key_segment, show
 from engine.trace import (TAGGED, ParallelLayout, PipelineTimeline, PrefixCacheEvents, PrefixNode, RequestState,
                           RequestStatus, ScheduledChunk, Snapshot, StepTrace, to_dict)
 
+QUEUED = (RequestStatus.PENDING, RequestStatus.WAITING, RequestStatus.PREEMPTED)
 FORMAT = "inferscope-recording"
 VERSION = 1
 MAX_BYTES = 50 * 1024 * 1024  # 50 MiB: an upload larger than this is refused unread
@@ -235,8 +236,13 @@ def check_snapshot(s: Snapshot) -> None:
                  f"must be the number of owners ({len(b.owners)}), got {b.ref_count}")
         _known(b.owners, known, f"{path}.owners")
     _check_requests(s, known)
-    _known(s.waiting, known, "waiting")
-    _known(s.running, known, "running")
+    for name, statuses in (("waiting", QUEUED), ("running", (RequestStatus.RUNNING,))):
+        ids = getattr(s, name)
+        _known(ids, known, name)
+        _unique_ids(ids, name)
+        want = sum(1 for r in s.requests if r.status in statuses)
+        _require(len(ids) == want, name, f"must list the {want} requests whose status is "
+                 f"{' or '.join(st.value for st in statuses)}, got {len(ids)}")
     _check_tree(s)
     _check_metrics(s)
     if s.parallel is not None:

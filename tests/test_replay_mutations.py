@@ -1,0 +1,306 @@
+"""Mutation suite for replay files (issue #26, items 2 and 3): real tiny-random recordings of every
+feature - speculation (a draft model), prefix caching with forks (n > 1), copies and evictions on
+an int8 KV cache, a pipeline run (p = 2, real worker processes) with a layer split - each recorded
+once per module, then mutated systematically at every field kind.
+
+How a mutation is classified (``Mutation.valid``), never by asking the loader:
+
+* nonsense, must be refused with a ValueError naming the mutated field's path: a wrong JSON type
+  for the field's annotation, a negative count, an unknown key, a required key removed, a literal
+  outside its values, an id that names no request / node, an int far beyond any bound the file
+  states (10**12: pool size, tokens, steps, ranks, stages, layout), a list emptied or an item
+  duplicated where the records say how many there are (``COUNTED_LISTS``), start/end reversed;
+* valid, must load (and draw): a token id changed within the vocabulary, a text changed, a key
+  with a default removed where the value was the default, a huge value where no rule bounds it
+  (``UNBOUNDED``: measured durations, the LRU clock, batch numbers, head/column ranges whose end
+  needs the model's dimensions), a list emptied / duplicated where its length is not recorded
+  elsewhere (``FREE_LISTS``).
+
+Every file the loader accepts is drawn by every page's visualizers at every step; nothing may
+raise there. The message must name the mutated path (or, for a cross-reference, the field it
+contradicts: ``Mutation.names`` lists both).
+"""
+from __future__ import annotations
+
+import json
+import typing
+from collections.abc import Iterator
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+import pytest
+
+from engine.recording import Recording, from_json, to_json
+from engine.trace import TAGGED, to_dict
+from tests.fuzz.recordings import DELETE, dumps, get_path, set_path
+
+CLASSES = {c.__name__: c for c in TAGGED}
+HUGE = 10**12
+# ints no rule bounds from above (see the module docstring); a huge value there is still a valid file
+UNBOUNDED = {"PrefixNode.last_access", "PipelineUnit.batch", "TensorShard.q_end", "TensorShard.kv_end",
+             "TensorShard.mlp_end", "StageLayout.end_layer"}
+# lists whose emptying / duplicated item the records do not contradict
+FREE_LISTS = {"StepTrace.arrived", "StepTrace.sampled", "StepTrace.blocks_allocated", "StepTrace.blocks_freed",
+              "PipelineTimeline.events", "DraftToken.alternatives", "SpecVerification.residual_top",
+              "PrefixLookup.node_ids", "PrefixCacheEvents.copies", "PrefixCacheEvents.lookups",
+              "PrefixCacheEvents.inserted", "PrefixCacheEvents.split", "StepTrace.preempted", "StepTrace.finished",
+              "PrefixCacheEvents.forked", "StepTrace.preempted"}
+DUPLICATE_FREE = {"StepTrace.sampled", "PipelineTimeline.events", "DraftToken.alternatives",
+                  "SpecVerification.residual_top", "PrefixCacheEvents.copies", "StepTrace.blocks_allocated",
+                  "StepTrace.blocks_freed", "PrefixCacheEvents.lookups", "PrefixLookup.node_ids",
+                  "PrefixCacheEvents.inserted", "PrefixCacheEvents.split"}
+ID_FIELDS = {"request_id", "owners", "waiting", "running", "arrived", "preempted", "finished", "forked",
+             "request_ids", "parent_id"}
+NODE_REFS = {"PrefixLookup.node_ids", "PrefixCacheEvents.inserted", "PrefixCacheEvents.split"}
+TOKEN_IDS = {"SampledToken.token_id", "ResidualToken.token_id"}  # a draft's id is repeated in emitted
+TEXTS = {"text", "prompt", "output_text", "title"}
+SAMPLES = 1  # occurrences mutated per (record type, field)
+
+
+@dataclass(frozen=True)
+class Mutation:
+    id: str
+    path: str
+    value: Any  # the new value, or DELETE
+    valid: bool
+    names: tuple[str, ...] = ()  # other paths the refusal may name (what the value contradicts)
+
+
+# -- the recordings (once per module) ---------------------------------------------------------
+
+def _record(scenario: str, steps: int, **knobs: Any) -> str:
+    import torch
+
+    from engine.engine import get_shared_model
+    from engine.recording import record
+    from engine.run import LiveRun
+    from engine.scenario import load_scenario
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    run = LiveRun.from_scenario(load_scenario(scenario), get_shared_model("tiny-random"), **knobs)
+    try:
+        run.step(steps)
+        return to_json(record(run))
+    finally:
+        run.close()
+        torch.set_num_threads(before)
+
+
+RECORDINGS = {
+    "spec": lambda: _record("spec-chat", 6, speculative_config={"method": "draft_model", "num_speculative_tokens": 3,
+                                                                "model": "tiny-random"}),
+    "prefix": lambda: _record("parallel-sampling", 30, num_blocks=24, kv_cache_dtype="int8"),
+    "pipeline": lambda: _record("pipeline", 3, pipeline_layer_split=(1, 1)),
+}
+
+
+@pytest.fixture(scope="module")
+def recordings() -> dict[str, str]:
+    return {name: make() for name, make in RECORDINGS.items()}
+
+
+# -- generating mutations -----------------------------------------------------------------------
+
+def _walk(data: Any, path: str = "") -> Iterator[tuple[str, str, Any]]:
+    """(path, "Record.field", value) for every field of every tagged record in ``data``."""
+    if isinstance(data, dict):
+        tag = data.get("_type")
+        for k, v in data.items():
+            if k == "_type":
+                continue
+            sub = f"{path}.{k}" if path else k
+            if tag is not None:
+                yield sub, f"{tag}.{k}", v
+            yield from _walk(v, sub)
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from _walk(v, f"{path}[{i}]")
+
+
+def _hint(kind: str) -> tuple[Any, Any]:
+    """The field's annotation and its default (MISSING if required)."""
+    cls_name, name = kind.split(".")
+    cls = CLASSES[cls_name]
+    f = next(f for f in fields(cls) if f.name == name)
+    return typing.get_type_hints(cls)[name], f.default
+
+
+def _optional(tp: Any) -> bool:
+    return type(None) in typing.get_args(tp)
+
+
+def _base(tp: Any) -> Any:
+    """int / float / str / bool / tuple / a record / an enum, under Annotated and Optional."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            tp = typing.get_args(tp)[0]
+        elif type(None) in typing.get_args(tp):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        else:
+            return origin or tp
+
+
+def _mutations_of(path: str, kind: str, value: Any, data: dict) -> Iterator[Mutation]:
+    tp, default = _hint(kind)
+    base, name = _base(tp), kind.split(".")[1]
+    opt = _optional(tp)
+    yield Mutation(f"{kind} added key", path.rsplit(".", 1)[0] + ".bogus", 1, False)
+    if default is MISSING:
+        yield Mutation(f"{kind} removed", path, DELETE, False)
+    elif value == to_dict(default):
+        yield Mutation(f"{kind} removed (was the default)", path, DELETE, True)
+    if base is int and not isinstance(value, bool):
+        yield Mutation(f"{kind} negative", path, -1, False)
+        yield Mutation(f"{kind} string", path, str(value), False)
+        yield Mutation(f"{kind} fraction", path, 1.5, False)
+        if kind in TOKEN_IDS:
+            yield Mutation(f"{kind} other token", path, 1, True)
+        elif name not in ("step", "node_id"):  # renumbering: the references say whether it is valid
+            yield Mutation(f"{kind} huge", path, HUGE, kind in UNBOUNDED)
+    elif base is float:
+        yield Mutation(f"{kind} negative", path, -1.0, False)
+        yield Mutation(f"{kind} NaN", path, float("nan"), False)
+        yield Mutation(f"{kind} string", path, "fast", False)
+        if name.endswith("_ms") and name != "start_ms":
+            yield Mutation(f"{kind} huge", path, 1e12, True)
+        if name in ("p", "q", "prob"):
+            yield Mutation(f"{kind} above 1", path, 1.5, False)
+    elif base is str and name in ID_FIELDS:
+        yield Mutation(f"{kind} unknown id", path, "ghost", False)
+        yield Mutation(f"{kind} number", path, 7, False)
+    elif base is str and name in TEXTS:
+        yield Mutation(f"{kind} changed text", path, "a different text ![x](y)", True)
+        yield Mutation(f"{kind} number", path, 7, False)
+    elif base is bool:
+        yield Mutation(f"{kind} int", path, 1, False)
+    elif base is tuple and isinstance(value, list):
+        yield from _list_mutations(path, kind, value)
+    if not opt and value is not None:
+        yield Mutation(f"{kind} null", path, None, False)
+    if base not in (tuple, str) and not isinstance(value, dict):
+        yield Mutation(f"{kind} array", path, [value], False)
+    if name in ("rank", "stage", "tp_rank", "unit"):
+        yield Mutation(f"{kind} out of range", path, 99 if name == "rank" else 7, False)
+    if kind == "WorkEvent.start_ms":
+        end = get_path(data, path.rsplit(".", 1)[0] + ".end_ms")
+        if end > value:
+            yield Mutation(f"{kind} after end", path, end + 1.0, False, (path.rsplit(".", 1)[0] + ".end_ms",))
+
+
+def _list_mutations(path: str, kind: str, value: list) -> Iterator[Mutation]:
+    name = kind.split(".")[1]
+    if value:
+        yield Mutation(f"{kind} emptied", path, [], kind in FREE_LISTS
+                       or (kind == "Snapshot.prefix_tree" and len(value) == 1))  # a root alone: as caching off
+        yield Mutation(f"{kind} item duplicated", path, value + [value[0]], kind in DUPLICATE_FREE)
+        if name in ID_FIELDS:
+            yield Mutation(f"{kind} unknown id", f"{path}[0]", "ghost", False)
+        if kind in NODE_REFS:
+            yield Mutation(f"{kind} unknown node", f"{path}[0]", 10**6, False)
+    yield Mutation(f"{kind} object", path, {}, False)
+
+
+def mutations(text: str) -> list[Mutation]:
+    """Up to SAMPLES occurrences of every (record type, field), each mutated every applicable way."""
+    data = json.loads(text)
+    seen: dict[str, int] = {}
+    out: list[Mutation] = []
+    for path, kind, value in _walk(data):
+        if seen.get(kind, 0) >= SAMPLES or (isinstance(value, list) and not value and seen.get(kind, 0)):
+            continue
+        seen[kind] = seen.get(kind, 0) + 1
+        out += _mutations_of(path, kind, value, data)
+    return out
+
+
+# -- drawing a replayed run the way the pages do -------------------------------------------------
+
+def draw_every_page(rec: Recording) -> None:
+    """Every visualizer a page calls for a replayed run, at every step (app/app_pages/*.py)."""
+    from engine.pipeline_stats import merge_timelines, pipeline_stats
+    from visualizers import batching as vb
+    from visualizers import comparison as vc
+    from visualizers import kv_blocks as kv
+    from visualizers import pipeline as pv
+    from visualizers import prefix_stats as ps
+    from visualizers import prefix_tree as pt
+    from visualizers import speculative as sv
+    from visualizers.steps import step_table
+
+    for i in range(len(rec.traces) + 1):
+        traces, snap = rec.traces[:i], rec.snapshots[i]
+        last = traces[-1] if traces else None
+        vb.timeline_figure(traces, snap)
+        vb.latency_figure(snap)
+        vb.latency_frame(snap)
+        focus = snap.requests[0].request_id if snap.requests else None
+        kv.kv_figure(snap, last, focus)
+        kv.step_events_markdown(kv.step_events_frame(last))
+        frame = kv.waste_frame(snap, rec.meta.max_model_len)
+        kv.waste_figure(frame, snap.num_blocks * snap.block_size, snap.step)
+        kv.block_table_frame(snap)
+        pt.tree_figure(snap, last, traces)
+        pt.tree_frame(snap)
+        ps.cache_figure(traces, snap)
+        ps.cache_stats_frame(traces)
+        sv.spec_summary(traces)
+        sv.drafts_figure(last, 12, i)
+        sv.tokens_per_step_figure(traces, 12, i)
+        sv.spec_requests_frame(traces)
+        for rid in {v.request_id for t in traces for v in t.spec}:
+            sv.spec_text_markdown(traces, rid)
+            mine = next((v for t in reversed(traces) for v in t.spec if v.request_id == rid and v.drafts), None)
+            if mine is not None:
+                sv.pq_figure(mine)
+        step_table(traces)
+        timed = pv.timed_steps(traces)
+        if timed:
+            timeline = merge_timelines([line for _, line in timed])
+            pipeline_stats(timeline)
+            pv.gantt_figure(timeline, snap.parallel, 12, i)
+            pv.gantt_figure(timed[-1][1], snap.parallel, 12, i)
+            pv.stats_frame(traces)
+    if rec.comparison:
+        vc.latency_comparison_figure(rec.comparison)
+
+
+def _related(path: str) -> tuple[str, ...]:
+    """Where a refusal may point instead of the mutated field: the record holding it (a rule
+    between its fields), and the same step's trace / snapshot (a count the other contradicts)."""
+    record = path.rsplit(".", 1)[0] if "." in path else path
+    top = path.split(".")[0]
+    steps = ("steps[0].", "initial.") if top in ("initial", "steps[0]") else (f"{top}.",)
+    return (f"{record}.", f"{record}:", f"{record}[", *steps)
+
+
+# -- the tests ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(RECORDINGS))
+def test_every_mutation_is_refused_naming_its_path_or_loads_and_draws(recordings: dict[str, str], name: str) -> None:
+    text = recordings[name]
+    original = from_json(text)
+    assert to_json(original) == text
+    draw_every_page(original)
+    data = json.loads(text)
+    cases = mutations(text)
+    assert len(cases) >= 150, len(cases)
+    wrong: list[str] = []
+    for m in cases:
+        blob = dumps(set_path(data, m.path, m.value))
+        try:
+            loaded = from_json(blob)
+        except ValueError as e:
+            message = str(e)
+            named = any(p in message for p in (m.path, *m.names, *_related(m.path)))
+            if m.valid:
+                wrong.append(f"{m.id} @ {m.path}: a valid file refused: {message}")
+            elif not named or not message.startswith("recording: "):
+                wrong.append(f"{m.id} @ {m.path}: the message does not name the path: {message}")
+            continue
+        if not m.valid:
+            wrong.append(f"{m.id} @ {m.path}: nonsense accepted")
+            continue
+        draw_every_page(loaded)  # anything but a ValueError above, or here, fails the test
+    assert not wrong, f"{len(wrong)} of {len(cases)}:\n" + "\n".join(wrong)
