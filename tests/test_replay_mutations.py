@@ -23,6 +23,7 @@ contradicts: ``Mutation.names`` lists both).
 from __future__ import annotations
 
 import json
+import re
 import typing
 from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, fields
@@ -304,3 +305,26 @@ def test_every_mutation_is_refused_naming_its_path_or_loads_and_draws(recordings
             continue
         draw_every_page(loaded)  # anything but a ValueError above, or here, fails the test
     assert not wrong, f"{len(wrong)} of {len(cases)}:\n" + "\n".join(wrong)
+
+
+# -- regressions: issue #26 items 2 and 3 -------------------------------------------------------
+
+def test_pipeline_recording_with_a_layer_split_round_trips(recordings: dict[str, str]) -> None:
+    """Item 2: a run recorded with pipeline_layer_split loaded back (it was refused: "must be a
+    string, a finite number, true/false or null, got an array"); the tuple is kept and the
+    replayed records equal the recorded ones."""
+    text = recordings["pipeline"]
+    loaded = from_json(text)
+    assert loaded.meta.config["pipeline_layer_split"] == (1, 1)
+    assert type(loaded.meta.config["pipeline_layer_split"]) is tuple
+    assert to_json(loaded) == text and from_json(to_json(loaded)) == loaded
+    assert all(t.pipeline is not None for t in loaded.traces)
+    draw_every_page(loaded)
+
+
+def test_event_on_a_worker_the_layout_lacks_is_refused(recordings: dict[str, str]) -> None:
+    """Item 3: an event with rank 99 was accepted and raised IndexError in the Pipeline page's Gantt."""
+    data = json.loads(recordings["pipeline"])
+    path = "steps[1].trace.pipeline.events[0].rank"
+    with pytest.raises(ValueError, match=re.escape(f"recording: {path}: must be stage x t + tp_rank")):
+        from_json(dumps(set_path(data, path, 99)))
