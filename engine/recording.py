@@ -32,7 +32,7 @@ import difflib
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Literal, Mapping
 
 from engine.config import MAX_MODEL_LEN, MAX_TOKENS, MAX_MICROBATCHES, MAX_SPECULATIVE_TOKENS, MAX_WORKERS, EngineConfig
@@ -111,6 +111,15 @@ def from_json(text: str | bytes) -> Recording:
     ``recording:`` that names the path of the bad value (see the module docstring)."""
     try:
         data = parse(text)
+    except SchemaError as e:
+        raise ValueError(f"recording: {e}") from None
+    return from_data(data)
+
+
+def from_data(data: Any) -> Recording:
+    """``from_json`` after parsing: already-parsed JSON data (dicts, lists, scalars) checked and
+    decoded the same way, with the same ValueError."""
+    try:
         check_header(data)
         file = decode(RecordingFile, data, TAGGED)
         return to_recording(file)
@@ -219,12 +228,20 @@ def _block_ids(ids: Sequence[int], num_blocks: int, path: str) -> None:
 def check_snapshot(s: Snapshot) -> None:
     """One snapshot on its own: every block once, in order; fills within a block; block tables
     and owners that agree exactly (ref_count = owners); request ids unique; queues naming known
-    requests; one metrics entry per request, agreeing with it; the tree and the layout."""
+    requests, each request in its status's queue; one metrics entry per request, agreeing with it; the tree and the layout."""
     _require(len(s.blocks) == s.num_blocks, "blocks",
              f"must list every block: num_blocks is {s.num_blocks}, got {len(s.blocks)} blocks")
     ids = [r.request_id for r in s.requests]
     _unique(ids, "requests", "request id")
     known = set(ids)
+    for name, statuses in (("waiting", QUEUED), ("running", (RequestStatus.RUNNING,))):
+        ids = getattr(s, name)
+        _known(ids, known, name)
+        _unique_ids(ids, name)
+        want = sum(1 for r in s.requests if r.status in statuses)
+        _require(len(ids) == want, name, f"must list the {want} requests whose status is "
+                 f"{' or '.join(st.value for st in statuses)}, got {len(ids)}")
+    _check_requests(s, known)
     for i, b in enumerate(s.blocks):
         path = f"blocks[{i}]"
         _require(b.block_id == i, f"{path}.block_id", f"must be {i} (blocks are listed in id order), got {b.block_id}")
@@ -235,14 +252,7 @@ def check_snapshot(s: Snapshot) -> None:
         _require(b.ref_count == len(b.owners), f"{path}.ref_count",
                  f"must be the number of owners ({len(b.owners)}), got {b.ref_count}")
         _known(b.owners, known, f"{path}.owners")
-    _check_requests(s, known)
-    for name, statuses in (("waiting", QUEUED), ("running", (RequestStatus.RUNNING,))):
-        ids = getattr(s, name)
-        _known(ids, known, name)
-        _unique_ids(ids, name)
-        want = sum(1 for r in s.requests if r.status in statuses)
-        _require(len(ids) == want, name, f"must list the {want} requests whose status is "
-                 f"{' or '.join(st.value for st in statuses)}, got {len(ids)}")
+    _check_owners(s)
     _check_tree(s)
     _check_metrics(s)
     if s.parallel is not None:
@@ -250,13 +260,16 @@ def check_snapshot(s: Snapshot) -> None:
 
 
 def _check_requests(s: Snapshot, known: set[str]) -> None:
-    """Each request: a block table of distinct pool blocks that list it as an owner (only a
-    running request holds blocks), each block's owners exactly the tables holding it, counts
+    """Each request: listed in the queue of its status (waiting / running); a block table of
+    distinct pool blocks that list it as an owner (only a running request holds blocks), counts
     within its tokens (computed <= prompt + output, output <= max_tokens, cached <= prompt),
     arrival and preemptions no later than the snapshot, a parent that exists."""
-    holders: dict[int, int] = {}
+    queued, running = set(s.waiting), set(s.running)
     for i, r in enumerate(s.requests):
         path = f"requests[{i}]"
+        queue = "running" if r.status is RequestStatus.RUNNING else "waiting" if r.status in QUEUED else None
+        _require(queue is None or r.request_id in (running if queue == "running" else queued), f"{path}.request_id",
+                 f"a {r.status.value} request is listed in {queue}; {show(r.request_id)} is not")
         _block_ids(r.block_table, s.num_blocks, f"{path}.block_table")
         _require(not r.block_table or r.status is RequestStatus.RUNNING, f"{path}.block_table",
                  f"a {r.status.value} request holds no blocks, got {len(r.block_table)}")
@@ -266,7 +279,6 @@ def _check_requests(s: Snapshot, known: set[str]) -> None:
             _require(r.request_id in s.blocks[block_id].owners, f"{path}.block_table[{j}]",
                      f"block {block_id} does not list request {show(r.request_id)} among its owners")
             seen.add(block_id)
-            holders[block_id] = holders.get(block_id, 0) + 1
         total = r.num_prompt_tokens + r.num_output_tokens
         _require(r.num_computed_tokens <= total, f"{path}.num_computed_tokens",
                  f"must be <= num_prompt_tokens + num_output_tokens = {total}, got {r.num_computed_tokens}")
@@ -281,6 +293,14 @@ def _check_requests(s: Snapshot, known: set[str]) -> None:
                  f"a {r.status.value} request arrived by step {s.step}, got {r.arrival_step}")
         _require(r.parent_id is None or r.parent_id in known, f"{path}.parent_id",
                  f"request {show(r.parent_id)} is not in the snapshot's requests")
+
+
+def _check_owners(s: Snapshot) -> None:
+    """Each block's owners: exactly the requests whose block table holds it, each once."""
+    holders: dict[int, int] = {}
+    for r in s.requests:
+        for block_id in r.block_table:
+            holders[block_id] = holders.get(block_id, 0) + 1
     for i, b in enumerate(s.blocks):
         _require(len(set(b.owners)) == len(b.owners) == holders.get(i, 0), f"blocks[{i}].owners",
                  f"must name each request whose block table holds block {i} once ({holders.get(i, 0)}), "
@@ -320,6 +340,8 @@ def check_layout(layout: ParallelLayout) -> None:
     """The layer split: stage i owns the layers after stage i-1's (from 0, at least one each),
     p stages; t tensor shards numbered 0 .. t-1, each range start <= end."""
     p, t = layout.pipeline_parallel_size, layout.tensor_parallel_size
+    for name in ("pipeline_parallel_size", "tensor_parallel_size"):
+        _require(getattr(layout, name) <= MAX_WORKERS, name, f"must be <= {MAX_WORKERS}, got {getattr(layout, name)}")
     _require(layout.num_workers <= MAX_WORKERS, "tensor_parallel_size",
              f"pipeline_parallel_size x tensor_parallel_size must be <= {MAX_WORKERS}, got {p} x {t}")
     _require(layout.num_microbatches <= MAX_MICROBATCHES, "num_microbatches",
@@ -354,7 +376,8 @@ def _check_tree(s: Snapshot) -> None:
         path = f"prefix_tree[{i}]"
         _require(node.node_id not in seen, f"{path}.node_id", f"node id {node.node_id} appears twice")
         if i == 0:
-            _require(node.parent_id is None and not node.token_ids, path, "the first node must be the empty root")
+            _require(node.parent_id is None, f"{path}.parent_id", f"the first node is the root: null, got {show(node.parent_id)}")
+            _require(not node.token_ids, f"{path}.token_ids", "the first node is the root: no tokens")
         else:
             _require(node.parent_id in seen, f"{path}.parent_id", "must name a node listed before it")
         _check_node(node, s, active, admissions, path)
@@ -391,6 +414,9 @@ def check_trace(t: StepTrace, after: Snapshot) -> None:
     for name in ("arrived", "preempted", "finished"):
         _known(getattr(t, name), known, name)
         _unique_ids(getattr(t, name), name)
+    for name in ("num_waiting", "num_running"):
+        _require(getattr(t, name) <= len(after.requests), name,
+                 f"must be <= the requests ({len(after.requests)}), got {getattr(t, name)}")
     _require(t.num_waiting + t.num_running <= len(after.requests), "num_running",
              f"num_waiting + num_running must be <= the requests ({len(after.requests)}), "
              f"got {t.num_waiting} + {t.num_running}")
@@ -399,23 +425,26 @@ def check_trace(t: StepTrace, after: Snapshot) -> None:
     _known([x.request_id for x in t.sampled], known, "sampled", ".request_id")
     _block_ids(t.blocks_allocated, after.num_blocks, "blocks_allocated")
     _block_ids(t.blocks_freed, after.num_blocks, "blocks_freed")
+    for name in ("num_free_blocks", "num_used_blocks", "num_evictable_blocks"):
+        _require(getattr(t, name) <= after.num_blocks, name,
+                 f"must be <= num_blocks = {after.num_blocks}, got {getattr(t, name)}")
     _require(t.num_free_blocks + t.num_used_blocks + t.num_evictable_blocks == after.num_blocks, "num_used_blocks",
              f"num_free_blocks + num_used_blocks + num_evictable_blocks must be num_blocks = {after.num_blocks}, "
              f"got {t.num_free_blocks} + {t.num_used_blocks} + {t.num_evictable_blocks}")
     _require(t.num_evictable_blocks <= t.num_cached_blocks, "num_evictable_blocks",
              f"must be <= num_cached_blocks = {t.num_cached_blocks}, got {t.num_evictable_blocks}")
+    requests = {r.request_id: r for r in after.requests}
+    for i, c in enumerate(t.scheduled):
+        _within(f"scheduled[{i}]", _check_chunk, c, requests[c.request_id])
     total = sum(c.num_tokens for c in t.scheduled)
     _require(t.num_batched_tokens == total, "num_batched_tokens",
              f"must be the scheduled chunks' sum ({total}), got {t.num_batched_tokens}")
     _require(total <= t.token_budget, "num_batched_tokens",
              f"must be <= token_budget = {t.token_budget}, got {total}")
-    requests = {r.request_id: r for r in after.requests}
-    for i, c in enumerate(t.scheduled):
-        _within(f"scheduled[{i}]", _check_chunk, c, requests[c.request_id])
     _within("spec", _check_spec, t)
     _within("prefix", _check_prefix, t.prefix, after, known)
     if t.pipeline is not None:
-        _within("pipeline", _check_timeline, t.pipeline, after, known, t.num_batched_tokens)
+        _within("pipeline", _check_timeline, t.pipeline, after, known, t.scheduled)
 
 
 def _check_chunk(c: ScheduledChunk, r: RequestState) -> None:
@@ -424,6 +453,9 @@ def _check_chunk(c: ScheduledChunk, r: RequestState) -> None:
     total = r.num_prompt_tokens + r.num_output_tokens
     _require(c.num_spec_tokens < c.num_tokens, "num_spec_tokens",
              f"must be < num_tokens = {c.num_tokens}, got {c.num_spec_tokens}")
+    _require(c.num_tokens - c.num_spec_tokens <= total, "num_tokens",
+             f"num_tokens - num_spec_tokens must be <= the request's tokens ({total}), "
+             f"got {c.num_tokens} - {c.num_spec_tokens}")
     _require(c.start + c.num_tokens - c.num_spec_tokens <= total, "start",
              f"start + num_tokens - num_spec_tokens must be <= the request's tokens ({total}), "
              f"got {c.start} + {c.num_tokens} - {c.num_spec_tokens}")
@@ -475,7 +507,9 @@ def _check_prefix(events: PrefixCacheEvents, after: Snapshot, known: set[str]) -
     for i, c in enumerate(events.copies):
         path = f"copies[{i}]"
         _require(c.request_id in known, f"{path}.request_id", f"request {show(c.request_id)} is not in the snapshot's requests")
-        _block_ids((c.src_block, c.dst_block), after.num_blocks, f"{path}.blocks")
+        for name in ("src_block", "dst_block"):
+            _require(getattr(c, name) < after.num_blocks, f"{path}.{name}",
+                     f"block id must be < num_blocks = {after.num_blocks}, got {getattr(c, name)}")
         _require(c.src_block != c.dst_block, f"{path}.dst_block", f"must differ from src_block {c.src_block}")
     _known(events.forked, known, "forked")
     _unique_ids(events.forked, "forked")
@@ -490,10 +524,12 @@ def _check_prefix(events: PrefixCacheEvents, after: Snapshot, known: set[str]) -
         _require(node.parent_id is not None, f"evicted[{i}].parent_id", "the root is never evicted")
 
 
-def _check_timeline(p: PipelineTimeline, after: Snapshot, known: set[str], num_batched_tokens: int) -> None:
+def _check_timeline(p: PipelineTimeline, after: Snapshot, known: set[str],
+                    scheduled: Sequence[ScheduledChunk]) -> None:
     """The workers' timed work: the run's layout (p, t, schedule, m), units numbered in order,
-    naming known requests; every event on a worker of the layout (rank = stage x t + tp_rank),
-    of a listed unit, start <= end."""
+    each carrying the next scheduled requests in order (at least one) and their tokens, all of
+    them together; every event on a worker of the layout (rank = stage x t + tp_rank), of a
+    listed unit, start <= end."""
     layout = after.parallel
     _require(layout is not None, "", "a pipeline timeline needs the snapshot's parallel layout")
     assert layout is not None
@@ -505,11 +541,20 @@ def _check_timeline(p: PipelineTimeline, after: Snapshot, known: set[str], num_b
     for i, u in enumerate(p.units):
         _require(u.unit == i, f"units[{i}].unit", f"must be {i}, got {u.unit}")
         _require(u.microbatch == i, f"units[{i}].microbatch", f"must be {i} (the unit's piece of the batch), got {u.microbatch}")
-        _known(u.request_ids, known, f"units[{i}].request_ids")
-        _unique_ids(u.request_ids, f"units[{i}].request_ids")
-    _require(sum(u.num_tokens for u in p.units) == num_batched_tokens, "units",
-             f"the units' num_tokens must add up to the step's num_batched_tokens = {num_batched_tokens}, "
-             f"got {sum(u.num_tokens for u in p.units)}")
+    chunks = list(scheduled)
+    for i, u in enumerate(p.units):
+        path = f"units[{i}]"
+        _known(u.request_ids, known, f"{path}.request_ids")
+        _unique_ids(u.request_ids, f"{path}.request_ids")
+        mine, chunks = chunks[:len(u.request_ids)], chunks[len(u.request_ids):]
+        _require(bool(u.request_ids) and [c.request_id for c in mine] == list(u.request_ids), f"{path}.request_ids",
+                 f"must be the next {len(u.request_ids) or 'one or more'} scheduled requests in order "
+                 f"({[c.request_id for c in mine] or 'none left'}), got {list(u.request_ids)}")
+        tokens = sum(c.num_tokens for c in mine)
+        _require(u.num_tokens == tokens, f"{path}.num_tokens", f"must be its requests' scheduled tokens ({tokens}), "
+                 f"got {u.num_tokens}")
+    _require(not chunks, "units", f"must carry every scheduled request; {[c.request_id for c in chunks][:5]} "
+             "are in no unit")
     pp, tp = p.pipeline_parallel_size, p.tensor_parallel_size
     for i, e in enumerate(p.events):
         path = f"events[{i}]"
@@ -530,7 +575,27 @@ def _same_geometry(s: Snapshot, first: Snapshot, path: str, like: str) -> None:
     for name in ("block_size", "num_blocks", "kv_bytes_per_token"):
         _require(getattr(s, name) == getattr(first, name), f"{path}.{name}",
                  f"must be {getattr(first, name)} like {like}, got {getattr(s, name)}")
-    _require(s.parallel == first.parallel, f"{path}.parallel", f"must be the parallel layout of {like}")
+    if s.parallel != first.parallel:
+        where, mine, theirs = _difference(s.parallel, first.parallel)
+        raise SchemaError(f"must be {show(theirs)} like {like} parallel layout, got {show(mine)}",
+                          f"{path}.parallel{where}")
+
+
+def _difference(a: Any, b: Any) -> tuple[str, Any, Any]:
+    """The path (".stages[1].end_layer") of the first value where records / tuples ``a`` and
+    ``b`` differ, and the two values there ("" and themselves if they differ as a whole)."""
+    if type(a) is type(b) and is_dataclass(a):
+        for f in fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if x != y:
+                where, x, y = _difference(x, y)
+                return f".{f.name}{where}", x, y
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                where, x, y = _difference(x, y)
+                return f"[{i}]{where}", x, y
+    return "", a, b
 
 
 def snapshot_path(i: int) -> str:
@@ -538,13 +603,16 @@ def snapshot_path(i: int) -> str:
     return "initial" if i == 0 else f"steps[{i - 1}].snapshot"
 
 
-def check_history(traces: Sequence[StepTrace], snapshots: Sequence[Snapshot]) -> None:
-    """A run's steps in order: step i's trace says step i and is followed by snapshot i+1;
-    snapshot i says step i; every snapshot has the first one's block geometry."""
+def check_history(meta: RunMeta, traces: Sequence[StepTrace], snapshots: Sequence[Snapshot]) -> None:
+    """A run's steps in order: the first snapshot on its own, then against the config
+    (``check_meta``); step i's trace says step i and is followed by snapshot i+1; snapshot i
+    says step i; every snapshot has the first one's block geometry and layout."""
     first = snapshots[0]
     for i, s in enumerate(snapshots):
         path = snapshot_path(i)
         _step(s.step, i, path)
+        if i == 0:
+            check_meta(meta, first)
         _same_geometry(s, first, path, "the first snapshot's")
         _within(path, check_snapshot, s)
     for i, t in enumerate(traces):
@@ -578,14 +646,17 @@ def check_transition(t: StepTrace, before: Snapshot, after: Snapshot) -> None:
 
 
 def check_meta(meta: RunMeta, first: Snapshot) -> None:
-    """The run's config must be one the engine accepts, with the snapshots' block geometry and
-    parallel layout (every snapshot's layout is the first's: ``check_history``)."""
+    """The run's config must be one the engine accepts; the first snapshot's block geometry,
+    bytes per token and parallel layout (p, t, schedule, m, layers per stage) follow it and the
+    meta (an error names the snapshot's value; every later snapshot repeats the first's:
+    ``check_history``)."""
     known = {f.name for f in fields(EngineConfig)}
     for key in meta.config:
-        close = difflib.get_close_matches(key, sorted(known), 1)
-        _require(key in known, f"meta.config.{key_segment(key)}",
-                 "unknown engine setting" + (f" (did you mean {close[0]!r}?)" if close else
-                                             " (the EngineConfig fields are listed in engine/config.py)"))
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), 1)
+            raise SchemaError("unknown engine setting" + (f" (did you mean {close[0]!r}?)" if close else
+                              " (the EngineConfig fields are listed in engine/config.py)"),
+                              f"meta.config.{key_segment(key)}")
     try:
         config = EngineConfig(**meta.config)
     except (ValueError, TypeError) as e:  # EngineConfig names the field first: "block_size: must be >= 1, got 0"
@@ -593,9 +664,9 @@ def check_meta(meta: RunMeta, first: Snapshot) -> None:
         if name.split(".")[0] in known and problem:
             raise SchemaError(problem, f"meta.config.{name}") from None
         raise SchemaError(str(e), "meta.config") from None
-    for name in ("block_size", "num_blocks"):
-        _require(getattr(config, name) == getattr(first, name), f"meta.config.{name}",
-                 f"must match the snapshots' {name} = {getattr(first, name)}, got {getattr(config, name)}")
+    for name in ("block_size", "num_blocks"):  # the config passed EngineConfig's checks: the snapshots follow it
+        _require(getattr(config, name) == getattr(first, name), f"initial.{name}",
+                 f"must be the config's {name} = {getattr(config, name)}, got {getattr(first, name)}")
     _require(meta.max_model_len <= MAX_MODEL_LEN and config.max_model_len in (None, meta.max_model_len),
              "meta.max_model_len", f"must be <= {MAX_MODEL_LEN} and the config's max_model_len when set "
              f"({config.max_model_len}), got {meta.max_model_len}")
@@ -604,15 +675,16 @@ def check_meta(meta: RunMeta, first: Snapshot) -> None:
              f"must be {'null' if layout is None else 'set'}: the config runs {config.num_workers} worker process(es)")
     if layout is not None:
         for name in ("pipeline_parallel_size", "tensor_parallel_size", "pipeline_schedule", "num_microbatches"):
-            own = getattr(layout, name.replace("pipeline_schedule", "schedule"))
-            _require(getattr(config, name) == own, f"meta.config.{name}",
-                     f"must match the snapshots' layout ({show(own)}), got {show(getattr(config, name))}")
-        split = tuple(s.end_layer - s.start_layer for s in layout.stages)
-        _require(config.pipeline_layer_split in (None, split), "meta.config.pipeline_layer_split",
-                 f"must match the layout's layers per stage {list(split)}, got {show(config.pipeline_layer_split)}")
-    _require(meta.kv_bytes_per_token == first.kv_bytes_per_token, "meta.kv_bytes_per_token",
-             f"must match the snapshots' kv_bytes_per_token = {first.kv_bytes_per_token}, "
-             f"got {meta.kv_bytes_per_token}")
+            own = name.replace("pipeline_schedule", "schedule")
+            _require(getattr(config, name) == getattr(layout, own), f"initial.parallel.{own}",
+                     f"must be the config's {name} = {show(getattr(config, name))}, got {show(getattr(layout, own))}")
+        split = config.pipeline_layer_split or ()
+        for i, (st, layers) in enumerate(zip(layout.stages, split)):
+            _require(st.end_layer - st.start_layer == layers, f"initial.parallel.stages[{i}].end_layer",
+                     f"stage {i} must hold the config's pipeline_layer_split[{i}] = {layers} layers, "
+                     f"got {st.start_layer} .. {st.end_layer}")
+    _require(first.kv_bytes_per_token == meta.kv_bytes_per_token, "initial.kv_bytes_per_token",
+             f"must be meta.kv_bytes_per_token = {meta.kv_bytes_per_token}, got {first.kv_bytes_per_token}")
 
 
 def check_limits(meta: RunMeta, traces: Sequence[StepTrace], snapshots: Sequence[Snapshot], where: str) -> None:
@@ -650,8 +722,7 @@ def to_recording(file: RecordingFile) -> Recording:
     """A decoded file -> Recording, after every consistency check above."""
     traces = tuple(s.trace for s in file.steps)
     snapshots = (file.initial, *(s.snapshot for s in file.steps))
-    check_history(traces, snapshots)
-    check_meta(file.meta, file.initial)
+    check_history(file.meta, traces, snapshots)
     check_comparison(file.comparison, file.initial)
     check_limits(file.meta, traces, snapshots, "")
     for policy, run in file.comparison.items():

@@ -23,23 +23,25 @@ contradicts: ``Mutation.names`` lists both).
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 import pytest
 
-from engine.recording import Recording, from_json, to_json
+from engine.recording import Recording, from_data, from_json, to_json
+from engine.run import RunMeta
 from engine.trace import TAGGED, to_dict
 from tests.fuzz.recordings import DELETE, dumps, get_path, set_path
 
-CLASSES = {c.__name__: c for c in TAGGED}
+CLASSES = {c.__name__: c for c in (*TAGGED, RunMeta)}
 HUGE = 10**12
 # ints no rule bounds from above (see the module docstring); a huge value there is still a valid file
-UNBOUNDED = {"PrefixNode.last_access", "PipelineUnit.batch", "TensorShard.q_end", "TensorShard.kv_end",
-             "TensorShard.mlp_end", "StageLayout.end_layer"}
+UNBOUNDED = {"PrefixNode.last_access", "PipelineUnit.batch"}
 # lists whose emptying / duplicated item the records do not contradict
 FREE_LISTS = {"StepTrace.arrived", "StepTrace.sampled", "StepTrace.blocks_allocated", "StepTrace.blocks_freed",
               "PipelineTimeline.events", "DraftToken.alternatives", "SpecVerification.residual_top",
@@ -55,7 +57,14 @@ ID_FIELDS = {"request_id", "owners", "waiting", "running", "arrived", "preempted
 NODE_REFS = {"PrefixLookup.node_ids", "PrefixCacheEvents.inserted", "PrefixCacheEvents.split"}
 TOKEN_IDS = {"SampledToken.token_id", "ResidualToken.token_id"}  # a draft's id is repeated in emitted
 TEXTS = {"text", "prompt", "output_text", "title"}
-SAMPLES = 1  # occurrences mutated per (record type, field)
+EXHAUSTIVE = os.environ.get("INFERSCOPE_MUTATIONS") == "all"  # the slow sweep: see drawn() and SAMPLES
+SAMPLES = 3 if EXHAUSTIVE else 1  # occurrences mutated per (record type, field)
+SEED = 26
+DRAWN = 12  # accepted mutations drawn per recording by default
+_COMMON = {"added key", "removed", "removed (was the default)", "negative", "string", "fraction", "huge", "null",
+           "array", "object", "emptied", "item duplicated", "unknown id", "changed text", "number", "int", "NaN",
+           "other token", "unknown node"}
+OPERATORS = {"spec": _COMMON | {"above 1"}, "prefix": _COMMON, "pipeline": _COMMON | {"out of range", "after end"}}
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,11 @@ class Mutation:
     value: Any  # the new value, or DELETE
     valid: bool
     names: tuple[str, ...] = ()  # other paths the refusal may name (what the value contradicts)
+
+    @property
+    def op(self) -> str:
+        """The operator: "huge", "unknown id", "emptied"..."""
+        return self.id.split(" ", 1)[1]
 
 
 # -- the recordings (once per module) ---------------------------------------------------------
@@ -106,7 +120,7 @@ def recordings() -> dict[str, str]:
 def _walk(data: Any, path: str = "") -> Iterator[tuple[str, str, Any]]:
     """(path, "Record.field", value) for every field of every tagged record in ``data``."""
     if isinstance(data, dict):
-        tag = data.get("_type")
+        tag = "RunMeta" if path == "meta" else data.get("_type")
         for k, v in data.items():
             if k == "_type":
                 continue
@@ -143,7 +157,49 @@ def _base(tp: Any) -> Any:
             return origin or tp
 
 
+# (record.field, operator) -> what the changed value contradicts, where the loader may name that
+# instead (paths relative to the mutated record: "^" its parent list, "~" the file's root)
+RESTATED = {f"RequestState.{n}": "metrics" for n in ("arrival_step", "num_output_tokens", "num_preemptions",
+                                                    "num_cached_tokens")}
+
+
+def contradicted(path: str, kind: str) -> tuple[str, ...]:
+    """The other fields a mutation of ``kind`` at ``path`` may be refused at: a value restated
+    elsewhere (a request's counts in its metrics entry, the first snapshot's geometry and layout
+    in the next snapshot, the meta's bytes per token in the first snapshot), or the other end of
+    a range / sum the field is one side of."""
+    record, name = path.rsplit(".", 1)
+    snap = re.match(r"initial|steps\[\d+\]\.(snapshot|trace)|comparison\.\w+\.(final|traces\[\d+\])", path)
+    out: list[str] = []
+    if kind in RESTATED:
+        out.append(path.replace(".requests[", f".{RESTATED[kind]}["))
+    if kind == "Snapshot.requests" and snap:
+        out += [f"{snap.group(0)}.{n}" for n in ("waiting", "running", "metrics")]
+    if kind == "StepTrace.scheduled":
+        out.append(f"{record}.num_batched_tokens")
+    if kind.startswith(("TensorShard.", "StageLayout.")) and name.endswith("_start"):
+        out.append(f"{record}.{name[:-6]}_end")
+    if kind == "StageLayout.start_layer":
+        out.append(f"{record}.end_layer")
+    if kind == "RequestState.request_id" and snap:
+        out += [f"{snap.group(0)}.waiting", f"{snap.group(0)}.running"]
+    if kind == "StageLayout.end_layer":
+        i = int(record.rsplit("[", 1)[1][:-1])
+        out.append(f"{record.rsplit('[', 1)[0]}[{i + 1}].start_layer")
+    if kind == "RunMeta.kv_bytes_per_token":
+        out.append("initial.kv_bytes_per_token")
+    if path.startswith("initial."):  # every later snapshot repeats the first's geometry and layout
+        out.append("steps[0].snapshot" + path[len("initial"):])
+    return tuple(out)
+
+
 def _mutations_of(path: str, kind: str, value: Any, data: dict) -> Iterator[Mutation]:
+    names = contradicted(path, kind)
+    for m in _mutations_of_field(path, kind, value, data):
+        yield Mutation(m.id, m.path, m.value, m.valid, m.names + names) if not m.valid else m
+
+
+def _mutations_of_field(path: str, kind: str, value: Any, data: dict) -> Iterator[Mutation]:
     tp, default = _hint(kind)
     base, name = _base(tp), kind.split(".")[1]
     opt = _optional(tp)
@@ -203,9 +259,8 @@ def _list_mutations(path: str, kind: str, value: list) -> Iterator[Mutation]:
     yield Mutation(f"{kind} object", path, {}, False)
 
 
-def mutations(text: str) -> list[Mutation]:
+def mutations(data: dict) -> list[Mutation]:
     """Up to SAMPLES occurrences of every (record type, field), each mutated every applicable way."""
-    data = json.loads(text)
     seen: dict[str, int] = {}
     out: list[Mutation] = []
     for path, kind, value in _walk(data):
@@ -218,8 +273,9 @@ def mutations(text: str) -> list[Mutation]:
 
 # -- drawing a replayed run the way the pages do -------------------------------------------------
 
-def draw_every_page(rec: Recording) -> None:
-    """Every visualizer a page calls for a replayed run, at every step (app/app_pages/*.py)."""
+def draw_every_page(rec: Recording, at: Iterable[int] | None = None) -> None:
+    """Every visualizer a page calls for a replayed run (app/app_pages/*.py), at the page's step
+    slider positions ``at`` (snapshot indices; default every step)."""
     from engine.pipeline_stats import merge_timelines, pipeline_stats
     from visualizers import batching as vb
     from visualizers import comparison as vc
@@ -230,7 +286,7 @@ def draw_every_page(rec: Recording) -> None:
     from visualizers import speculative as sv
     from visualizers.steps import step_table
 
-    for i in range(len(rec.traces) + 1):
+    for i in sorted(set(range(len(rec.traces) + 1) if at is None else at)):
         traces, snap = rec.traces[:i], rec.snapshots[i]
         last = traces[-1] if traces else None
         vb.timeline_figure(traces, snap)
@@ -267,13 +323,69 @@ def draw_every_page(rec: Recording) -> None:
         vc.latency_comparison_figure(rec.comparison)
 
 
-def _related(path: str) -> tuple[str, ...]:
-    """Where a refusal may point instead of the mutated field: the record holding it (a rule
-    between its fields), and the same step's trace / snapshot (a count the other contradicts)."""
-    record = path.rsplit(".", 1)[0] if "." in path else path
-    top = path.split(".")[0]
-    steps = ("steps[0].", "initial.") if top in ("initial", "steps[0]") else (f"{top}.",)
-    return (f"{record}.", f"{record}:", f"{record}[", *steps)
+# -- running one mutation -------------------------------------------------------------------------
+
+_STEP = re.compile(r"steps\[(\d+)\]")
+
+
+def mutated_file(data: dict, m: Mutation) -> tuple[dict, tuple[int, ...]]:
+    """The parsed recording with ``m`` applied (copies along its path, the rest shared), and the
+    step slider positions that show it. A mutation inside ``steps[k]`` keeps steps 0..k only: a
+    prefix of a valid run is a valid recording, every rule about step k reads steps <= k, and the
+    changed records show from snapshot k+1 on (the last one kept)."""
+    step = _STEP.match(m.path)
+    if step is not None:
+        k = int(step.group(1))
+        data = {**data, "steps": data["steps"][:k + 1]}
+        return set_path(data, m.path, m.value), (k + 1,)
+    return set_path(data, m.path, m.value), (0, len(data["steps"]))
+
+
+def names(message: str, m: Mutation) -> bool:
+    """The refusal ``recording: <path>: <problem>`` points at the mutated value: its path is
+    ``m.path`` or inside it, or one of ``m.names`` (what the value contradicts) or inside it."""
+    head, sep, _ = message.partition(": ")
+    path, sep2, _ = message[len(head) + 2:].partition(": ")
+    if head != "recording" or not sep or not sep2:
+        return False
+    return any(path == p or path.startswith((f"{p}.", f"{p}[")) for p in (m.path, *m.names))
+
+
+def judge(data: dict, m: Mutation, draw: bool) -> str | None:
+    """What is wrong with how the loader (and, for an accepted file, the pages) took ``m``; None
+    if nothing. Anything raised other than the loader's ValueError propagates and fails the test."""
+    blob, at = mutated_file(data, m)
+    try:
+        loaded = from_data(blob)
+    except ValueError as e:
+        message = str(e)
+        if m.valid:
+            return f"{m.id} @ {m.path}: a valid file refused: {message}"
+        if not names(message, m):
+            return f"{m.id} @ {m.path}: the message does not name the path: {message}"
+        return None
+    if draw or not m.valid:
+        draw_every_page(loaded, at)
+    return None if m.valid else f"{m.id} @ {m.path}: nonsense accepted"
+
+
+def drawn(cases: list[Mutation]) -> set[str]:
+    """The valid mutations whose accepted files the default run draws: one per operator, then a
+    fixed-seed sample up to ``DRAWN`` (drawing a page costs about as much as 100 loads); every one
+    with ``INFERSCOPE_MUTATIONS=all``."""
+    valid = [m for m in cases if m.valid]
+    if EXHAUSTIVE:
+        return {m.id + m.path for m in valid}
+    rng = random.Random(SEED)
+    rng.shuffle(valid)
+    chosen: dict[str, Mutation] = {}
+    for m in valid:
+        chosen.setdefault(m.op, m)
+    for m in valid:
+        if len(chosen) >= DRAWN:
+            break
+        chosen.setdefault(m.id + m.path, m)
+    return {m.id + m.path for m in chosen.values()}
 
 
 # -- the tests ------------------------------------------------------------------------------------
@@ -283,27 +395,13 @@ def test_every_mutation_is_refused_naming_its_path_or_loads_and_draws(recordings
     text = recordings[name]
     original = from_json(text)
     assert to_json(original) == text
-    draw_every_page(original)
+    draw_every_page(original, (0, len(original.traces)))
     data = json.loads(text)
-    cases = mutations(text)
-    assert len(cases) >= 150, len(cases)
-    wrong: list[str] = []
-    for m in cases:
-        blob = dumps(set_path(data, m.path, m.value))
-        try:
-            loaded = from_json(blob)
-        except ValueError as e:
-            message = str(e)
-            named = any(p in message for p in (m.path, *m.names, *_related(m.path)))
-            if m.valid:
-                wrong.append(f"{m.id} @ {m.path}: a valid file refused: {message}")
-            elif not named or not message.startswith("recording: "):
-                wrong.append(f"{m.id} @ {m.path}: the message does not name the path: {message}")
-            continue
-        if not m.valid:
-            wrong.append(f"{m.id} @ {m.path}: nonsense accepted")
-            continue
-        draw_every_page(loaded)  # anything but a ValueError above, or here, fails the test
+    cases = mutations(data)
+    assert len(cases) >= 500, len(cases)
+    assert {m.op for m in cases} >= OPERATORS[name], OPERATORS[name] - {m.op for m in cases}
+    draw = drawn(cases)
+    wrong = [w for m in cases if (w := judge(data, m, m.id + m.path in draw)) is not None]
     assert not wrong, f"{len(wrong)} of {len(cases)}:\n" + "\n".join(wrong)
 
 
