@@ -241,7 +241,6 @@ def check_snapshot(s: Snapshot) -> None:
         want = sum(1 for r in s.requests if r.status in statuses)
         _require(len(ids) == want, name, f"must list the {want} requests whose status is "
                  f"{' or '.join(st.value for st in statuses)}, got {len(ids)}")
-    _check_requests(s, known)
     for i, b in enumerate(s.blocks):
         path = f"blocks[{i}]"
         _require(b.block_id == i, f"{path}.block_id", f"must be {i} (blocks are listed in id order), got {b.block_id}")
@@ -252,6 +251,7 @@ def check_snapshot(s: Snapshot) -> None:
         _require(b.ref_count == len(b.owners), f"{path}.ref_count",
                  f"must be the number of owners ({len(b.owners)}), got {b.ref_count}")
         _known(b.owners, known, f"{path}.owners")
+    _check_requests(s, known)
     _check_owners(s)
     _check_tree(s)
     _check_metrics(s)
@@ -624,8 +624,9 @@ def check_history(meta: RunMeta, traces: Sequence[StepTrace], snapshots: Sequenc
 
 def check_transition(t: StepTrace, before: Snapshot, after: Snapshot) -> None:
     """A step between its two snapshots: its counts are the after-snapshot's (queues, free and
-    cached blocks); nodes it inserted or split are in the tree after it, nodes it evicted were in
-    the tree before and are gone after, and its lookups matched nodes that exist."""
+    cached blocks); nodes it inserted or split are in the tree after it, the nodes it evicted
+    (each once) are exactly those in the tree before and gone after, and its lookups matched
+    nodes that exist."""
     for name, value in (("num_waiting", len(after.waiting)), ("num_running", len(after.running)),
                         ("num_free_blocks", after.num_free_blocks),
                         ("num_cached_blocks", sum(1 for b in after.blocks if b.cached))):
@@ -636,9 +637,15 @@ def check_transition(t: StepTrace, before: Snapshot, after: Snapshot) -> None:
     for name in ("inserted", "split"):
         for i, node_id in enumerate(getattr(t.prefix, name)):
             _require(node_id in tree_after, f"prefix.{name}[{i}]", f"node {node_id} is not in the tree after the step")
+    listed: set[int] = set()
     for i, n in enumerate(t.prefix.evicted):
         _require(n.node_id in tree_before and n.node_id not in tree_after, f"prefix.evicted[{i}].node_id",
                  f"node {n.node_id} must be in the tree before the step and not after it")
+        _require(n.node_id not in listed, f"prefix.evicted[{i}].node_id", f"node {n.node_id} appears twice")
+        listed.add(n.node_id)
+    gone = sorted(tree_before - tree_after - listed)
+    _require(not gone, "prefix.evicted", f"nodes {gone[:5]} left the tree in this step (only eviction removes "
+             "a node) but are not listed")
     for i, h in enumerate(t.prefix.lookups):
         for j, node_id in enumerate(h.node_ids):
             _require(node_id in tree_after or node_id in evicted, f"prefix.lookups[{i}].node_ids[{j}]",
@@ -646,10 +653,9 @@ def check_transition(t: StepTrace, before: Snapshot, after: Snapshot) -> None:
 
 
 def check_meta(meta: RunMeta, first: Snapshot) -> None:
-    """The run's config must be one the engine accepts; the first snapshot's block geometry,
-    bytes per token and parallel layout (p, t, schedule, m, layers per stage) follow it and the
-    meta (an error names the snapshot's value; every later snapshot repeats the first's:
-    ``check_history``)."""
+    """The run's config must be one the engine accepts, with the first snapshot's block geometry,
+    bytes per token and parallel layout (p, t, schedule, m, layers per stage); checked before
+    that snapshot's own rules, and every later snapshot repeats the first's (``check_history``)."""
     known = {f.name for f in fields(EngineConfig)}
     for key in meta.config:
         if key not in known:
@@ -664,9 +670,9 @@ def check_meta(meta: RunMeta, first: Snapshot) -> None:
         if name.split(".")[0] in known and problem:
             raise SchemaError(problem, f"meta.config.{name}") from None
         raise SchemaError(str(e), "meta.config") from None
-    for name in ("block_size", "num_blocks"):  # the config passed EngineConfig's checks: the snapshots follow it
-        _require(getattr(config, name) == getattr(first, name), f"initial.{name}",
-                 f"must be the config's {name} = {getattr(config, name)}, got {getattr(first, name)}")
+    for name in ("block_size", "num_blocks"):
+        _require(getattr(config, name) == getattr(first, name), f"meta.config.{name}",
+                 f"must match the snapshots' {name} = {getattr(first, name)}, got {getattr(config, name)}")
     _require(meta.max_model_len <= MAX_MODEL_LEN and config.max_model_len in (None, meta.max_model_len),
              "meta.max_model_len", f"must be <= {MAX_MODEL_LEN} and the config's max_model_len when set "
              f"({config.max_model_len}), got {meta.max_model_len}")
@@ -675,16 +681,15 @@ def check_meta(meta: RunMeta, first: Snapshot) -> None:
              f"must be {'null' if layout is None else 'set'}: the config runs {config.num_workers} worker process(es)")
     if layout is not None:
         for name in ("pipeline_parallel_size", "tensor_parallel_size", "pipeline_schedule", "num_microbatches"):
-            own = name.replace("pipeline_schedule", "schedule")
-            _require(getattr(config, name) == getattr(layout, own), f"initial.parallel.{own}",
-                     f"must be the config's {name} = {show(getattr(config, name))}, got {show(getattr(layout, own))}")
-        split = config.pipeline_layer_split or ()
-        for i, (st, layers) in enumerate(zip(layout.stages, split)):
-            _require(st.end_layer - st.start_layer == layers, f"initial.parallel.stages[{i}].end_layer",
-                     f"stage {i} must hold the config's pipeline_layer_split[{i}] = {layers} layers, "
-                     f"got {st.start_layer} .. {st.end_layer}")
-    _require(first.kv_bytes_per_token == meta.kv_bytes_per_token, "initial.kv_bytes_per_token",
-             f"must be meta.kv_bytes_per_token = {meta.kv_bytes_per_token}, got {first.kv_bytes_per_token}")
+            own = getattr(layout, name.replace("pipeline_schedule", "schedule"))
+            _require(getattr(config, name) == own, f"meta.config.{name}",
+                     f"must match the snapshots' layout ({show(own)}), got {show(getattr(config, name))}")
+        split = tuple(s.end_layer - s.start_layer for s in layout.stages)
+        _require(config.pipeline_layer_split in (None, split), "meta.config.pipeline_layer_split",
+                 f"must match the layout's layers per stage {list(split)}, got {list(config.pipeline_layer_split or ())}")
+    _require(meta.kv_bytes_per_token == first.kv_bytes_per_token, "meta.kv_bytes_per_token",
+             f"must match the snapshots' kv_bytes_per_token = {first.kv_bytes_per_token}, "
+             f"got {meta.kv_bytes_per_token}")
 
 
 def check_limits(meta: RunMeta, traces: Sequence[StepTrace], snapshots: Sequence[Snapshot], where: str) -> None:

@@ -3,22 +3,32 @@ feature - speculation (a draft model), prefix caching with forks (n > 1), copies
 an int8 KV cache, a pipeline run (p = 2, real worker processes) with a layer split - each recorded
 once per module, then mutated systematically at every field kind.
 
-How a mutation is classified (``Mutation.valid``), never by asking the loader:
+How a mutation is classified (``Mutation.valid``), from the field's annotation, name and the
+tables below - never by asking the loader:
 
 * nonsense, must be refused with a ValueError naming the mutated field's path: a wrong JSON type
   for the field's annotation, a negative count, an unknown key, a required key removed, a literal
   outside its values, an id that names no request / node, an int far beyond any bound the file
-  states (10**12: pool size, tokens, steps, ranks, stages, layout), a list emptied or an item
-  duplicated where the records say how many there are (``COUNTED_LISTS``), start/end reversed;
-* valid, must load (and draw): a token id changed within the vocabulary, a text changed, a key
+  states (10**12: pool size, tokens, steps, ranks, stages, layout - the layout and geometry are
+  restated by the config and every snapshot), a list emptied or an item duplicated where the
+  records say how many there are (every list not in ``FREE_LISTS`` / ``DUPLICATE_FREE``),
+  start/end reversed;
+* valid, must load and draw: a token id changed within the vocabulary, a text changed, a key
   with a default removed where the value was the default, a huge value where no rule bounds it
-  (``UNBOUNDED``: measured durations, the LRU clock, batch numbers, head/column ranges whose end
-  needs the model's dimensions), a list emptied / duplicated where its length is not recorded
-  elsewhere (``FREE_LISTS``).
+  (``UNBOUNDED``: measured durations, the LRU clock, batch numbers), a list emptied / duplicated
+  where its length is not recorded elsewhere (``FREE_LISTS`` / ``DUPLICATE_FREE``).
 
-Every file the loader accepts is drawn by every page's visualizers at every step; nothing may
-raise there. The message must name the mutated path (or, for a cross-reference, the field it
-contradicts: ``Mutation.names`` lists both).
+The refusal must name the mutated path (or a path inside it) - or, where the value is one side of
+a rule and the loader cannot tell which side is wrong, the other side, listed per field by
+``contradicted()`` (a request's counts restated in its metrics entry, ``ref_count`` vs
+``owners``, the first snapshot's geometry vs the config and the next snapshot...). Nothing else
+counts as naming it.
+
+Speed (the default run): every mutation of one occurrence of each (record, field) is loaded -
+from the parsed data (``from_data``), cut to the steps up to the mutated one, so a load costs
+milliseconds - and every accepted nonsense file is drawn, but of the valid files only one per
+operator plus a fixed-seed sample (``DRAWN``), at the mutated step. ``INFERSCOPE_MUTATIONS=all``
+mutates three occurrences of each field and draws every accepted file (minutes).
 """
 from __future__ import annotations
 
@@ -163,6 +173,15 @@ RESTATED = {f"RequestState.{n}": "metrics" for n in ("arrival_step", "num_output
                                                     "num_cached_tokens")}
 
 
+CONFIG_STATES = {"Snapshot.kv_bytes_per_token": "meta.kv_bytes_per_token",
+                 "ParallelLayout.schedule": "meta.config.pipeline_schedule",
+                 **{k: "meta.config.pipeline_layer_split"
+                    for k in ("ParallelLayout.stages", "StageLayout.start_layer", "StageLayout.end_layer")}}
+
+
+SIBLING = {"BlockState.owners": "ref_count", "PrefixNode.block_ids": "token_ids"}
+
+
 def contradicted(path: str, kind: str) -> tuple[str, ...]:
     """The other fields a mutation of ``kind`` at ``path`` may be refused at: a value restated
     elsewhere (a request's counts in its metrics entry, the first snapshot's geometry and layout
@@ -177,18 +196,21 @@ def contradicted(path: str, kind: str) -> tuple[str, ...]:
         out += [f"{snap.group(0)}.{n}" for n in ("waiting", "running", "metrics")]
     if kind == "StepTrace.scheduled":
         out.append(f"{record}.num_batched_tokens")
+    if kind in SIBLING:  # the two sides of one rule in the same record
+        out.append(f"{record}.{SIBLING[kind]}")
+    if kind in ("RequestState.block_table", "Snapshot.prefix_tree") and snap:  # blocks' owners / cached marks
+        out.append(f"{snap.group(0)}.blocks")
     if kind.startswith(("TensorShard.", "StageLayout.")) and name.endswith("_start"):
         out.append(f"{record}.{name[:-6]}_end")
     if kind == "StageLayout.start_layer":
         out.append(f"{record}.end_layer")
     if kind == "RequestState.request_id" and snap:
-        out += [f"{snap.group(0)}.waiting", f"{snap.group(0)}.running"]
+        out += [f"{snap.group(0)}.{n}" for n in ("waiting", "running", "blocks")]  # its queue, its blocks' owners
     if kind == "StageLayout.end_layer":
         i = int(record.rsplit("[", 1)[1][:-1])
         out.append(f"{record.rsplit('[', 1)[0]}[{i + 1}].start_layer")
-    if kind == "RunMeta.kv_bytes_per_token":
-        out.append("initial.kv_bytes_per_token")
-    if path.startswith("initial."):  # every later snapshot repeats the first's geometry and layout
+    if path.startswith("initial."):  # the config and the meta state the first snapshot's geometry and layout,
+        out.append(CONFIG_STATES.get(kind, "meta.config." + name))  # every later snapshot repeats them
         out.append("steps[0].snapshot" + path[len("initial"):])
     return tuple(out)
 
