@@ -443,8 +443,11 @@ def test_pipeline_recording_with_a_layer_split_round_trips(recordings: dict[str,
 
 
 def test_event_on_a_worker_the_layout_lacks_is_refused(recordings: dict[str, str]) -> None:
-    """Item 3: an event with rank 99 was accepted and raised IndexError in the Pipeline page's Gantt."""
-    data = json.loads(recordings["pipeline"])
+    """Item 3: an event with rank 99 was accepted and raised IndexError in the Pipeline page's Gantt
+    (the split is left to its default, the same even layout, so the file reached that far before
+    item 2's fix too)."""
+    data = set_path(json.loads(recordings["pipeline"]), "meta.config.pipeline_layer_split", DELETE)
+    draw_every_page(from_json(dumps(data)), (2,))
     path = "steps[1].trace.pipeline.events[0].rank"
     with pytest.raises(ValueError, match=re.escape(f"recording: {path}: must be stage x t + tp_rank")):
         from_json(dumps(set_path(data, path, 99)))
