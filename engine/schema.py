@@ -15,6 +15,8 @@ Rules, one per annotation (anything else is a bug in the record definition: Type
     tuple[X, ...]      an array whose every item is an X (decoded to a tuple)
     Mapping[str, X]    an object whose every value is an X (decoded to a dict)
     Any                a JSON scalar: string, number (as int/float above), true/false or null
+    Annotated[Mapping[str, Any], Nested(keys)]  an object of scalars or arrays of scalars (to
+                       tuples); the named keys may also hold one object of those (a config)
     a dataclass        an object with exactly the dataclass's fields (a field with a default may
                        be left out; an unknown key is an error); a *tagged* dataclass must also
                        carry ``"_type": "<ClassName>"``
@@ -114,19 +116,24 @@ Rule = Union[Range, Length, OneOf]
 
 @dataclass(frozen=True)
 class Nested:
-    """``Annotated[Mapping[str, Any], Nested(("speculative_config",))]``: an object of JSON
-    scalars in which the named keys may also hold an object of scalars (one level: a nested
-    config such as EngineConfig.speculative_config inside RunMeta.config)."""
+    """``Annotated[Mapping[str, Any], Nested(("speculative_config",))]``: an object whose values
+    are JSON scalars or arrays of scalars (decoded to tuples, as the engine's config holds them:
+    ``pipeline_layer_split``), and in which the named keys may also hold an object of those (one
+    level: a nested config such as EngineConfig.speculative_config inside RunMeta.config)."""
 
     keys: tuple[str, ...]
 
 
 def _nested_mapping(keys: frozenset[str]) -> Decoder:
-    scalars = _mapping(_scalar)
+    scalars = _array(_scalar)
 
     def scalar_or_scalars(x: Any) -> Any:
-        return scalars(x) if type(x) is dict else _scalar(x)
-    return _mapping(_scalar, {k: scalar_or_scalars for k in keys})
+        return scalars(x) if type(x) is list else _scalar(x)
+    values = _mapping(scalar_or_scalars)
+
+    def value_or_values(x: Any) -> Any:
+        return values(x) if type(x) is dict else scalar_or_scalars(x)
+    return _mapping(scalar_or_scalars, {k: value_or_values for k in keys})
 
 
 def _number(x: float) -> str:

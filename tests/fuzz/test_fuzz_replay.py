@@ -122,7 +122,7 @@ def _rule_cases() -> list[Case]:
         Case("overfull block", f"{BLOCK}.num_tokens", 17, re.escape(f"{BLOCK}.num_tokens") + ": must be <= block_size = 16"),
         Case("fill vs ids", f"{BLOCK}.token_ids", [1], re.escape(f"{BLOCK}.token_ids") + ": must hold num_tokens"),
         Case("ref below owners", f"{BLOCK}.ref_count", 0, re.escape(f"{BLOCK}.ref_count")),
-        Case("used, no owner", f"{BLOCK}.owners", [], re.escape(f"{BLOCK}.owners") + ": a block in use"),
+        Case("used, no owner", f"{BLOCK}.owners", [], re.escape(f"{BLOCK}.ref_count") + ": must be the number of owners"),
         Case("unknown owner", f"{BLOCK}.owners[0]", "ghost", re.escape(f"{BLOCK}.owners[0]") + ': request "ghost"'),
         Case("block past pool", f"{REQUEST}.block_table[2]", 160, re.escape(f"{REQUEST}.block_table[2]") + ": block id must be < num_blocks = 160"),
         Case("table vs owners", f"{REQUEST}.block_table[2]", 150, re.escape(f"{REQUEST}.block_table[2]") + ": block 150 does not list"),
