@@ -275,7 +275,7 @@ def test_labels_are_cut_to_fit_and_the_hover_keeps_the_full_text() -> None:
     for i in range(2, 12):
         t.add(i, 0, [i], text=long)
     fig = pt.tree_figure(snapshot(t.nodes))
-    chars = pt.label_chars(11, 12)
+    chars = pt.label_chars(11, pt.text_sizes(12)[0])  # the bold line's size at font 12
     first = by_name(fig, "labels").text[1]
     shown = first.split("<br>")[0].removeprefix("<b>").removesuffix("</b>")
     assert len(shown) == chars and shown.endswith("…")

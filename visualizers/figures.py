@@ -86,6 +86,7 @@ def stack(panels: list[Panel], layout: dict[str, Any], gap_px: int = 56, shared_
     the bottom panel keeps its tick labels and title.
     """
     top, bottom = margin_px
+    title_size = int(layout.get("font", {}).get("size", 12)) + 1  # panel titles scale with the figure's font
     plot_h = sum(p.height for p in panels) + gap_px * (len(panels) - 1)
     total = plot_h + top + bottom
     data: list[dict[str, Any]] = []
@@ -117,7 +118,7 @@ def stack(panels: list[Panel], layout: dict[str, Any], gap_px: int = 56, shared_
             notes.append(dict(a, xref=_rename(a.get("xref", "x"), x, y), yref=_rename(a.get("yref", "y"), x, y)))
         if p.title:
             notes.append(dict(text=f"<b>{p.title}</b>", xref="paper", yref="paper", x=0, y=min(hi, 1.0),
-                              xanchor="left", yanchor="bottom", showarrow=False, font=dict(size=13)))
+                              xanchor="left", yanchor="bottom", showarrow=False, font=dict(size=title_size)))
     out = dict(layout, height=total, shapes=shapes + list(layout.get("shapes", [])),
                annotations=notes + list(layout.get("annotations", [])), **axes)
     out.setdefault("margin", dict(l=10, r=10, t=top, b=bottom))

@@ -18,11 +18,12 @@ import plotly.graph_objects as go
 from engine.trace import BlockState, RequestState, Snapshot, StepTrace
 from visualizers.figures import Panel, live_layout, stack, vline
 from visualizers.text import escape_markdown
-from visualizers.theme import BLOCK_STATE_COLORS, plot_label, request_color, request_label, request_sort_key
+from visualizers.theme import (BLOCK_STATE_COLORS, blend, plot_label, request_color, request_label, request_sort_key,
+                               text_color_on)
 
 CELL_PX = 30  # pitch of one block in the pool grid
-ALLOCATED_OUTLINE = "#222222"
-FREED_OUTLINE = "#EE6677"
+ALLOCATED_OUTLINE = BLOCK_STATE_COLORS["allocated outline"]
+FREED_OUTLINE = BLOCK_STATE_COLORS["freed outline"]
 
 
 def block_state(block: BlockState) -> str:
@@ -196,12 +197,14 @@ def table_panel(snapshot: Snapshot, focus: str | None = None, font_size: int = 1
         bs = [blocks[p] for p in r.block_table]
         faded = focus is not None and r.request_id != focus
         label = plot_label(r.request_id)
+        color = request_color(r.request_id)
+        opacity = [0.12 if faded else _fill_opacity(b.num_tokens, snapshot.block_size) for b in bs]
         data.append(dict(
             type="scatter", x=list(range(len(bs))), y=[label] * len(bs),
             mode="markers+text" if size >= 18 else "markers", name=label, legendgroup=label, showlegend=False,
-            marker=dict(symbol="square", size=size, color=request_color(r.request_id),
-                        opacity=[0.12 if faded else _fill_opacity(b.num_tokens, snapshot.block_size) for b in bs]),
-            text=[str(b.block_id) for b in bs], textfont=dict(size=max(8, font_size - 3), color="#222222"),
+            marker=dict(symbol="square", size=size, color=color, opacity=opacity),
+            text=[str(b.block_id) for b in bs],
+            textfont=dict(size=max(8, font_size - 3), color=[text_color_on(blend(color, o)) for o in opacity]),
             customdata=[[i, b.block_id, b.num_tokens, _hover_text(b.text)] for i, b in enumerate(bs)],
             hovertemplate=(f"{label}: logical %{{customdata[0]}} → physical %{{customdata[1]}}"
                            f"<br>tokens: %{{customdata[2]}}/{snapshot.block_size}<br>%{{customdata[3]}}<extra></extra>"),
