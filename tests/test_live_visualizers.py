@@ -175,7 +175,7 @@ def test_grid_has_exactly_one_marker_per_block_at_its_cell(view: RunView) -> Non
     fig = check(vk.kv_figure(snap, view.last_trace))
     assert fig.layout.meta == {"step": snap.step}
     title = f"<b>{vk.pool_title(snap)}"
-    assert vk.pool_title(snap).startswith(f"Block pool: {snap.num_blocks - free} used, {free} free of ")
+    assert vk.pool_title(snap) == f"Block pool: {snap.num_blocks - free} used, {free} free / {snap.num_blocks}"
     assert any(a.text.startswith(title) for a in fig.layout.annotations)
     grid = _grid(view)
     ids = [bid for _, _, bid in grid_markers(grid)]

@@ -387,3 +387,47 @@ def test_a_pipeline_bubble_is_captioned_on_the_gantt(tiny: "SharedModel", torch_
     (note,) = event_notes(fig, "bubble")
     assert f"step {view.step}" in note.text and note.y in fig.layout.meta["lanes"]
     assert not event_notes(pv.gantt_figure(trace.pipeline, view.snapshot.parallel, PRESENT, view.step), "bubble")
+
+
+# -- defect 9: axes titled, titles within the chart at 1440 px -----------------------------------
+
+def _axes(fig: go.Figure) -> dict[str, Any]:
+    layout = fig.to_plotly_json()["layout"]
+    return {k: v for k, v in layout.items() if k.startswith(("xaxis", "yaxis"))}
+
+
+def test_pipeline_and_sweep_axes_have_titles(tiny: "SharedModel", torch_single_thread: None) -> None:
+    """#19: the Gantt chart and the sweep had no axis titles (given as strings, which plotly.js
+    3+ ignores in an unvalidated figure). Every axis carries {"text": ...} and automargin."""
+    from engine.run import SweepPoint
+
+    view = stepped(tiny, "pipeline", 1)
+    trace = view.traces[-1]
+    assert trace.pipeline is not None
+    gantt = pv.gantt_figure(trace.pipeline, view.snapshot.parallel, PRESENT, view.step)
+    sweep = pv.sweep_figure([SweepPoint(1, 0.5, 0.5, 10.0), SweepPoint(2, 0.35, 1 / 3, 9.0)], 2, PRESENT)
+    for name, fig in (("gantt", gantt), ("sweep", sweep)):
+        axes = _axes(fig)
+        assert {"xaxis", "yaxis"} <= set(axes), name
+        for key, axis in axes.items():
+            assert isinstance(axis.get("title"), dict) and axis["title"]["text"], (name, key)
+            assert axis["automargin"] is True, (name, key)
+
+
+ASSUMED_WIDTH_PX = 1000  # a stretched chart's plot width on a 1440-px screen with the sidebar open
+CHAR_W = 0.5  # average character width of Source Sans, in ems
+
+
+def test_titles_fit_the_chart_width_in_presentation_mode(spec_view: RunView, pressure_view: RunView,
+                                                         prefix_view: RunView) -> None:
+    """Chart and panel titles at the presentation font fit within the chart's width (its own
+    ``width`` when it sets one, else a stretched chart at 1440 px)."""
+    for name, fig in live_figures(PRESENT, spec_view, pressure_view, prefix_view).items():
+        layout = fig.to_plotly_json()["layout"]
+        width = layout.get("width") or ASSUMED_WIDTH_PX
+        titles = [(layout["title"]["text"], layout["title"]["font"]["size"])]
+        titles += [(a["text"], a["font"]["size"]) for a in layout.get("annotations", ())
+                   if a.get("text", "").startswith("<b>")]  # panel titles (figures.stack)
+        for text, size in titles:
+            plain = _plain(text)
+            assert len(plain) * CHAR_W * size <= width, (name, plain)

@@ -121,8 +121,7 @@ def budget_panel(traces: Sequence[StepTrace]) -> Panel:
     return Panel(data, height=210, shapes=shapes, annotations=notes,
                  xaxis=dict(title=dict(text="engine step"), fixedrange=True),
                  yaxis=dict(title=dict(text="tokens"), fixedrange=True, rangemode="tozero"),
-                 title="Tokens per step by request (bar colour = request, as in the swim lane; "
-                       "solid = prefill chunk, faded = decode)")
+                 title="Tokens per step (colour = request; solid = prefill, faded = decode)")
 
 
 def counts_panel(traces: Sequence[StepTrace]) -> Panel:
@@ -200,7 +199,7 @@ def lane_panel(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, fo
     return Panel(data, height=max(90, 22 * len(lane.request_ids)), annotations=captions,
                  xaxis=dict(title=dict(text="engine step"), fixedrange=True),
                  yaxis=dict(autorange="reversed", fixedrange=True, type="category"),
-                 title="Swim lane: each request's state per step (number = prefill tokens computed; a decode is 1)")
+                 title="Swim lane: each request's state per step (number = prefill tokens)")
 
 
 def queue_frame(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -> pd.DataFrame:

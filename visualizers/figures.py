@@ -30,9 +30,23 @@ def _template() -> dict[str, Any]:
     return pio.templates["plotly_white"].to_plotly_json()
 
 
+def _axis(spec: dict[str, Any]) -> dict[str, Any]:
+    """An axis as plotly.js 3+ reads it: a title given as a string becomes ``{"text": ...}``
+    (plotly.js dropped the string form, and an unvalidated figure is not converted by plotly.py:
+    the axis would show no title at all), and ``automargin`` makes room for its tick labels and
+    title instead of cutting them off."""
+    out = dict(spec)
+    if isinstance(out.get("title"), str):
+        out["title"] = {"text": out["title"]}
+    out.setdefault("automargin", True)
+    return out
+
+
 def figure(data: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
-    """A Figure from trace dicts (each with "type") and a layout dict, without validation."""
-    layout = dict(layout)
+    """A Figure from trace dicts (each with "type") and a layout dict, without validation
+    (axes through ``_axis``)."""
+    layout = {k: _axis(v) if k.startswith(("xaxis", "yaxis")) and isinstance(v, dict) else v
+              for k, v in layout.items()}
     layout.setdefault("template", _template())
     font = dict(layout.get("font", {}))
     font.setdefault("family", FONT_FAMILY)

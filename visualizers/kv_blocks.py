@@ -157,12 +157,12 @@ def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | 
 
 
 def pool_title(snapshot: Snapshot) -> str:
-    """"Block pool: U used, F free of N (block size B)", with the evictable cached blocks when any."""
+    """"Block pool: U used, F free / N", with the evictable cached blocks when any (short: it
+    heads a chart as narrow as the pool grid). The block size is in the pool summary."""
     evictable = snapshot.num_evictable_blocks
     used = snapshot.num_blocks - snapshot.num_free_blocks - evictable
-    cached = f", {evictable} cached (evictable)" if evictable else ""
-    return (f"Block pool: {used} used, {snapshot.num_free_blocks} free{cached} of {snapshot.num_blocks} "
-            f"(block size {snapshot.block_size})")
+    cached = f", {evictable} evictable" if evictable else ""
+    return f"Block pool: {used} used, {snapshot.num_free_blocks} free{cached} / {snapshot.num_blocks}"
 
 
 def running_tables(snapshot: Snapshot) -> list[RequestState]:
@@ -215,7 +215,7 @@ def table_panel(snapshot: Snapshot, focus: str | None = None, font_size: int = 1
                  xaxis=dict(title=dict(text="logical block (number = physical block)"), range=[-0.7, max(widest, 8) - 0.3],
                             dtick=1 if widest <= 24 else None, fixedrange=True, zeroline=False, showgrid=False),
                  yaxis=dict(autorange="reversed", fixedrange=True, type="category", showgrid=False),
-                 title="Block tables: each running request's logical blocks → physical blocks")
+                 title="Block tables: logical → physical blocks")
 
 
 def kv_figure(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None,

@@ -152,7 +152,7 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
                              xaxis=dict(title="ms since the driver sent the step" if one_batch else
                                         "ms since the driver sent the first step shown", zeroline=False),
                              yaxis=dict(categoryorder="array", categoryarray=lanes, autorange="reversed",
-                                        type="category"),
+                                        type="category", title=dict(text="worker (stage · tp rank)")),
                              legend=dict(orientation="h", y=-0.25), margin=dict(l=10, r=10, t=60, b=10),
                              annotations=captions)
     fig_layout["meta"].update(bubble=s.bubble_fraction, theory=s.theory_bubble, lanes=lanes,

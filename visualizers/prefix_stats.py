@@ -81,7 +81,7 @@ def hit_panel(frame: pd.DataFrame) -> Panel:
              hovertemplate="step %{x}: %{y:.0%} of this step's lookups<extra></extra>")]
     return Panel(data, height=120, xaxis=dict(fixedrange=True, rangemode="tozero"),
                  yaxis=dict(title=dict(text="hit rate"), range=[0, 1.05], tickformat=".0%", fixedrange=True),
-                 title="Hit rate: prompt tokens served from the cache / looked up")
+                 title="Hit rate (cached / looked-up prompt tokens)")
 
 
 def tokens_panel(frame: pd.DataFrame) -> Panel:
@@ -95,7 +95,7 @@ def tokens_panel(frame: pd.DataFrame) -> Panel:
              marker=dict(color=CACHING_COLORS["caching on"]),
              hovertemplate="step %{x}: %{y} prompt tokens served from the cache<extra></extra>")]
     return Panel(data, height=110, xaxis=_xaxis(False), yaxis=dict(title=dict(text="tokens"), fixedrange=True),
-                 title="Prefill tokens per step: computed, and saved by the cache")
+                 title="Prefill tokens: computed, and from the cache")
 
 
 def blocks_panel(frame: pd.DataFrame) -> Panel:
