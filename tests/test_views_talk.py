@@ -358,8 +358,14 @@ def test_a_preemption_is_captioned_on_the_swim_lane_at_its_step(tiny: "SharedMod
     notes = event_notes(fig, "preemption")
     assert notes and notes[-1].x == pre.step + 1 == at.step
     assert notes[-1].y == theme.plot_label(pre.preempted[0]) and "preempted" in notes[-1].text
+    kv = validated(vk.kv_figure(at.snapshot, at.last_trace, font_size=PRESENT))
+    (pool_note,) = event_notes(kv, "preemption")  # on the pool, at the first block the preemption freed
+    cols = vk.grid_columns(at.snapshot.num_blocks)
+    first = min(pre.blocks_freed)
+    assert (pool_note.x, pool_note.y) == (first % cols, first // cols) and "blocks freed" in pool_note.text
     before = stepped(tiny, "memory-pressure", pre.step, enable_prefix_caching=False)
     assert not event_notes(vb.timeline_figure(before.traces, before.snapshot), "preemption")
+    assert not event_notes(vk.kv_figure(before.snapshot, before.last_trace), "preemption")
 
 
 def test_hits_evictions_and_rejections_are_captioned_where_they_happen(prefix_view: RunView,

@@ -104,19 +104,22 @@ def grouped(events: Sequence[Event], kinds: Sequence[EventKind] = EVENT_KINDS,
     return [g for _, g in latest]
 
 
+def note(kind: EventKind, text: str, x: Any, y: Any, font_size: int, xref: str = "x", yref: str = "y",
+         raised: int = 0) -> dict[str, Any]:
+    """One caption: an arrow pointing at (x, y) with ``text`` (plain; escaped here) above it,
+    ``raised`` rows higher (neighbouring captions alternate so they do not overlap)."""
+    return dict(x=x, xref=xref, y=y, yref=yref, text=escape_plotly(text), name=NOTE_PREFIX + kind,
+                showarrow=True, arrowhead=2, arrowsize=1, arrowwidth=1.5, arrowcolor=EVENT_COLOR,
+                ax=0, ay=-(18 + 16 * raised) * max(font_size, 12) / 12, xanchor="center", yanchor="bottom",
+                font=dict(size=font_size - 1, color=EVENT_COLOR), bgcolor="rgba(255,255,255,0.85)",
+                bordercolor=EVENT_COLOR, borderwidth=1, borderpad=2)
+
+
 def notes(events: Sequence[Event], font_size: int, kinds: Sequence[EventKind] = EVENT_KINDS,
           y: Callable[[list[Event]], Any] | None = None, yref: str = "y domain",
           limit: int = MAX_NOTES) -> list[dict[str, Any]]:
-    """Plotly annotations for the latest ``limit`` (step, kind) groups: an arrow at x = the step
-    pointing at ``y(group)`` (default: the top of the panel, ``yref`` "y domain") with the
-    caption above it. Neighbouring captions alternate in height so they do not overlap."""
-    out = []
-    for i, group in enumerate(grouped(events, kinds, limit)):
-        out.append(dict(
-            x=group[0].step, xref="x", y=1.0 if y is None else y(group), yref=yref,
-            text=escape_plotly(caption(group)), name=NOTE_PREFIX + group[0].kind,
-            showarrow=True, arrowhead=2, arrowsize=1, arrowwidth=1.5, arrowcolor=EVENT_COLOR,
-            ax=0, ay=-(18 + 16 * (i % 2)) * max(font_size, 12) / 12, xanchor="center", yanchor="bottom",
-            font=dict(size=font_size - 1, color=EVENT_COLOR), bgcolor="rgba(255,255,255,0.85)",
-            bordercolor=EVENT_COLOR, borderwidth=1, borderpad=2))
-    return out
+    """Annotations (``note``) for the latest ``limit`` (step, kind) groups on a step axis: at
+    x = the step, pointing at ``y(group)`` (default: the top of the panel, ``yref`` "y domain")."""
+    return [note(group[0].kind, caption(group), group[0].step, 1.0 if y is None else y(group), font_size,
+                 yref=yref, raised=i % 2)
+            for i, group in enumerate(grouped(events, kinds, limit))]

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 
 from engine.trace import BlockState, RequestState, Snapshot, StepTrace
+from visualizers.events import caption, grouped, note, step_events
 from visualizers.figures import Panel, live_layout, stack, vline
 from visualizers.text import escape_markdown
 from visualizers.theme import (BLOCK_STATE_COLORS, blend, plot_label, request_color, request_label, request_sort_key,
@@ -222,10 +223,25 @@ def kv_figure(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | N
               font_size: int = 12) -> go.Figure:
     """The live view: block pool above, block tables below, one legend (click a request to hide it)."""
     cols = grid_columns(snapshot.num_blocks)
-    return stack([grid_panel(snapshot, trace, focus), table_panel(snapshot, focus, font_size)],
+    pool = grid_panel(snapshot, trace, focus)
+    pool.annotations += freed_notes(snapshot, trace, font_size)
+    return stack([pool, table_panel(snapshot, focus, font_size)],
                  live_layout(f"Paged KV cache after {snapshot.step} steps", snapshot.step, font_size,
                              width=cols * CELL_PX + 200, legend=dict(title=dict(text="owner"), itemsizing="constant")),
                  gap_px=70, margin_px=(80, 50))
+
+
+def freed_notes(snapshot: Snapshot, trace: StepTrace | None, font_size: int) -> list[dict[str, Any]]:
+    """The last step's preemptions and evictions (visualizers.events) captioned on the pool,
+    pointing at the first block the step freed."""
+    if trace is None or not trace.blocks_freed:
+        return []
+    cols = grid_columns(snapshot.num_blocks)
+    first = min(trace.blocks_freed)
+    freed = f": {len(trace.blocks_freed)} blocks freed"
+    return [note(group[0].kind, caption(group) + (freed if group[0].kind == "preemption" else ""), first % cols,
+                 first // cols, font_size, raised=i)
+            for i, group in enumerate(grouped(step_events([trace]), ("preemption", "eviction")))]
 
 
 def step_events_frame(trace: StepTrace | None) -> pd.DataFrame:

@@ -23,10 +23,9 @@ from engine.parallel_layout import (CommBytes, ModelDims, WorkerBytes, comm_byte
 from engine.pipeline_stats import PipelineStats, pipeline_stats
 from engine.run import SweepPoint
 from engine.trace import ParallelLayout, PipelineTimeline, PipelineUnit, StepTrace, WorkEvent
-from visualizers.events import EVENT_COLOR, NOTE_PREFIX, Event
+from visualizers.events import Event, note
 from visualizers.figures import figure, live_layout
 from visualizers.steps import step_number
-from visualizers.text import escape_plotly
 from visualizers.theme import PIPELINE_COLORS, PIPELINE_UNIT_COLORS, text_color_on
 
 GIB = 2**30
@@ -139,13 +138,8 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
             if e.kind == "recv" and min(e.end_ms, end) > max(e.start_ms, start)]
         if bubble and gaps:
             lane, a, b = max(gaps, key=lambda g: g[2] - g[1])
-            captions.append(dict(
-                x=(a + b) / 2, xref="x", y=lane, yref="y", name=NOTE_PREFIX + "bubble",
-                text=escape_plotly(f"{bubble[-1].caption} (step {bubble[-1].step}): {lane.split(' (')[0]} "
-                                   f"waits {b - a:.1f} ms"),
-                showarrow=True, arrowhead=2, arrowcolor=EVENT_COLOR, ax=0, ay=-24 * max(font_size, 12) / 12,
-                font=dict(size=font_size - 1, color=EVENT_COLOR), bgcolor="rgba(255,255,255,0.85)",
-                bordercolor=EVENT_COLOR, borderwidth=1))
+            captions.append(note("bubble", f"{bubble[-1].caption} (step {bubble[-1].step}): "
+                                           f"{lane.split(' (')[0]} waits {b - a:.1f} ms", (a + b) / 2, lane, font_size))
     s = pipeline_stats(timeline)
     title = bubble_title(timeline, s) if forwards else "No pipeline work in this step"
     fig_layout = live_layout(title, step, font_size, barmode="overlay", height=max(260, 70 * p * t + 130),
