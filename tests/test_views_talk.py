@@ -117,13 +117,29 @@ def test_caching_table_rows_add_up_on_a_preempting_run(caching_runs: dict[str, P
     assert list(ps.caching_summary(caching_runs).columns[2:8]) == list(ps.SUMMARY_TOKEN_COLUMNS)
 
 
-def test_caching_table_adds_up_with_parallel_sampling_and_on_smollm2(tiny: "SharedModel",
-                                                                     torch_single_thread: None) -> None:
-    """Forked sequences share their parent's prompt (counted once); SmolLM2's real tokenizer."""
+def test_caching_table_adds_up_with_parallel_sampling(tiny: "SharedModel", torch_single_thread: None) -> None:
+    """Forked sequences share their parent's prompt (counted once)."""
     assert_rows_add_up(compare_prefix_caching(load_scenario("parallel-sampling"), tiny))
+
+
+def test_prefill_accounts_on_smollm2_mid_run(torch_single_thread: None) -> None:
+    """SmolLM2 (its real tokenizer, whole-block hits on a shared few-shot prefix), 8 steps in:
+    the per-request accounts add up to the step records, and every request that has its first
+    token had its whole prompt either computed or served from the cache."""
     from engine.engine import get_shared_model
 
-    assert_rows_add_up(compare_prefix_caching(load_scenario("cache-pressure"), get_shared_model("smollm2-135m")))
+    view = stepped(get_shared_model("smollm2-135m"), "shared-prefix", 8)
+    run = PolicyRun("continuous", view.traces, view.snapshot)
+    accounts = ps.prefill_accounts(run)
+    assert sum(a.prefill_computed for a in accounts.values()) == sum(t.num_prefill_tokens for t in run.traces)
+    assert sum(a.prompt_from_cache + a.recompute_from_cache for a in accounts.values()) == \
+        sum(t.prefix.num_cached_tokens for t in run.traces) > 0
+    started = [r for r in view.snapshot.requests if r.num_output_tokens > 0]
+    assert len(started) >= 2
+    for r in started:
+        a = accounts[r.request_id]
+        assert a.prompt_tokens == r.num_prompt_tokens == a.prompt_computed + a.prompt_from_cache
+        assert a.prompt_from_cache == r.num_cached_tokens
 
 
 def _x_steps(fig: go.Figure) -> list[int]:
