@@ -175,7 +175,7 @@ def test_grid_has_exactly_one_marker_per_block_at_its_cell(view: RunView) -> Non
     fig = check(vk.kv_figure(snap, view.last_trace))
     assert fig.layout.meta == {"step": snap.step}
     title = f"<b>{vk.pool_title(snap)}"
-    assert vk.pool_title(snap).startswith(f"Block pool: {snap.num_blocks - free} used, {free} free of ")
+    assert vk.pool_title(snap) == f"Block pool: {snap.num_blocks - free} used, {free} free / {snap.num_blocks}"
     assert any(a.text.startswith(title) for a in fig.layout.annotations)
     grid = _grid(view)
     ids = [bid for _, _, bid in grid_markers(grid)]
@@ -413,7 +413,7 @@ def test_budget_bars_stack_to_the_batched_tokens_of_each_step(view: RunView) -> 
     bars, _ = _budget_and_counts(traces, view.snapshot)
     per_step: Counter[int] = Counter()
     seen: set[tuple[str, int]] = set()
-    by_step = {t.step: t for t in traces}
+    by_step = {t.step + 1: t for t in traces}  # steps are labelled from 1 (visualizers.steps.step_number)
     label_to_id = {request_label(c.request_id): c.request_id for t in traces for c in t.scheduled}
     for bar in bars:
         assert bar.type == "bar"
@@ -427,9 +427,9 @@ def test_budget_bars_stack_to_the_batched_tokens_of_each_step(view: RunView) -> 
             assert (rid, x) not in seen
             per_step[x] += y
             seen.add((rid, x))
-    assert seen == {(c.request_id, t.step) for t in traces for c in t.scheduled}
+    assert seen == {(c.request_id, t.step + 1) for t in traces for c in t.scheduled}
     for t in traces:
-        assert per_step[t.step] == t.num_batched_tokens <= t.token_budget
+        assert per_step[t.step + 1] == t.num_batched_tokens <= t.token_budget
         assert t.num_batched_tokens == t.num_prefill_tokens + t.num_decode_tokens
 
 
@@ -457,7 +457,7 @@ def test_counts_panel_counts_decodes_and_prefill_chunks_per_step(view: RunView) 
     by_name = {t.name: t for t in counts}
     assert list(by_name) == ["decodes", "prefill chunks"]
     for name, kind in (("decodes", "decode"), ("prefill chunks", "prefill")):
-        assert seq(by_name[name].x) == [t.step for t in traces]
+        assert seq(by_name[name].x) == [t.step + 1 for t in traces]
         assert seq(by_name[name].y) == [sum(1 for c in t.scheduled if c.kind == kind) for t in traces]
         assert by_name[name].marker.color == CHUNK_KIND_COLORS[kind]
 
@@ -471,7 +471,7 @@ def test_lanes_states_follow_the_traces(full: RunView) -> None:
     lane = vb.lanes(traces, [r.request_id for r in snap.requests])
     ids = sorted((r.request_id for r in snap.requests), key=request_sort_key)
     assert lane.request_ids == tuple(ids)
-    assert lane.steps == tuple(t.step for t in traces)
+    assert lane.steps == tuple(t.step + 1 for t in traces)
     arrival = {rid: next(t.step for t in traces if rid in t.arrived) for rid in ids}
     finish = {rid: next(t.step for t in traces if rid in t.finished) for rid in ids}
     for i, rid in enumerate(ids):
@@ -506,11 +506,11 @@ def test_memory_pressure_lane_shows_the_preemption_then_the_recompute(recorded: 
     (victim,) = pre.preempted
     lane = vb.lanes(v.traces)
     row = lane.states[lane.request_ids.index(victim)]
-    j = lane.steps.index(pre.step)
+    j = lane.steps.index(pre.step + 1)
     assert row[j - 1] == "decode" and row[j] == "preempted" and row[j + 1] == "waiting"
     resumed = next(t for t in v.traces if any(c.request_id == victim and c.resumed for c in t.scheduled))
-    assert row[lane.steps.index(resumed.step)] == "prefill"
-    assert set(row[j + 1: lane.steps.index(resumed.step)]) == {"waiting"}
+    assert row[lane.steps.index(resumed.step + 1)] == "prefill"
+    assert set(row[j + 1: lane.steps.index(resumed.step + 1)]) == {"waiting"}
 
 
 def test_swimlane_panel_encodes_the_lanes_with_one_colour_per_request(view: RunView) -> None:
@@ -523,7 +523,7 @@ def test_swimlane_panel_encodes_the_lanes_with_one_colour_per_request(view: RunV
     panel = on_axis(check(vb.timeline_figure(traces, snap)), "x3")
     (heat,) = [t for t in panel if t.type == "heatmap"]
     assert seq(heat.z) == codes
-    assert seq(heat.x) == [t.step for t in traces] and seq(heat.y) == labels
+    assert seq(heat.x) == [t.step + 1 for t in traces] and seq(heat.y) == labels
     assert (heat.zmin, heat.zmax) == (-0.5, len(LANE_STATES) - 0.5)
     (chip,) = [t for t in panel if t.name == "request colour"]
     assert seq(chip.y) == labels
@@ -550,7 +550,7 @@ def test_queue_frame_matches_the_traces_queue_lengths(full: RunView) -> None:
     arrival = {m.request_id: m.arrival_step for m in snap.metrics}
     frame = vb.queue_frame(traces, snap)
     assert len(frame) == len(traces)
-    assert list(frame["step"]) == [t.step for t in traces]
+    assert list(frame["step"]) == [t.step + 1 for t in traces]
     assert list(frame["running"]) == [t.num_running for t in traces]
     assert list(frame["preempted"]) == [len(t.preempted) for t in traces]
     not_arrived = [sum(1 for a in arrival.values() if a > t.step) for t in traces]
@@ -558,7 +558,7 @@ def test_queue_frame_matches_the_traces_queue_lengths(full: RunView) -> None:
     by_name = {t.name: t for t in on_axis(check(vb.timeline_figure(traces, snap)), "x4")}
     assert seq(by_name["waiting"].y) == list(frame["waiting"])
     assert seq(by_name["running"].y) == list(frame["running"])
-    assert seq(by_name["preempted"].x) == [t.step for t in traces if t.preempted]
+    assert seq(by_name["preempted"].x) == [t.step + 1 for t in traces if t.preempted]
     for name in ("waiting", "running", "preempted"):
         colour = by_name[name].line.color if name != "preempted" else by_name[name].marker.color
         assert colour == QUEUE_COLORS[name]
@@ -580,6 +580,7 @@ def test_latency_frame_one_row_per_request_consistent_with_metrics(view: RunView
         assert row["status"] == r.status.value
         assert row["output tokens"] == m.num_output_tokens == r.num_output_tokens
         assert row["preemptions"] == m.num_preemptions == r.num_preemptions
+        assert row["arrival step"] == m.arrival_step + 1  # labelled from 1, as every step
         if r.status is RequestStatus.FINISHED:
             latency = m.finished_step - m.arrival_step + 1
             assert row["latency (steps)"] == latency >= row["TTFT (steps)"] == m.ttft_steps >= 1
@@ -659,7 +660,7 @@ def test_side_by_side_lanes_and_latency_comparison(policy_runs: dict[str, dict[s
         lane = vb.lanes(run.traces, [r.request_id for r in run.final.requests])
         (heat,) = [t for t in heats if (t.xaxis or "x") == axis]
         assert seq(heat.z) == [[LANE_STATES.index(s) for s in row] for row in lane.states]
-        assert seq(heat.x) == [t.step for t in run.traces]
+        assert seq(heat.x) == [t.step + 1 for t in run.traces]
         (chip,) = [t for t in on_axis(fig, axis) if t.name == "request colour"]
         assert seq(chip.marker.color) == [request_color(r) for r in lane.request_ids]
         assert any(a.text == f"<b>{policy}</b>: {len(run.traces)} steps" for a in fig.layout.annotations)
@@ -681,7 +682,7 @@ def test_step_table_one_row_per_trace_and_csv_round_trip(view: RunView) -> None:
     table = vs.step_table(traces)
     assert list(table.columns) == vs.STEP_COLUMNS
     assert len(table) == len(traces)
-    assert list(table["step"]) == [t.step for t in traces]
+    assert list(table["step"]) == [t.step + 1 for t in traces]
     assert list(table["prefill tokens"] + table["decode tokens"]) == list(table["batched tokens"]) == \
         [t.num_batched_tokens for t in traces]
     assert list(table["requests"]) == [", ".join(request_label(c.request_id) for c in t.scheduled) for t in traces]

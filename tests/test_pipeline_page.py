@@ -72,7 +72,7 @@ def test_the_page_draws_the_workers_real_timeline_and_replays_it(session: AppTes
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Bubble, measured"].endswith("%") and metrics["GPipe (p − 1)/(m + p − 1)"].endswith("%")
     frame = next(d.value for d in at.dataframe if "bubble" in d.value.columns)
-    assert list(frame["step"]) == [t.step for t in at.session_state[K.run].traces] and len(frame) == 3
+    assert list(frame["step"]) == [t.step + 1 for t in at.session_state[K.run].traces] and len(frame) == 3
     assert ((frame["compute"] + frame["comm"] + frame["bubble"]).round(6) == 1).all()
 
     # the recording round-trips with its timelines and layout, and replays with no process

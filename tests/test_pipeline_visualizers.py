@@ -61,7 +61,7 @@ def test_gantt_draws_every_event_once_in_its_lane(run) -> None:
 def test_stats_frame_has_a_row_per_step_whose_shares_sum_to_one(run) -> None:
     _, traces = run
     frame = pv.stats_frame(traces)
-    assert list(frame["step"]) == [t.step for t in traces]
+    assert list(frame["step"]) == [t.step + 1 for t in traces]
     assert ((frame["compute"] + frame["comm"] + frame["bubble"]).round(9) == 1).all()
     assert frame["tokens"].iloc[0] == 48 and (frame["tokens"].iloc[1:] == 4).all()  # prefill, then decodes
 

@@ -17,11 +17,14 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.trace import Snapshot, StepTrace
+from visualizers.events import EventKind, notes, step_events
 from visualizers.figures import Panel, figure, hline, live_layout, stack
+from visualizers.steps import step_number
 from visualizers.theme import (CHUNK_KIND_COLORS, CHUNK_OPACITY, LANE_STATE_COLORS, LANE_STATES, QUEUE_COLORS,
                                discrete_colorscale, plot_label, request_color, request_label,
-                               request_sort_key)
+                               request_sort_key, text_color_on)
 
+LANE_EVENTS: tuple[EventKind, ...] = ("preemption", "split", "prefix hit")  # captioned on the swim lane
 MAX_TEXT_STEPS = 80  # print prefill token counts in swim-lane cells only up to this many steps
 
 
@@ -77,7 +80,7 @@ def lanes(traces: Sequence[StepTrace], request_ids: Sequence[str] = ()) -> Lanes
         for rid in t.finished:
             if rid in finished:
                 finished[rid] = True
-    return Lanes(ids, tuple(t.step for t in traces), tuple(tuple(states[r]) for r in ids),
+    return Lanes(ids, tuple(step_number(t) for t in traces), tuple(tuple(states[r]) for r in ids),
                  tuple(tuple(tokens[r]) for r in ids))
 
 
@@ -101,7 +104,7 @@ def budget_panel(traces: Sequence[StepTrace]) -> Panel:
     per_kind: dict[str, list[tuple[str, int, int]]] = {kind: [] for kind, _ in CHUNK_KINDS}
     for t in traces:
         for c in sorted(t.scheduled, key=lambda c: request_sort_key(c.request_id)):
-            per_kind.setdefault(c.kind, []).append((c.request_id, t.step, c.num_tokens))
+            per_kind.setdefault(c.kind, []).append((c.request_id, step_number(t), c.num_tokens))
     data = []
     for kind, name in CHUNK_KINDS:
         pts = per_kind[kind]
@@ -118,14 +121,13 @@ def budget_panel(traces: Sequence[StepTrace]) -> Panel:
     return Panel(data, height=210, shapes=shapes, annotations=notes,
                  xaxis=dict(title=dict(text="engine step"), fixedrange=True),
                  yaxis=dict(title=dict(text="tokens"), fixedrange=True, rangemode="tozero"),
-                 title="Tokens per step by request (bar colour = request, as in the swim lane; "
-                       "solid = prefill chunk, faded = decode)")
+                 title="Tokens per step (colour = request; solid = prefill, faded = decode)")
 
 
 def counts_panel(traces: Sequence[StepTrace]) -> Panel:
     """How many decodes and prefill chunks each step held: a 1-token decode is invisible beside a
     256-token chunk on the token scale; here it counts as one."""
-    steps = [t.step for t in traces]
+    steps = [step_number(t) for t in traces]
     data = [dict(type="bar", x=steps, y=[sum(1 for c in t.scheduled if c.kind == kind) for t in traces],
                  name=name, marker=dict(color=CHUNK_KIND_COLORS[kind]), legendgroup="counts",
                  hovertemplate=f"step %{{x}}: %{{y}} {name}<extra></extra>")
@@ -153,7 +155,7 @@ def lane_heatmap(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> dict:
     )
 
 
-def lane_numbers(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> list[dict]:
+def lane_numbers(lane: Lanes, xaxis: str = "x", yaxis: str = "y", font_size: int = 12) -> list[dict]:
     """Token counts of the prefill cells as one text-only Scatter trace over the heatmap.
 
     A decode always computes one token (its colour says so), so only prefill cells carry a
@@ -164,7 +166,8 @@ def lane_numbers(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> list[dict]:
     cells = [(step, plot_label(rid), n) for rid, srow, nrow in zip(lane.request_ids, lane.states, lane.tokens)
              for step, s, n in zip(lane.steps, srow, nrow) if s == "prefill"]
     return [dict(type="scatter", mode="text", x=[c[0] for c in cells], y=[c[1] for c in cells],
-                 text=[str(c[2]) for c in cells], textfont=dict(size=10, color="white"), name="prefill tokens",
+                 text=[str(c[2]) for c in cells], name="prefill tokens",
+                 textfont=dict(size=font_size - 2, color=text_color_on(LANE_STATE_COLORS["prefill"])),
                  showlegend=False, hoverinfo="skip", xaxis=xaxis, yaxis=yaxis)]
 
 
@@ -186,14 +189,17 @@ def request_chips(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> list[dict]
                  xaxis=xaxis, yaxis=yaxis)]
 
 
-def lane_panel(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -> Panel:
+def lane_panel(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> Panel:
     """Requests (rows, arrival order) x engine steps (columns), coloured by what each did."""
     lane = lanes(traces, _request_ids(snapshot))
-    data = ([lane_heatmap(lane)] if lane.steps else []) + lane_numbers(lane) + request_chips(lane) + state_legend()
-    return Panel(data, height=max(90, 22 * len(lane.request_ids)),
+    data = ([lane_heatmap(lane)] if lane.steps else []) + lane_numbers(lane, font_size=font_size) + \
+        request_chips(lane) + state_legend()
+    captions = notes(step_events(traces), font_size, LANE_EVENTS, y=lambda g: plot_label(g[0].request_id or ""),
+                     yref="y")
+    return Panel(data, height=max(90, 22 * len(lane.request_ids)), annotations=captions,
                  xaxis=dict(title=dict(text="engine step"), fixedrange=True),
                  yaxis=dict(autorange="reversed", fixedrange=True, type="category"),
-                 title="Swim lane: each request's state per step (number = prefill tokens computed; a decode is 1)")
+                 title="Swim lane: each request's state per step (number = prefill tokens)")
 
 
 def queue_frame(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -> pd.DataFrame:
@@ -202,7 +208,7 @@ def queue_frame(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -
     waiting = lane.count("waiting")
     preempted = lane.count("preempted")
     return pd.DataFrame({
-        "step": [t.step for t in traces],
+        "step": [step_number(t) for t in traces],
         "waiting": [w + p for w, p in zip(waiting, preempted)],
         "running": [t.num_running for t in traces],
         "preempted": preempted,
@@ -225,7 +231,7 @@ def queue_panel(traces: Sequence[StepTrace], snapshot: Snapshot | None = None) -
 
 def timeline_figure(traces: Sequence[StepTrace], snapshot: Snapshot | None = None, font_size: int = 12) -> go.Figure:
     """The live view: token budget, batch counts, swim lane and queues on one shared step axis."""
-    return stack([budget_panel(traces), counts_panel(traces), lane_panel(traces, snapshot),
+    return stack([budget_panel(traces), counts_panel(traces), lane_panel(traces, snapshot, font_size),
                   queue_panel(traces, snapshot)],
                  live_layout(f"Batch composition after {len(traces)} steps", len(traces), font_size,
                              barmode="stack", legend=dict(tracegroupgap=18)),
@@ -239,7 +245,7 @@ def latency_frame(snapshot: Snapshot) -> pd.DataFrame:
     for m in sorted(snapshot.metrics, key=lambda m: request_sort_key(m.request_id)):
         latency_steps = None if m.finished_step is None else m.finished_step - m.arrival_step + 1
         rows.append({"request": request_label(m.request_id), "status": status.get(m.request_id, ""),
-                     "arrival step": m.arrival_step, "TTFT (steps)": m.ttft_steps, "TTFT (ms)": m.ttft_ms,
+                     "arrival step": m.arrival_step + 1, "TTFT (steps)": m.ttft_steps, "TTFT (ms)": m.ttft_ms,
                      "TPOT (ms)": m.tpot_ms, "latency (steps)": latency_steps, "E2E (ms)": m.e2e_ms,
                      "output tokens": m.num_output_tokens, "preemptions": m.num_preemptions})
     return pd.DataFrame(rows, columns=["request", "status", "arrival step", "TTFT (steps)", "TTFT (ms)", "TPOT (ms)",

@@ -30,9 +30,23 @@ def _template() -> dict[str, Any]:
     return pio.templates["plotly_white"].to_plotly_json()
 
 
+def _axis(spec: dict[str, Any]) -> dict[str, Any]:
+    """An axis as plotly.js 3+ reads it: a title given as a string becomes ``{"text": ...}``
+    (plotly.js dropped the string form, and an unvalidated figure is not converted by plotly.py:
+    the axis would show no title at all), and ``automargin`` makes room for its tick labels and
+    title instead of cutting them off."""
+    out = dict(spec)
+    if isinstance(out.get("title"), str):
+        out["title"] = {"text": out["title"]}
+    out.setdefault("automargin", True)
+    return out
+
+
 def figure(data: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
-    """A Figure from trace dicts (each with "type") and a layout dict, without validation."""
-    layout = dict(layout)
+    """A Figure from trace dicts (each with "type") and a layout dict, without validation
+    (axes through ``_axis``)."""
+    layout = {k: _axis(v) if k.startswith(("xaxis", "yaxis")) and isinstance(v, dict) else v
+              for k, v in layout.items()}
     layout.setdefault("template", _template())
     font = dict(layout.get("font", {}))
     font.setdefault("family", FONT_FAMILY)
@@ -86,6 +100,7 @@ def stack(panels: list[Panel], layout: dict[str, Any], gap_px: int = 56, shared_
     the bottom panel keeps its tick labels and title.
     """
     top, bottom = margin_px
+    title_size = int(layout.get("font", {}).get("size", 12)) + 1  # panel titles scale with the figure's font
     plot_h = sum(p.height for p in panels) + gap_px * (len(panels) - 1)
     total = plot_h + top + bottom
     data: list[dict[str, Any]] = []
@@ -117,7 +132,7 @@ def stack(panels: list[Panel], layout: dict[str, Any], gap_px: int = 56, shared_
             notes.append(dict(a, xref=_rename(a.get("xref", "x"), x, y), yref=_rename(a.get("yref", "y"), x, y)))
         if p.title:
             notes.append(dict(text=f"<b>{p.title}</b>", xref="paper", yref="paper", x=0, y=min(hi, 1.0),
-                              xanchor="left", yanchor="bottom", showarrow=False, font=dict(size=13)))
+                              xanchor="left", yanchor="bottom", showarrow=False, font=dict(size=title_size)))
     out = dict(layout, height=total, shapes=shapes + list(layout.get("shapes", [])),
                annotations=notes + list(layout.get("annotations", [])), **axes)
     out.setdefault("margin", dict(l=10, r=10, t=top, b=bottom))

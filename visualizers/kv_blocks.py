@@ -16,13 +16,15 @@ import plotly.graph_objects as go
 
 
 from engine.trace import BlockState, RequestState, Snapshot, StepTrace
+from visualizers.events import caption, grouped, note, step_events
 from visualizers.figures import Panel, live_layout, stack, vline
 from visualizers.text import escape_markdown
-from visualizers.theme import BLOCK_STATE_COLORS, plot_label, request_color, request_label, request_sort_key
+from visualizers.theme import (BLOCK_STATE_COLORS, blend, plot_label, request_color, request_label, request_sort_key,
+                               text_color_on)
 
 CELL_PX = 30  # pitch of one block in the pool grid
-ALLOCATED_OUTLINE = "#222222"
-FREED_OUTLINE = "#EE6677"
+ALLOCATED_OUTLINE = BLOCK_STATE_COLORS["allocated outline"]
+FREED_OUTLINE = BLOCK_STATE_COLORS["freed outline"]
 
 
 def block_state(block: BlockState) -> str:
@@ -156,12 +158,12 @@ def grid_panel(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | 
 
 
 def pool_title(snapshot: Snapshot) -> str:
-    """"Block pool: U used, F free of N (block size B)", with the evictable cached blocks when any."""
+    """"Block pool: U used, F free / N", with the evictable cached blocks when any (short: it
+    heads a chart as narrow as the pool grid). The block size is in the pool summary."""
     evictable = snapshot.num_evictable_blocks
     used = snapshot.num_blocks - snapshot.num_free_blocks - evictable
-    cached = f", {evictable} cached (evictable)" if evictable else ""
-    return (f"Block pool: {used} used, {snapshot.num_free_blocks} free{cached} of {snapshot.num_blocks} "
-            f"(block size {snapshot.block_size})")
+    cached = f", {evictable} evictable" if evictable else ""
+    return f"Block pool: {used} used, {snapshot.num_free_blocks} free{cached} / {snapshot.num_blocks}"
 
 
 def running_tables(snapshot: Snapshot) -> list[RequestState]:
@@ -196,12 +198,14 @@ def table_panel(snapshot: Snapshot, focus: str | None = None, font_size: int = 1
         bs = [blocks[p] for p in r.block_table]
         faded = focus is not None and r.request_id != focus
         label = plot_label(r.request_id)
+        color = request_color(r.request_id)
+        opacity = [0.12 if faded else _fill_opacity(b.num_tokens, snapshot.block_size) for b in bs]
         data.append(dict(
             type="scatter", x=list(range(len(bs))), y=[label] * len(bs),
             mode="markers+text" if size >= 18 else "markers", name=label, legendgroup=label, showlegend=False,
-            marker=dict(symbol="square", size=size, color=request_color(r.request_id),
-                        opacity=[0.12 if faded else _fill_opacity(b.num_tokens, snapshot.block_size) for b in bs]),
-            text=[str(b.block_id) for b in bs], textfont=dict(size=max(8, font_size - 3), color="#222222"),
+            marker=dict(symbol="square", size=size, color=color, opacity=opacity),
+            text=[str(b.block_id) for b in bs],
+            textfont=dict(size=max(8, font_size - 3), color=[text_color_on(blend(color, o)) for o in opacity]),
             customdata=[[i, b.block_id, b.num_tokens, _hover_text(b.text)] for i, b in enumerate(bs)],
             hovertemplate=(f"{label}: logical %{{customdata[0]}} → physical %{{customdata[1]}}"
                            f"<br>tokens: %{{customdata[2]}}/{snapshot.block_size}<br>%{{customdata[3]}}<extra></extra>"),
@@ -212,17 +216,32 @@ def table_panel(snapshot: Snapshot, focus: str | None = None, font_size: int = 1
                  xaxis=dict(title=dict(text="logical block (number = physical block)"), range=[-0.7, max(widest, 8) - 0.3],
                             dtick=1 if widest <= 24 else None, fixedrange=True, zeroline=False, showgrid=False),
                  yaxis=dict(autorange="reversed", fixedrange=True, type="category", showgrid=False),
-                 title="Block tables: each running request's logical blocks → physical blocks")
+                 title="Block tables: logical → physical blocks")
 
 
 def kv_figure(snapshot: Snapshot, trace: StepTrace | None = None, focus: str | None = None,
               font_size: int = 12) -> go.Figure:
     """The live view: block pool above, block tables below, one legend (click a request to hide it)."""
     cols = grid_columns(snapshot.num_blocks)
-    return stack([grid_panel(snapshot, trace, focus), table_panel(snapshot, focus, font_size)],
+    pool = grid_panel(snapshot, trace, focus)
+    pool.annotations += freed_notes(snapshot, trace, font_size)
+    return stack([pool, table_panel(snapshot, focus, font_size)],
                  live_layout(f"Paged KV cache after {snapshot.step} steps", snapshot.step, font_size,
                              width=cols * CELL_PX + 200, legend=dict(title=dict(text="owner"), itemsizing="constant")),
                  gap_px=70, margin_px=(80, 50))
+
+
+def freed_notes(snapshot: Snapshot, trace: StepTrace | None, font_size: int) -> list[dict[str, Any]]:
+    """The last step's preemptions and evictions (visualizers.events) captioned on the pool,
+    pointing at the first block the step freed."""
+    if trace is None or not trace.blocks_freed:
+        return []
+    cols = grid_columns(snapshot.num_blocks)
+    first = min(trace.blocks_freed)
+    freed = f": {len(trace.blocks_freed)} blocks freed"
+    return [note(group[0].kind, caption(group) + (freed if group[0].kind == "preemption" else ""), first % cols,
+                 first // cols, font_size, raised=i)
+            for i, group in enumerate(grouped(step_events([trace]), ("preemption", "eviction")))]
 
 
 def step_events_frame(trace: StepTrace | None) -> pd.DataFrame:

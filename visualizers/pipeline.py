@@ -23,8 +23,10 @@ from engine.parallel_layout import (CommBytes, ModelDims, WorkerBytes, comm_byte
 from engine.pipeline_stats import PipelineStats, pipeline_stats
 from engine.run import SweepPoint
 from engine.trace import ParallelLayout, PipelineTimeline, PipelineUnit, StepTrace, WorkEvent
+from visualizers.events import Event, note
 from visualizers.figures import figure, live_layout
-from visualizers.theme import PIPELINE_COLORS, PIPELINE_UNIT_COLORS
+from visualizers.steps import step_number
+from visualizers.theme import PIPELINE_COLORS, PIPELINE_UNIT_COLORS, text_color_on
 
 GIB = 2**30
 MIB = 2**20
@@ -80,15 +82,18 @@ def _bar(name: str, y: list[str], starts: list[float], ends: list[float], color:
         bar["marker"]["pattern"] = dict(shape=pattern, fgcolor="#FFFFFF", solidity=0.4)
     if text is not None:
         bar.update(text=text, textposition="inside", insidetextanchor="middle", textangle=0,
-                   textfont=dict(color="#FFFFFF"), cliponaxis=False)
+                   textfont=dict(color=text_color_on(color)), cliponaxis=False)
     return bar
 
 
 def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font_size: int = 12,
-                 step: int | None = None) -> go.Figure:
+                 step: int | None = None, events: Sequence[Event] = ()) -> go.Figure:
     """One lane per worker (stage 0 on top), each forward a box coloured by its unit; sends and
     all-reduces as thin patterned bars over it, receive waits light, idle gaps grey. The window
-    is the one the bubble is measured over (first forward start .. last forward end)."""
+    is the one the bubble is measured over (first forward start .. last forward end).
+    ``events``: the drawn step's (visualizers.events); its "bubble" is captioned on the longest
+    idle gap."""
+    bubble = [e for e in events if e.kind == "bubble"]
     p, t = timeline.pipeline_parallel_size, timeline.tensor_parallel_size
     # each stage's layers when the layout is known: "stage 0 · tp 0 (L0–14)"
     spans = {} if layout is None else {s.stage: f" (L{s.start_layer}–{s.end_layer - 1})" for s in layout.stages}
@@ -113,9 +118,12 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
             data.append(_bar(name, [lanes[e.rank] for e in events], [e.start_ms for e in events],
                              [e.end_ms for e in events], PIPELINE_COLORS[kind], width=width, pattern=pattern,
                              legendrank=500 if kind == "recv" else 600))
+    captions: list[dict[str, Any]] = []
     if forwards:
         start, end = min(e.start_ms for e in forwards), max(e.end_ms for e in forwards)
-        idle_y, idle_a, idle_b = [], [], []
+        idle_y: list[str] = []
+        idle_a: list[float] = []
+        idle_b: list[float] = []
         for rank in range(p * t):
             for a, b in _idle_gaps([e for e in timeline.events if e.rank == rank], start, end):
                 idle_y.append(lanes[rank])
@@ -124,14 +132,23 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
         if idle_y:
             data.insert(0, _bar("idle", idle_y, idle_a, idle_b, PIPELINE_COLORS["idle"], pattern=".",
                                 legendrank=700))
+        # the bubble's biggest piece: the longest idle gap or wait for activations inside the window
+        gaps = list(zip(idle_y, idle_a, idle_b)) + [
+            (lanes[e.rank], max(e.start_ms, start), min(e.end_ms, end)) for e in timeline.events
+            if e.kind == "recv" and min(e.end_ms, end) > max(e.start_ms, start)]
+        if bubble and gaps:
+            lane, a, b = max(gaps, key=lambda g: g[2] - g[1])
+            captions.append(note("bubble", f"{bubble[-1].caption} (step {bubble[-1].step}): "
+                                           f"{lane.split(' (')[0]} waits {b - a:.1f} ms", (a + b) / 2, lane, font_size))
     s = pipeline_stats(timeline)
     title = bubble_title(timeline, s) if forwards else "No pipeline work in this step"
     fig_layout = live_layout(title, step, font_size, barmode="overlay", height=max(260, 70 * p * t + 130),
                              xaxis=dict(title="ms since the driver sent the step" if one_batch else
                                         "ms since the driver sent the first step shown", zeroline=False),
                              yaxis=dict(categoryorder="array", categoryarray=lanes, autorange="reversed",
-                                        type="category"),
-                             legend=dict(orientation="h", y=-0.25), margin=dict(l=10, r=10, t=60, b=10))
+                                        type="category", title=dict(text="worker (stage · tp rank)")),
+                             legend=dict(orientation="h", y=-0.25), margin=dict(l=10, r=10, t=60, b=10),
+                             annotations=captions)
     fig_layout["meta"].update(bubble=s.bubble_fraction, theory=s.theory_bubble, lanes=lanes,
                               units=len(timeline.units), schedule=timeline.schedule)
     return figure(data, fig_layout)
@@ -143,7 +160,7 @@ def stats_frame(traces: Sequence[StepTrace]) -> pd.DataFrame:
     rows = []
     for t, line in timed_steps(traces):
         s = pipeline_stats(line)
-        rows.append({"step": t.step, "schedule": line.schedule, "units": s.num_units,
+        rows.append({"step": step_number(t), "schedule": line.schedule, "units": s.num_units,
                      "tokens": sum(u.num_tokens for u in line.units), "span ms": line.span_ms,
                      "window ms": s.window_ms, "compute": s.compute_fraction, "comm": s.comm_fraction,
                      "bubble": s.bubble_fraction, "theory bubble": s.theory_bubble})

@@ -13,6 +13,7 @@ Pure functions of StepTraces, Snapshots and PolicyRuns.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
@@ -20,8 +21,10 @@ import plotly.graph_objects as go
 
 from engine.run import PolicyRun
 from engine.trace import Snapshot, StepTrace
+from visualizers.events import notes, step_events
 from visualizers.figures import Panel, live_layout, stack
 from visualizers.kv_blocks import CACHED_IN_USE, CELL_PX, STATE_TRACES, grid_columns, grid_panel
+from visualizers.steps import step_number
 from visualizers.text import escape_plotly
 from visualizers.theme import BLOCK_STATE_COLORS, CACHING_COLORS, CHUNK_KIND_COLORS, request_label, request_sort_key
 
@@ -39,7 +42,7 @@ def cache_stats_frame(traces: Sequence[StepTrace]) -> pd.DataFrame:
         looked += ev.num_lookup_tokens
         cached += ev.num_cached_tokens
         rows.append({
-            "step": t.step, "lookup tokens": ev.num_lookup_tokens, "cached tokens": ev.num_cached_tokens,
+            "step": step_number(t), "lookup tokens": ev.num_lookup_tokens, "cached tokens": ev.num_cached_tokens,
             "hit rate": ev.num_cached_tokens / ev.num_lookup_tokens if ev.num_lookup_tokens else None,
             "cumulative hit rate": cached / looked if looked else None,
             "prefill tokens": t.num_prefill_tokens, "cached blocks": t.num_cached_blocks,
@@ -78,7 +81,7 @@ def hit_panel(frame: pd.DataFrame) -> Panel:
              hovertemplate="step %{x}: %{y:.0%} of this step's lookups<extra></extra>")]
     return Panel(data, height=120, xaxis=dict(fixedrange=True, rangemode="tozero"),
                  yaxis=dict(title=dict(text="hit rate"), range=[0, 1.05], tickformat=".0%", fixedrange=True),
-                 title="Hit rate: prompt tokens served from the cache / looked up")
+                 title="Hit rate (cached / looked-up prompt tokens)")
 
 
 def tokens_panel(frame: pd.DataFrame) -> Panel:
@@ -92,7 +95,7 @@ def tokens_panel(frame: pd.DataFrame) -> Panel:
              marker=dict(color=CACHING_COLORS["caching on"]),
              hovertemplate="step %{x}: %{y} prompt tokens served from the cache<extra></extra>")]
     return Panel(data, height=110, xaxis=_xaxis(False), yaxis=dict(title=dict(text="tokens"), fixedrange=True),
-                 title="Prefill tokens per step: computed, and saved by the cache")
+                 title="Prefill tokens: computed, and from the cache")
 
 
 def blocks_panel(frame: pd.DataFrame) -> Panel:
@@ -105,7 +108,7 @@ def blocks_panel(frame: pd.DataFrame) -> Panel:
              name="of those, evictable", line=dict(color=BLOCK_STATE_COLORS["cached outline"], dash="dot"),
              hovertemplate="step %{x}: %{y} evictable blocks<extra></extra>"),
         dict(type="bar", x=steps, y=values(frame["evicted blocks"]), name="blocks evicted (LRU)",
-             marker=dict(color="#EE6677"), hovertemplate="step %{x}: %{y} blocks evicted<extra></extra>")]
+             marker=dict(color=BLOCK_STATE_COLORS["freed outline"]), hovertemplate="step %{x}: %{y} blocks evicted<extra></extra>")]
     return Panel(data, height=110, xaxis=_xaxis(True), yaxis=dict(title=dict(text="blocks"), fixedrange=True),
                  title="Cached blocks, and evictions")
 
@@ -118,6 +121,9 @@ def cache_figure(traces: Sequence[StepTrace], snapshot: Snapshot, font_size: int
         if t["name"] not in (*STATE_TRACES.values(), CACHED_IN_USE):
             t["showlegend"] = False
     panels = [pool, hit_panel(frame), tokens_panel(frame), blocks_panel(frame)]
+    events = step_events(traces)  # captions where they happen: hits on the tokens, evictions on the blocks
+    panels[2].annotations += notes(events, font_size, ("prefix hit",), limit=3)
+    panels[3].annotations += notes(events, font_size, ("eviction",), limit=3)
     rate = hit_rate(traces)
     title = f"Prefix cache after {snapshot.step} steps: hit rate " + (f"{rate:.0%}" if rate is not None else "—")
     width = grid_columns(snapshot.num_blocks) * CELL_PX + 40
@@ -129,30 +135,89 @@ def cache_figure(traces: Sequence[StepTrace], snapshot: Snapshot, font_size: int
 
 # -- caching on vs off ------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class PrefillAccount:
+    """Where one request's prefill work went, position by position.
+
+    Rule: a prompt position is *covered* the first time it is either served from the prefix
+    cache (an admission's lookup) or computed (a prefill chunk); every later prefill of a
+    position, and every prefill of a generated token, is a recompute after a preemption (the
+    preemption dropped its KV). Hence, exactly:
+    ``prompt_tokens == prompt_computed + prompt_from_cache`` and
+    ``prompt_computed + recomputed`` == the prefill tokens the request had computed,
+    ``prompt_from_cache + recompute_from_cache`` == the tokens its lookups found cached.
+    A parallel-sampling sequence ("3#1") shares its parent's prompt: its prompt is covered when it
+    is created, and its ``prompt_tokens`` are 0 (the parent counts them once).
+    """
+
+    prompt_tokens: int
+    prompt_computed: int  # prompt positions computed for the first time
+    prompt_from_cache: int  # prompt positions first served from the cache
+    recomputed: int  # prefill positions computed again after a preemption (prompt or generated tokens)
+    recompute_from_cache: int  # positions served from the cache again after a preemption
+
+    @property
+    def prefill_computed(self) -> int:
+        return self.prompt_computed + self.recomputed
+
+
+def prefill_accounts(run: PolicyRun) -> dict[str, PrefillAccount]:
+    """Request id -> its PrefillAccount over the run (see its rule); lookups of a step are taken
+    before its chunks (an admission's hit comes before the chunk that computes past it)."""
+    prompt = {r.request_id: r.num_prompt_tokens for r in run.final.requests}
+    forks = {r.request_id for r in run.final.requests if r.parent_id is not None}
+    covered = {rid: (n if rid in forks else 0) for rid, n in prompt.items()}
+    tally = {rid: [0, 0, 0, 0] for rid in prompt}  # computed, from cache, recomputed, recompute from cache
+    for t in run.traces:
+        for h in t.prefix.lookups:
+            p, done = prompt.get(h.request_id, 0), covered.get(h.request_id, 0)
+            new = max(0, min(h.num_cached_tokens, p) - done)
+            acc = tally.setdefault(h.request_id, [0, 0, 0, 0])
+            acc[1] += new
+            acc[3] += h.num_cached_tokens - new
+            covered[h.request_id] = max(done, min(h.num_cached_tokens, p))
+        for c in t.scheduled:
+            if c.kind != "prefill":
+                continue
+            p, done = prompt.get(c.request_id, 0), covered.get(c.request_id, 0)
+            end = min(c.start + c.num_tokens, p)
+            new = max(0, end - max(c.start, done))
+            acc = tally.setdefault(c.request_id, [0, 0, 0, 0])
+            acc[0] += new
+            acc[2] += c.num_tokens - new
+            covered[c.request_id] = max(done, end)
+    return {rid: PrefillAccount(0 if rid in forks else prompt.get(rid, 0), *acc) for rid, acc in tally.items()}
+
+
 def prefill_tokens_by_request(run: PolicyRun) -> dict[str, int]:
     """Prefill (and recompute) tokens each request had computed over the run."""
-    out: dict[str, int] = {r.request_id: 0 for r in run.final.requests}
-    for t in run.traces:
-        for c in t.scheduled:
-            if c.kind == "prefill":
-                out[c.request_id] = out.get(c.request_id, 0) + c.num_tokens
-    return out
+    return {rid: a.prefill_computed for rid, a in prefill_accounts(run).items()}
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+# The summary's token columns add up, row by row: prompt tokens = computed + from cache;
+# prefill tokens computed = computed + recomputed after preemption.
+SUMMARY_TOKEN_COLUMNS = ("prompt tokens", "computed", "from cache", "recomputed after preemption",
+                         "from cache after preemption", "prefill tokens computed")
+
+
 def caching_summary(runs: Mapping[str, PolicyRun]) -> pd.DataFrame:
-    """One row per run: steps, prompt tokens, prefill computed, tokens from cache, hit rate, TTFT, time."""
+    """One row per run: steps, the prompt tokens split into computed and served from the cache,
+    the prefill recomputed after preemptions (and the part of it the cache served), prefill
+    tokens computed in all, hit rate, TTFT, time (PrefillAccount's rule: the columns add up)."""
     rows = []
     for name, run in runs.items():
         ms = run.final.metrics
+        accounts = prefill_accounts(run).values()
+        prompt, computed, cached, recomputed, recached = (sum(getattr(a, f) for a in accounts) for f in (
+            "prompt_tokens", "prompt_computed", "prompt_from_cache", "recomputed", "recompute_from_cache"))
         rows.append({
-            "run": name, "steps": len(run.traces),
-            "prompt tokens": sum(r.num_prompt_tokens for r in run.final.requests if r.parent_id is None),
-            "prefill tokens computed": sum(t.num_prefill_tokens for t in run.traces),
-            "tokens from cache": sum(t.prefix.num_cached_tokens for t in run.traces),
+            "run": name, "steps": len(run.traces), "prompt tokens": prompt, "computed": computed,
+            "from cache": cached, "recomputed after preemption": recomputed,
+            "from cache after preemption": recached, "prefill tokens computed": computed + recomputed,
             "hit rate": hit_rate(run.traces) or 0.0,  # caching off: nothing looked up, nothing served
             "mean TTFT (steps)": _mean([m.ttft_steps for m in ms if m.ttft_steps is not None]),
             "mean TTFT (ms)": _mean([m.ttft_ms for m in ms if m.ttft_ms is not None]),
@@ -162,24 +227,31 @@ def caching_summary(runs: Mapping[str, PolicyRun]) -> pd.DataFrame:
 
 
 REQUEST_COLUMNS = ["request", "prompt tokens", "from cache", "prefill computed (on)", "prefill computed (off)",
-                   "TTFT steps (on)", "TTFT steps (off)", "TTFT ms (on)", "TTFT ms (off)"]
+                   "recomputed (on)", "recomputed (off)", "TTFT steps (on)", "TTFT steps (off)", "TTFT ms (on)",
+                   "TTFT ms (off)"]
 
 
 def caching_requests_frame(runs: Mapping[str, PolicyRun]) -> pd.DataFrame:
-    """One row per request of the "caching on" run, with the same request's figures with caching off."""
+    """One row per request of the "caching on" run, with the same request's figures with caching off.
+
+    Per side: prompt tokens = prefill computed - recomputed (after preemption) + from cache (with
+    caching off, from cache is 0)."""
     on, off = runs.get("caching on"), runs.get("caching off")
     if on is None or off is None:
         return pd.DataFrame([], columns=REQUEST_COLUMNS)
-    prefill = {name: prefill_tokens_by_request(run) for name, run in runs.items()}
+    accounts = {name: prefill_accounts(run) for name, run in runs.items()}
     metrics = {name: {m.request_id: m for m in run.final.metrics} for name, run in runs.items()}
+    empty = PrefillAccount(0, 0, 0, 0, 0)
     rows = []
     for r in sorted(on.final.requests, key=lambda r: request_sort_key(r.request_id)):
         m_on, m_off = metrics["caching on"].get(r.request_id), metrics["caching off"].get(r.request_id)
+        a_on = accounts["caching on"].get(r.request_id, empty)
+        a_off = accounts["caching off"].get(r.request_id, empty)
         rows.append({
-            "request": request_label(r.request_id), "prompt tokens": r.num_prompt_tokens,
-            "from cache": m_on.num_cached_tokens if m_on else r.num_cached_tokens,
-            "prefill computed (on)": prefill["caching on"].get(r.request_id, 0),
-            "prefill computed (off)": prefill["caching off"].get(r.request_id, 0),
+            "request": request_label(r.request_id), "prompt tokens": a_on.prompt_tokens,
+            "from cache": a_on.prompt_from_cache,
+            "prefill computed (on)": a_on.prefill_computed, "prefill computed (off)": a_off.prefill_computed,
+            "recomputed (on)": a_on.recomputed, "recomputed (off)": a_off.recomputed,
             "TTFT steps (on)": m_on.ttft_steps if m_on else None,
             "TTFT steps (off)": m_off.ttft_steps if m_off else None,
             "TTFT ms (on)": m_on.ttft_ms if m_on else None, "TTFT ms (off)": m_off.ttft_ms if m_off else None,

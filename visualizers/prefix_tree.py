@@ -20,6 +20,7 @@ what is reachable from the root and never raises.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -30,14 +31,17 @@ from engine.trace import PrefixNode, Snapshot, StepTrace
 from visualizers.figures import figure, live_layout
 from visualizers.text import escape_markdown, escape_plotly
 from visualizers.theme import (BLOCK_STATE_COLORS, PREFIX_NODE_COLORS, PREFIX_NODE_LABELS, PREFIX_NODE_STATES,
-                               plot_label, request_color, request_label, request_sort_key)
+                               plot_label, request_color, request_label, request_sort_key, text_color_on)
 
 MAX_NODES = 30  # boxes drawn before cold subtrees are folded
 MAX_SLOTS = 14  # leaves across before cold subtrees are folded (a box stays wide enough to read)
 COLD_STEPS = 4  # a subtree touched within this many steps is never folded
 MAX_OWNER_DOTS = 8  # owner squares drawn under a box (the hover lists them all)
-PLOT_WIDTH_PX = 1100  # the plot width label truncation assumes (the chart stretches)
-LEVEL_PX = 100  # pixels per tree level
+PLOT_WIDTH_PX = 1000  # the narrowest plot the labels are fitted to (a 1440-px screen, sidebar open)
+MARGIN_X_PX = 20  # the figure's left + right margins
+LEVEL_PX = 100  # pixels per tree level (at least; more when the font needs it: level_px)
+CHAR_EM = 0.62  # width of a character (bold Source Sans, generous), in ems
+LINE_EM = 1.3  # height of a line of text, in ems
 BOX_W = 0.88  # box width, in leaf slots
 BOX_H = 0.56  # box height, in levels
 OWNER_GAP = 0.09  # owner squares sit this far (levels) below their box
@@ -397,7 +401,7 @@ def _place(drafts: Mapping[str, _Draft], root_key: str) -> tuple[list[Box], int]
 def truncate(text: str, chars: int) -> str:
     """Text for a box: newlines visible (⏎), at most ``chars`` characters, escaped for Plotly."""
     flat = text.replace("\r", "").replace("\n", "⏎")
-    shown = flat if len(flat) <= chars else flat[:max(chars - 1, 1)] + "…"
+    shown = flat if len(flat) <= chars else flat[:max(chars - 1, 0)] + "…"
     return escape_plotly(shown)
 
 
@@ -412,10 +416,26 @@ def wrap(text: str, width: int = 60, max_lines: int = 8) -> str:
     return "<br>".join(escape_plotly(line) for line in lines)
 
 
+def text_sizes(font_size: int) -> tuple[int, int]:
+    """(the box's bold text, its two caption lines) in px: both scale with the figure's font."""
+    return max(font_size - 1, 8), max(font_size - 3, 8)
+
+
+def level_px(font_size: int) -> int:
+    """Pixels per tree level: a box (BOX_H levels tall) holds its three lines of text."""
+    main, small = text_sizes(font_size)
+    return max(LEVEL_PX, math.ceil((LINE_EM * (main + 2 * small) + 6) / BOX_H))
+
+
+def box_px(slots: int) -> float:
+    """A box's width in pixels when ``slots`` leaves share the narrowest plot (PLOT_WIDTH_PX)."""
+    return (PLOT_WIDTH_PX - MARGIN_X_PX) / max(slots, 1) * BOX_W
+
+
 def label_chars(slots: int, font_size: int) -> int:
-    """How many characters of text fit in a box when ``slots`` boxes share the plot's width."""
-    box_px = PLOT_WIDTH_PX / max(slots, 1) * BOX_W
-    return max(3, min(28, int(box_px / (font_size * 0.62))))
+    """How many characters of a line at ``font_size`` px fit in a box (``box_px``), padding
+    kept: a longer line is cut with an ellipsis (``truncate``), never drawn past the box."""
+    return max(1, min(28, int((box_px(slots) - 4) / (font_size * CHAR_EM))))
 
 
 def caption(box: Box) -> tuple[str, str]:
@@ -431,15 +451,19 @@ def caption(box: Box) -> tuple[str, str]:
     return blocks, f"lock {box.lock_count}"
 
 
-def box_text(box: Box, chars: int, font_size: int) -> str:
-    """Bold text (a fold: how many nodes), then the two small caption lines."""
+def box_text(box: Box, slots: int, font_size: int) -> str:
+    """Bold text (a fold: how many nodes), then the two small caption lines; every line cut to
+    what fits the box at its own size (``label_chars``)."""
+    main, small = text_sizes(font_size)
     if box.state == "root":
-        return "<b>root</b>"
-    quoted = truncate(box.text, chars) if box.text else "·"
+        return f"<b>{truncate('root', label_chars(slots, main))}</b>"
     first, second = caption(box)
+    quoted = box.text or "·"
     if box.state == "collapsed":
         quoted, first = first, quoted
-    return f"<b>{quoted}</b><br><span style=\"font-size:{max(font_size - 3, 8)}px\">{first}<br>{second}</span>"
+    cut = label_chars(slots, small)
+    return (f"<b>{truncate(quoted, label_chars(slots, main))}</b><br><span style=\"font-size:{small}px\">"
+            f"{truncate(first, cut)}<br>{truncate(second, cut)}</span>")
 
 
 def hover_text(box: Box) -> str:
@@ -537,13 +561,14 @@ def tree_figure(snapshot: Snapshot, trace: StepTrace | None = None, traces: Sequ
     """
     layout = tree_layout(snapshot, trace, traces, max_nodes, cold_steps, max_slots)
     boxes = layout.boxes
-    chars = label_chars(layout.slots, font_size)
     data = [_edges(boxes, ghosts=False), _edges(boxes, ghosts=True)]
     for state in PREFIX_NODE_STATES[1:]:
         data.append(_state_trace(state, [b for b in boxes if b.state == state]))
     data.append(_state_trace("root", [b for b in boxes if b.state == "root"]) | {"showlegend": False})
     data.append(dict(type="scatter", mode="text", x=[b.x for b in boxes], y=[b.depth for b in boxes],
-                     text=[box_text(b, chars, font_size) for b in boxes], textfont=dict(size=max(font_size - 1, 8)),
+                     text=[box_text(b, layout.slots, font_size) for b in boxes],
+                     textfont=dict(size=text_sizes(font_size)[0],
+                                   color=[text_color_on(PREFIX_NODE_COLORS[b.state]) for b in boxes]),
                      hoverinfo="skip", showlegend=False, name="labels"))
     data.append(_owner_dots(boxes))
     data.append(_hover_trace(boxes))
@@ -551,7 +576,7 @@ def tree_figure(snapshot: Snapshot, trace: StepTrace | None = None, traces: Sequ
         text=("Prefix caching is off (enable_prefix_caching = false): nothing is cached." if not layout.enabled
               else "Nothing cached yet: a request's blocks enter the tree as they fill."),
         showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")]
-    height = max(260, (layout.depth + 1) * LEVEL_PX + 130)
+    height = max(260, (layout.depth + 1) * level_px(font_size) + 130)
     spec = live_layout(tree_title(layout, snapshot), snapshot.step, font_size, height=height,
                        margin=dict(l=10, r=10, t=60, b=70), annotations=notes, hovermode="closest",
                        legend=dict(orientation="h", y=-0.02, yanchor="top", x=0, itemclick=False,

@@ -27,16 +27,18 @@ import plotly.graph_objects as go
 from engine.spec_theory import best_k, expected_speedup, expected_tokens_per_step
 from engine.run import SPECULATION_RUNS
 from engine.trace import SpecVerification, StepTrace
+from visualizers.events import notes, step_events
 from visualizers.figures import Panel, figure, live_layout, stack
+from visualizers.steps import step_number
 from visualizers.text import escape_markdown, escape_plotly
-from visualizers.theme import plot_label, request_label, request_sort_key
+from visualizers.theme import plot_label, request_label, request_sort_key, text_color_on
 
-SPEC_COLORS: dict[str, str] = {
-    "accepted": "#228833",
-    "rejected": "#EE6677",
+SPEC_COLORS: dict[str, str] = {  # outcome colours: none is a request colour (theme.STATE_COLOR_MIN_DISTANCE)
+    "accepted": "#4DAC26",
+    "rejected": "#D73027",
     "unverified": "#DDDDDD",
-    "bonus": "#4477AA",
-    "recovered": "#EE7733",
+    "bonus": "#2166AC",
+    "recovered": "#F1A340",
 }
 SPEC_LABELS: dict[str, str] = {
     "accepted": "accepted draft",
@@ -92,14 +94,15 @@ def drafts_figure(trace: StepTrace | None, font_size: int = 12, step: int | None
         hovers[final].append(f"{label} {final} token: {_piece(_final_text(v, pieces), final_id)!r}"
                              + (f"<br>residual max(0, p − q), top entries:{residual}" if residual else ""))
     data = [dict(type="scatter", mode="markers+text", name=SPEC_LABELS[kind], x=xs[kind], y=ys[kind],
-                 text=texts[kind], textposition="middle center", textfont=dict(size=font_size - 1),
+                 text=texts[kind], textposition="middle center",
+                 textfont=dict(size=font_size - 1, color=text_color_on(SPEC_COLORS[kind])),
                  marker=dict(symbol="square", size=font_size * 3.6, color=SPEC_COLORS[kind],
                              line=dict(width=1, color="white")),
                  hovertext=hovers[kind], hoverinfo="text", cliponaxis=False)
             for kind in SPEC_COLORS]
     k_max = max((len(v.drafts) for v in spec), default=0)
     emitted = sum(len(v.emitted) for v in spec)
-    title = (f"Step {trace.step if trace else '—'}: {len(spec)} requests verified drafts, "
+    title = (f"Step {step_number(trace) if trace else '—'}: {len(spec)} requests verified drafts, "
              f"{sum(v.num_accepted for v in spec)} of {sum(len(v.drafts) for v in spec)} accepted, "
              f"{emitted} tokens from {1 if spec else 0} target forward")
     layout = live_layout(title, step, font_size, height=190 + 4 * font_size * max(len(spec), 1),
@@ -125,6 +128,15 @@ def pq_figure(v: SpecVerification, font_size: int = 12) -> go.Figure:
     layout = live_layout(title, None, font_size, height=300, barmode="group", margin=dict(l=60, r=20, t=60, b=60),
                          legend=dict(orientation="h", y=-0.3), yaxis=dict(range=[0, 1.05], title=dict(text="probability")))
     return figure(data, layout)
+
+
+NOT_APPLICABLE = "—"  # a table cell with no value (no draft verified): never "None" or NaN
+
+
+def alpha_cell(accepted: int, proposed: int) -> str:
+    """α for a table cell: accepted / proposed as a percentage, "—" when nothing was proposed
+    (a run or request without drafts has no acceptance rate, not a rate of None)."""
+    return f"{accepted / proposed:.0%}" if proposed else NOT_APPLICABLE
 
 
 def _verifications(traces: Sequence[StepTrace]) -> list[SpecVerification]:
@@ -161,7 +173,7 @@ def spec_summary(traces: Sequence[StepTrace]) -> dict[str, float | int | None]:
 
 
 def spec_requests_frame(traces: Sequence[StepTrace]) -> pd.DataFrame:
-    """Per request: verifications, drafts proposed / accepted, α, tokens per verification."""
+    """Per request: verifications, drafts proposed / accepted, α (``alpha_cell``), tokens per verification."""
     per: dict[str, list[SpecVerification]] = {}
     for v in _verifications(traces):
         per.setdefault(v.request_id, []).append(v)
@@ -171,7 +183,7 @@ def spec_requests_frame(traces: Sequence[StepTrace]) -> pd.DataFrame:
         proposed = sum(len(v.drafts) for v in vs)
         accepted = sum(v.num_accepted for v in vs)
         rows.append({"request": request_label(rid), "verifications": len(vs), "proposed": proposed,
-                     "accepted": accepted, "alpha": accepted / proposed if proposed else None,
+                     "accepted": accepted, "alpha": alpha_cell(accepted, proposed),
                      "tokens / verification": sum(len(v.emitted) for v in vs) / len(vs)})
     return pd.DataFrame(rows, columns=["request", "verifications", "proposed", "accepted", "alpha",
                                        "tokens / verification"])
@@ -220,16 +232,17 @@ def tokens_per_step_figure(traces: Sequence[StepTrace], font_size: int = 12, ste
     steps, mean_tokens, accepted = [], [], []
     for t in traces:
         if t.spec:
-            steps.append(t.step)
+            steps.append(step_number(t))
             mean_tokens.append(sum(len(v.emitted) for v in t.spec) / len(t.spec))
             accepted.append(sum(v.num_accepted for v in t.spec))
     data = [dict(type="bar", name="tokens per verifying request", x=steps, y=mean_tokens,
                  marker=dict(color=SPEC_COLORS["accepted"]), hovertemplate="step %{x}: %{y:.2f} tokens<extra></extra>"),
             dict(type="scatter", mode="lines", name="without speculation", x=steps, y=[1.0] * len(steps),
                  line=dict(color="#888888", dash="dot"))]
-    layout = live_layout("What one target forward bought: tokens per verifying request, per step", step, font_size,
-                         height=280, margin=dict(l=60, r=20, t=60, b=50), legend=dict(orientation="h", y=-0.3),
-                         xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text="tokens")))
+    layout = live_layout("Tokens per verifying request, per step", step, font_size,
+                         height=300, margin=dict(l=60, r=20, t=90, b=50), legend=dict(orientation="h", y=-0.3),
+                         xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text="tokens")),
+                         annotations=notes(step_events(traces), font_size, ("rejected draft",)))
     return figure(data, layout)
 
 
@@ -287,8 +300,9 @@ def measured_speedup(runs: dict) -> float | None:
 
 
 def comparison_frame(runs: dict) -> pd.DataFrame:
-    """One row per run: target steps, output tokens, engine time, tokens per second, α, and
-    whether every request's text equals the other run's."""
+    """One row per run: target steps, output tokens, engine time, tokens per second, α
+    (``alpha_cell``: "—" for the run without speculation), and whether every request's text
+    equals the other run's."""
     same = runs[SPEC_RUN].outputs == runs[PLAIN_RUN].outputs if {SPEC_RUN, PLAIN_RUN} <= set(runs) else None
     rows = []
     for name in (SPEC_RUN, PLAIN_RUN):
@@ -297,10 +311,9 @@ def comparison_frame(runs: dict) -> pd.DataFrame:
             continue
         tokens = run.num_output_tokens
         ms = run.engine_ms
-        alpha = spec_summary(run.traces)["alpha"]
         rows.append({"run": name, "target steps": run.num_steps, "output tokens": tokens,
                      "engine time (ms)": round(ms, 1), "tokens / s": round(tokens / ms * 1e3, 1) if ms else None,
-                     "alpha": None if alpha is None else round(float(alpha), 3),
+                     "alpha": alpha_cell(run.num_accepted_tokens, run.num_draft_tokens),
                      "same text as the other run": same})
     return pd.DataFrame(rows)
 

@@ -16,6 +16,15 @@ STEP_COLUMNS = ["step", "requests", "prefill tokens", "decode tokens", "batched 
                 "schedule ms", "forward ms", "sample ms", "total ms"]
 
 
+def step_number(trace: StepTrace) -> int:
+    """How every view names a step: steps count from 1. The n-th step of a run (its trace has
+    ``StepTrace.step == n - 1``, the engine's 0-based index) is "step n", so the latest step's
+    label equals the steps done (``RunView.step``, ``Snapshot.step``, a figure's ``meta.step``):
+    after 10 steps the charts end at step 10. A request's ``arrival_step`` (also 0-based: it
+    arrives in the step with that index) is shown as ``arrival_step + 1`` by the same rule."""
+    return trace.step + 1
+
+
 def token_piece(text: str | None) -> str:
     """A tokenizer piece made readable: byte-level markers for space/newline become visible glyphs."""
     if text is None:
@@ -27,7 +36,7 @@ def step_table(traces: Sequence[StepTrace]) -> pd.DataFrame:
     rows = []
     for t in traces:
         rows.append({
-            "step": t.step,
+            "step": step_number(t),
             "requests": ", ".join(request_label(c.request_id) for c in t.scheduled),
             "prefill tokens": t.num_prefill_tokens,
             "decode tokens": t.num_decode_tokens,

@@ -61,17 +61,25 @@ def request_color(request_id: int | str) -> str:
     return REQUEST_COLORS[index % len(REQUEST_COLORS)]
 
 
+# State colours (what a block, a node, a request in a step or a draft is) never equal a request
+# colour, nor come within STATE_COLOR_MIN_DISTANCE of one (RGB distance): a swim-lane cell or a
+# tree box must not read as "request r0". Achromatic greys for the busy states, one red for a
+# preemption, pale green for finished; tests/test_views_talk.py checks every palette below.
+STATE_COLOR_MIN_DISTANCE = 28.0
+
 # Paged KV-cache blocks.
 BLOCK_STATE_COLORS: dict[str, str] = {
     "free": "#E8E8E8",
-    "used": "#4477AA",
+    "used": "#5A5A5A",
     # Prefix cache: a block a radix-tree node holds. Evictable (ref count 0) = pale fill with the
     # cache's outline; in use = the owner's colour with the same outline. An outline, not only a
     # fill, because a request's colour at low fill opacity can come close to any pale colour.
     "cached": "#CDEFF4",
     "cached outline": "#117788",
     "shared": "#000000",  # ref count > 1 (black: no request has it)
-    "reserved": "#BBBBBB",
+    "reserved": "#D4D4D4",
+    "allocated outline": "#222222",  # allocated in the last step
+    "freed outline": "#D73027",  # freed in the last step
 }
 
 # Prefix cache (radix tree): what a node is, and what the last step did to it. Locked nodes
@@ -83,10 +91,10 @@ PREFIX_NODE_COLORS: dict[str, str] = {
     "root": "#FFFFFF",
     "in use": "#DDDDDD",  # locked: a running sequence's cached prefix runs through it
     "evictable": BLOCK_STATE_COLORS["cached"],  # lock 0: LRU eviction may take it
-    "hit": "#77AADD",  # matched by a request admitted in the last step
+    "hit": "#9ECAE1",  # matched by a request admitted in the last step
     "new": "#A6D96A",  # inserted in the last step
-    "split": "#DDCC77",  # the head part of a node split in the last step
-    "evicted": "#EE6677",  # evicted in the last step (drawn faded where it was)
+    "split": "#FEE391",  # the head part of a node split in the last step
+    "evicted": "#F4A582",  # evicted in the last step (drawn faded where it was)
     "collapsed": "#F4F4F4",  # cold subtrees folded into one box
 }
 PREFIX_NODE_LABELS: dict[str, str] = {
@@ -129,10 +137,10 @@ LANE_STATES: tuple[str, ...] = ("not arrived", "waiting", "prefill", "decode", "
 LANE_STATE_COLORS: dict[str, str] = {
     "not arrived": "#FFFFFF",
     "waiting": "#DDDDDD",
-    "prefill": "#4477AA",  # prompt (or recompute) chunk
-    "decode": "#EE7733",  # one generated token
-    "preempted": "#EE6677",
-    "finished": "#A6D96A",
+    "prefill": "#3B3B3B",  # prompt (or recompute) chunk: dark
+    "decode": "#A3A3A3",  # one generated token: mid grey
+    "preempted": "#B2182B",
+    "finished": "#E5F5E0",
 }
 
 # Chunk kinds in the token-budget bars (a bar's colour is its request; its opacity is its kind:
@@ -145,7 +153,7 @@ CHUNK_KIND_COLORS: dict[str, str] = {"prefill": LANE_STATE_COLORS["prefill"], "d
 POLICY_COLORS: dict[str, str] = {"static": "#BBBBBB", "continuous": "#228833"}
 
 # Queue lines over time.
-QUEUE_COLORS: dict[str, str] = {"waiting": "#888888", "running": "#4477AA", "preempted": "#EE6677"}
+QUEUE_COLORS: dict[str, str] = {"waiting": "#8C8C8C", "running": "#2B2B2B", "preempted": LANE_STATE_COLORS["preempted"]}
 
 
 def discrete_colorscale(colors: list[str] | tuple[str, ...]) -> list[list[float | str]]:
@@ -210,3 +218,46 @@ PIPELINE_COLORS: dict[str, str] = {
     "weights": MEMORY_COLORS["weights"],
     "kv_cache": MEMORY_COLORS["kv_cache"],
 }
+
+
+# Text on coloured cells: WCAG 2 contrast. ------------------------------------------------------
+
+MIN_TEXT_CONTRAST = 4.5  # WCAG AA for normal-size text
+TEXT_DARK, TEXT_LIGHT = "#000000", "#FFFFFF"
+
+
+def _rgb(color: str) -> tuple[int, int, int]:
+    h = color.lstrip("#")
+    if len(h) == 3:
+        h = "".join(c * 2 for c in h)
+    return int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)
+
+
+def relative_luminance(color: str) -> float:
+    """WCAG 2 relative luminance of a "#RRGGBB" colour: 0 (black) .. 1 (white)."""
+    def channel(v: int) -> float:
+        c = v / 255
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = _rgb(color)
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def contrast_ratio(a: str, b: str) -> float:
+    """WCAG 2 contrast ratio (L1 + 0.05) / (L2 + 0.05), L1 the lighter: 1 .. 21."""
+    hi, lo = sorted((relative_luminance(a), relative_luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def blend(color: str, opacity: float, over: str = "#FFFFFF") -> str:
+    """The colour a cell of ``color`` at ``opacity`` shows over ``over`` (the white plot)."""
+    top, base = _rgb(color), _rgb(over)
+    mixed = (round(t * opacity + b * (1 - opacity)) for t, b in zip(top, base))
+    return "#" + "".join(f"{v:02X}" for v in mixed)
+
+
+def text_color_on(background: str) -> str:
+    """Black or white, whichever contrasts more with ``background``. One of the two always
+    reaches at least 4.58:1 (the worst background, luminance 0.179, has 4.58 with both), so
+    text on any cell colour meets MIN_TEXT_CONTRAST."""
+    dark, light = contrast_ratio(background, TEXT_DARK), contrast_ratio(background, TEXT_LIGHT)
+    return TEXT_DARK if dark >= light else TEXT_LIGHT

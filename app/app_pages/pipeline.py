@@ -11,6 +11,8 @@ from app.state import K
 from engine.pipeline_stats import merge_timelines, pipeline_stats
 from engine.run import RunView
 from visualizers import pipeline as pv
+from visualizers.events import step_events
+from visualizers.steps import step_number
 from visualizers.text import escape_markdown
 
 INTRO = ("The model's layers are cut into p pipeline stages, each stage's heads and MLP columns into t tensor-parallel "
@@ -83,7 +85,7 @@ def schedule_tab(view: RunView, style: live.Style) -> None:
     if not timed:
         st.info("Step the run: each step's timeline appears here.", icon=":material/info:")
         return
-    steps = [t.step for t, _ in reversed(timed)]
+    steps = [step_number(t) for t, _ in reversed(timed)]
     latest = timed[-1][1]
     queue = latest.schedule == "batch_queue"
     left, right = st.columns(2)
@@ -93,7 +95,7 @@ def schedule_tab(view: RunView, style: live.Style) -> None:
                                key="pipeline_shown", width=200,
                                help="Several steps on one axis: with the batch queue a batch is still in the "
                                     "later stages while the next ones start, so one step alone looks half empty.")
-    end = next(i for i, (t, _) in enumerate(timed) if t.step == chosen) + 1
+    end = next(i for i, (t, _) in enumerate(timed) if step_number(t) == chosen) + 1
     trace = timed[end - 1][0]
     timeline = merge_timelines([line for _, line in timed[max(0, end - int(shown)):end]])
     s = pipeline_stats(timeline)
@@ -113,8 +115,8 @@ def schedule_tab(view: RunView, style: live.Style) -> None:
                         "steps (the driver sampling and scheduling while the workers wait) count as bubble too. "
                         "GPipe drains the pipeline every step; the batch queue keeps it full across steps.")
     done = next(i for i, t in enumerate(view.traces) if t is trace) + 1  # steps done when it ran (meta.step)
-    live.chart(pv.gantt_figure(timeline, view.snapshot.parallel, style.font_size, done), "pipeline_gantt", style,
-               zoom=True)
+    live.chart(pv.gantt_figure(timeline, view.snapshot.parallel, style.font_size, done, step_events([trace])),
+               "pipeline_gantt", style, zoom=True)
     if style.explain:
         st.caption("Boxes: forwards, coloured by micro-batch (GPipe) or batch (batch queue) · thin hatched bars: "
                    "sends and all-reduces · pale blue: blocked waiting for the previous stage · grey: idle. On this "

@@ -18,8 +18,7 @@ INTRO = ("A cheap drafter proposes k tokens; the model verifies all of them in o
 OFF = ("Speculation is off for this run: pick a drafter under **Speculative decoding** in the sidebar (or the "
        "spec-copy / spec-chat / spec-sampled scenarios, which turn it on).")
 TABS = ("Drafts", "Acceptance & theory", "With vs without")
-SUMMARY_FORMATS = {"alpha": st.column_config.NumberColumn(format="percent"),
-                   "tokens / verification": st.column_config.NumberColumn(format="%.2f")}
+SUMMARY_FORMATS = {"tokens / verification": st.column_config.NumberColumn(format="%.2f")}
 
 
 def render(view: RunView, style: live.Style) -> None:
