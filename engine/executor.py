@@ -369,8 +369,9 @@ class ParallelExecutor:
                  on_each: Callable[[int], None] | None = None) -> list[object]:
         """The next message from every worker not yet in ``results`` (stored there as it is
         taken), writing what is queued for the workers meanwhile. Fails (``_blame``) when a
-        worker reports an error or its pipe closes, when one is seen stopped for ``timeout_s``,
-        or at the deadline ``timeout_s`` from now; -> the messages by rank."""
+        worker reports an error or its pipe closes, when one is seen stopped for
+        ``worker_timeout_s`` (start-up's deadline is longer), or at the deadline ``timeout_s``
+        from now; -> the messages by rank."""
         results = {} if results is None else results
         now = clock_ns()
         deadline = now + int(timeout_s * 1e9)
@@ -398,8 +399,10 @@ class ParallelExecutor:
                     stopped_since.setdefault(r, now)
                 else:
                     stopped_since.pop(r, None)
-            if now >= deadline or any(now - t >= timeout_s * 1e9 for t in stopped_since.values()):
+            if now >= deadline:
                 self._blame(what, late=waiting, timeout_s=timeout_s)
+            if any(now - t >= self.timeout_s * 1e9 for t in stopped_since.values()):
+                self._blame(what, late=waiting, timeout_s=self.timeout_s)
             self._wait(min(POLL_S, (deadline - now) / 1e9))
 
     def _wait(self, timeout_s: float) -> None:
@@ -417,29 +420,36 @@ class ParallelExecutor:
     def _blame(self, what: str, failed: dict[int, str] | None = None, closed: Sequence[int] = (),
                late: Sequence[int] = (), timeout_s: float = 0.0) -> NoReturn:
         """Fail naming the culprits, which the OS tells: workers that are dead (by signal or exit
-        code) or stopped, except those that reported an error themselves. Only without such a
-        culprit are the workers that reported an error, closed their pipe or did not answer
-        named. A worker whose pipe closed is given DYING_GRACE_S to become reapable."""
-        failed = dict(failed or {})
-        for r, channel in enumerate(self.channels):  # errors already on their way count as reported
-            channel.read()
-            failed.update((r, m.message) for m in channel.inbox if isinstance(m, Failed))
-        suspects = [r for r in range(len(self.processes)) if r not in failed]
+        code) or stopped, except those that reported an error themselves (a peer's death shows
+        first as its neighbours' communication errors). Only without such a culprit is the worker
+        whose error failed the step named (else those whose errors are on their way, else the workers that
+        closed their pipe, else those that did not answer: running but silent). A worker whose
+        pipe closed, or whose peer reported an error, is given DYING_GRACE_S to become reapable."""
+        failed = failed or {}
+        reported = dict(failed)
         grace_end = clock_ns() + int(DYING_GRACE_S * 1e9)
         while True:
-            fates = {r: f for r in suspects if (f := self.processes[r].fate()) is not None}
-            if fates or not (closed or failed) or clock_ns() >= grace_end:
+            # The OS first, then the pipes: a worker seen ended has sent whatever error it
+            # reported before, so it is read now (and that worker counts as reported, not dead).
+            fates = {r: f for r, process in enumerate(self.processes) if (f := process.fate()) is not None}
+            for r, channel in enumerate(self.channels):
+                channel.read()
+                for m in channel.inbox:
+                    if isinstance(m, Failed):
+                        reported.setdefault(r, m.message)
+            fates = {r: f for r, f in fates.items() if r not in reported}
+            if fates or not (closed or reported) or clock_ns() >= grace_end:
                 break
             time.sleep(0.02)  # a killed worker's pipe closes a moment before it can be reaped
         if fates:
             reason = "; ".join(f"{self._describe(r)} {fate}" for r, fate in fates.items())
-        elif failed:
-            reason = "; ".join(f"{self._describe(r)} failed: {m}" for r, m in failed.items())
+        elif failed or reported:  # the error that made the step fail; else those on their way
+            reason = "; ".join(f"{self._describe(r)} failed: {m}" for r, m in (failed or reported).items())
         elif closed:
             reason = "; ".join(f"{self._describe(r)} closed its pipe" for r in closed)
         else:
             reason = ", ".join(self._describe(r) for r in late) + " running but silent (hung?)"
-        if late and not failed and not closed:
+        if late and not reported and not closed:
             reason += f"; did not answer within {timeout_s:g} s"
         self._fail(f"{reason} (during {what})")
 
@@ -467,8 +477,8 @@ class ParallelExecutor:
 
 
 def _stop(processes: list[WorkerProcess], channels: list[_Channel], grace_s: float) -> None:
-    """Ask each worker to stop and give them ``grace_s`` together, then terminate, then kill
-    what is left, and reap them all. A stopped (hung) worker ignores the first two, so it is
+    """Ask each worker to stop and give them ``grace_s`` together (reading and dropping what
+    they still send), then terminate, then kill what is left, and reap them all. A stopped (hung) worker ignores the first two, so it is
     killed at once; SIGKILL always works."""
     if grace_s > 0:
         for channel in channels:
@@ -478,6 +488,9 @@ def _stop(processes: list[WorkerProcess], channels: list[_Channel], grace_s: flo
             while not process.reap(min(POLL_S, (deadline - clock_ns()) / 1e9)) and clock_ns() < deadline:
                 if process.state() in ("T", "t"):
                     break
+                for channel in channels:  # a worker still answering must not block on a full pipe
+                    channel.read()
+                    channel.inbox.clear()
         for process in processes:
             if process.is_alive() and process.state() not in ("T", "t"):
                 process.popen.terminate()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from engine.executor import ParallelExecutor, WorkerError
 from engine.model_runner import BatchInputs
 from engine.worker import RunStep, StepDone, Unit, clock_ns
 from tests.parity import PROMPTS, assert_matches_hf, run_engine
-from tests.test_parallel_hygiene import _cmdline, _ctrl_c_after, _pause, _stat, exists
+from tests.test_parallel_hygiene import _cmdline, _ctrl_c_after, _pause, _stat, children, exists
 from tests.test_robustness import engine_state
 
 TIMEOUT_S = 2.0  # worker_timeout_s here
@@ -87,7 +88,6 @@ def assert_blamed(error: BaseException, rank: int, pid: int, how: str, t0: float
     elapsed = time.monotonic() - t0
     text = str(error)
     assert elapsed < DEADLINE_S, f"reported after {elapsed:.2f} s (> {DEADLINE_S} s): {text}"
-    import re
     assert re.search(rf"worker {rank} \(stage {rank}, tp rank 0, pid {pid}\) {FATE[how]}", text), text
     assert f"worker {1 - rank} (" not in text, f"a healthy worker is blamed: {text}"
     assert "restart" in text
@@ -98,13 +98,24 @@ def new_engine(**knobs: object) -> LLMEngine:
                                        "worker_timeout_s": TIMEOUT_S, **knobs})
 
 
+def _started(pid: int) -> int:
+    """When the process started (clock ticks since boot; /proc/<pid>/stat field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return 0
+    return int(text[text.rindex(")") + 2:].split()[19])
+
+
 def worker_pid(rank: int, timeout_s: float = 60.0) -> int:
-    """The pid of this process's worker ``rank`` as soon as it exists (found in /proc)."""
+    """The pid of this process's worker ``rank`` as soon as it exists: workers are started in
+    rank order, and are this process's only children (its resource tracker aside, if any)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for pid in descendants(os.getpid()):
-            if _cmdline(pid).rstrip().endswith(f"inferscope-worker-{rank}") and running({pid}):
-                return pid
+        kids = [p for p in children() if running({p})]
+        if len(kids) > rank:
+            return sorted(kids, key=lambda p: (_started(p), p))[rank]
         time.sleep(0.01)
     raise AssertionError(f"worker {rank} did not appear")
 
