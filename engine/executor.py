@@ -102,8 +102,10 @@ class _DeferInterrupt:
                 signal.raise_signal(signal.SIGINT)  # delivered now, to the handler it was meant for
 
 
-def _frame(payload: bytes) -> bytes:
-    """multiprocessing.Connection's framing (the worker reads with Connection.recv)."""
+def _encode(message: object) -> bytes:
+    """One message as multiprocessing.Connection frames it (the worker reads it with
+    Connection.recv): its length, then its pickle."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     n = len(payload)
     header = struct.pack("!i", n) if n < 0x7FFFFFFF else struct.pack("!i", -1) + struct.pack("!Q", n)
     return header + payload
@@ -128,7 +130,7 @@ class _Channel:
         return self.sock.fileno()
 
     def send(self, message: object) -> None:
-        payload = _frame(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        payload = _encode(message)
         with _DeferInterrupt():
             self.outgoing += payload
         self.write()
@@ -335,7 +337,7 @@ class ParallelExecutor:
         if not self.alive:
             raise WorkerError(f"the worker processes were stopped ({self.error or 'shut down'}); "
                               f"restart the engine")
-        payload = _frame(pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL))
+        payload = _encode(step)
         with _DeferInterrupt():
             for channel in self.channels:
                 channel.outgoing += payload

@@ -24,6 +24,7 @@ parent's pid as well. It ignores SIGINT: a Ctrl-C in the terminal is the driver'
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import traceback
@@ -115,15 +116,22 @@ class Failed(NamedTuple):
 
 def serve(fd: int, parent_pid: int) -> None:
     """The process's entry point (after WORKER_PRELUDE): read the spec from the pipe ``fd``,
-    then run ``worker_main``."""
+    run ``worker_main``, and leave with ``os._exit`` as multiprocessing's children do: the
+    interpreter's own teardown of torch and gloo takes seconds, and nothing is left to save."""
     os.set_inheritable(fd, False)
     _watch_parent(parent_pid)
     conn = Connection(fd)
+    code = 0
     try:
-        spec = conn.recv()
+        worker_main(conn.recv(), conn)
     except (EOFError, OSError):
-        return  # the driver went away before it sent the spec
-    worker_main(spec, conn)
+        pass  # the driver went away before it sent the spec
+    except BaseException:  # noqa: BLE001 - worker_main reports its own; this is the rest
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:

@@ -87,6 +87,7 @@ def assert_blamed(error: BaseException, rank: int, pid: int, how: str, t0: float
     """The error names exactly this worker and how it ended, in time."""
     elapsed = time.monotonic() - t0
     text = str(error)
+    print(f"reported {elapsed:.2f} s after the signal: {text}")  # (the figure, with pytest -s)
     assert elapsed < DEADLINE_S, f"reported after {elapsed:.2f} s (> {DEADLINE_S} s): {text}"
     assert re.search(rf"worker {rank} \(stage {rank}, tp rank 0, pid {pid}\) {FATE[how]}", text), text
     assert f"worker {1 - rank} (" not in text, f"a healthy worker is blamed: {text}"
