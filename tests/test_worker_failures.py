@@ -201,9 +201,10 @@ DRIVER = textwrap.dedent("""
     import time
     from engine import LLM
 
-    llm = LLM("tiny-random", pipeline_parallel_size=2)
-    print(" ".join(map(str, llm.llm_engine.runner.executor.pids)), flush=True)
-    time.sleep(600)
+    if __name__ == "__main__":  # (multiprocessing's spawn, before issue #26, re-ran this file)
+        llm = LLM("tiny-random", pipeline_parallel_size=2)
+        print(" ".join(map(str, llm.llm_engine.runner.executor.pids)), flush=True)
+        time.sleep(600)
 """)
 
 
@@ -216,6 +217,8 @@ def test_a_killed_driver_leaves_no_process_even_with_a_stopped_worker(tmp_path, 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *sys.path])}
     driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env, cwd=root)
+    below: set[int] = set()
+    started: dict[int, int] = {}
     try:
         assert driver.stdout is not None
         line = driver.stdout.readline()
@@ -223,6 +226,7 @@ def test_a_killed_driver_leaves_no_process_even_with_a_stopped_worker(tmp_path, 
         assert len(pids) == 2, f"driver printed {line!r}"
         _pause(pids[rank])
         below = descendants(driver.pid)
+        started = {p: _started(p) for p in below}
         assert set(pids) <= below
         driver.kill()
         driver.wait()
@@ -235,8 +239,9 @@ def test_a_killed_driver_leaves_no_process_even_with_a_stopped_worker(tmp_path, 
         if driver.poll() is None:
             driver.kill()
             driver.wait()
-        for p in running(descendants(driver.pid)):  # (on failure) leave nothing behind
-            os.kill(p, signal.SIGKILL)
+        for p in running(below):  # (on failure) leave nothing behind, if it is still the same process
+            if _started(p) == started.get(p):
+                os.kill(p, signal.SIGKILL)
 
 
 # -- Ctrl-C while a batch is sent ------------------------------------------------------------
