@@ -15,12 +15,16 @@ With t > 1 every layer all-reduces twice within its stage's group. Every piece o
 timestamped on CLOCK_MONOTONIC, the clock every process on the machine shares with the driver.
 
 The worker exits when the driver says stop, when its pipe closes, after any error (reported
-first: its peers may be blocked on it, so the driver stops them all), and when its parent
-process disappears (a watchdog thread: no orphan outlives a killed driver).
+first: its peers may be blocked on it, so the driver stops them all), and when its driver
+disappears: the process is started by ``WORKER_PRELUDE``, whose first statement asks the kernel
+for SIGKILL when the driver's thread that spawned it ends (``prctl(PR_SET_PDEATHSIG)``; SIGKILL
+ends even a stopped process, which no thread of its own could), and a watchdog thread polls the
+parent's pid as well. It ignores SIGINT: a Ctrl-C in the terminal is the driver's to handle.
 """
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import traceback
@@ -39,6 +43,24 @@ from engine.shard import shard_model
 from engine.trace import ParallelLayout, WorkKind
 
 PARENT_POLL_S = 0.5
+# The worker process's program: ``python -S -c WORKER_PRELUDE <driver pid> <pipe fd> <root> <name>``.
+# Before anything else (even ``site``), the parent-death signal: with it the kernel ends the
+# worker when the driver's spawning thread ends, however the driver ends and even while the
+# worker is stopped; then the race where the driver died before that line. No multiprocessing
+# machinery (and so no resource tracker process) is involved.
+WORKER_PRELUDE = """\
+import ctypes, os, signal, sys
+if sys.platform == "linux":
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+if os.getppid() != int(sys.argv[1]):
+    os._exit(3)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+import site
+site.main()
+sys.path.insert(0, sys.argv[3])
+from engine.worker import serve
+serve(int(sys.argv[2]), int(sys.argv[1]))
+"""
 # gloo gives up on a silent peer after this many worker_timeout_s: later than the driver's
 # deadline, so that the driver, not a peer's timeout, reports a hung worker (and names it).
 COMM_TIMEOUT_FACTOR = 2
@@ -59,7 +81,6 @@ class WorkerSpec:
     layout: ParallelLayout
     store_port: int
     num_threads: int
-    parent_pid: int
 
 
 class Unit(NamedTuple):
@@ -93,9 +114,28 @@ class Failed(NamedTuple):
     message: str
 
 
+def serve(fd: int, parent_pid: int) -> None:
+    """The process's entry point (after WORKER_PRELUDE): read the spec from the pipe ``fd``,
+    run ``worker_main``, and leave with ``os._exit`` as multiprocessing's children do: the
+    interpreter's own teardown of torch and gloo takes seconds, and nothing is left to save."""
+    os.set_inheritable(fd, False)
+    _watch_parent(parent_pid)
+    conn = Connection(fd)
+    code = 0
+    try:
+        worker_main(conn.recv(), conn)
+    except (EOFError, OSError):
+        pass  # the driver went away before it sent the spec
+    except BaseException:  # noqa: BLE001 - worker_main reports its own; this is the rest
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
-    """The process's entry point (spawned): set up, say Ready, then serve steps."""
-    _watch_parent(spec.parent_pid)
+    """Set up, say Ready, then serve steps."""
     try:
         worker = _Worker(spec)
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which raises it
@@ -127,9 +167,9 @@ def _watch_parent(parent_pid: int) -> None:
     """Exit as soon as the driver process is gone (re-parented), even mid-collective."""
     def watch() -> None:
         while True:
-            time.sleep(PARENT_POLL_S)
             if os.getppid() != parent_pid:
                 os._exit(3)
+            time.sleep(PARENT_POLL_S)
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
