@@ -161,9 +161,9 @@ def init_defaults() -> None:
     a ``?live_scenario=`` link counts as the user's choice, see ``apply_page_scenario``)."""
     ss = st.session_state
     if K.scenario not in ss:
-        name = st.query_params.get(K.scenario, DEFAULT_SCENARIO)
-        ss[K.scenario] = name if name in scenario_names() else DEFAULT_SCENARIO
-        ss[K.scenario_chosen] = name == ss[K.scenario] and K.scenario in st.query_params
+        name = scenario_from_param(st.query_params.get(K.scenario))
+        ss[K.scenario] = name or DEFAULT_SCENARIO
+        ss[K.scenario_chosen] = name is not None
     sc = scenario(ss[K.scenario])
     if K.model not in ss:
         name = st.query_params.get(K.model, sc.model)
@@ -181,6 +181,17 @@ def init_defaults() -> None:
     ss.setdefault(K.steps_applied, 0)
     if ss.pop(K.stop_play, False):
         ss[K.playing] = False
+
+
+def scenario_from_param(value: str | None) -> str | None:
+    """A link's ``live_scenario`` as a scenario name: a name (``shared-prefix``) or the title
+    the bound Scenario dropdown itself writes into the address bar (its format_func's text), so
+    a URL copied from the browser opens the same scenario; None when it names none."""
+    if value is None:
+        return None
+    if value in scenario_names():
+        return value
+    return next((n for n in scenario_names() if scenario(n).title == value), None)
 
 
 def scenario_knobs(sc: Scenario) -> dict[str, Any]:
