@@ -94,9 +94,8 @@ def _run_buttons() -> None:
     with st.container(horizontal=True):
         st.button("Step", key="step", on_click=state.on_step_click, shortcut="PageDown", type="primary",
                   icon=":material/skip_next:")
-        st.button("Step back", key="step_back", on_click=state.step_back, icon=":material/skip_previous:",
-                  help="Draw the previous step again (from the recorded history; the run is not changed). "
-                       "Step then moves forward through the history before it runs the engine.")
+        # no help=: its tooltip icon would be a second button under .st-key-step_back (the key map's target)
+        st.button("Step back", key="step_back", on_click=state.step_back, icon=":material/skip_previous:")
         st.button("Pause" if playing else "Play", key="play", on_click=state.toggle_play, shortcut="P",
                   icon=":material/pause:" if playing else ":material/play_arrow:")
         st.button("Reset", key="reset", on_click=state.reset, shortcut="Home", icon=":material/restart_alt:")

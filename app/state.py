@@ -163,7 +163,7 @@ def init_defaults() -> None:
     if K.scenario not in ss:
         name = scenario_from_param(st.query_params.get(K.scenario))
         ss[K.scenario] = name or DEFAULT_SCENARIO
-        ss[K.scenario_chosen] = name is not None
+        ss[K.scenario_chosen] = ss.get(K.scenario_chosen, False) or name is not None
     sc = scenario(ss[K.scenario])
     if K.model not in ss:
         name = st.query_params.get(K.model, sc.model)
