@@ -11,6 +11,7 @@ validation as an upload) before it is written. Remake them all with::
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -107,8 +108,13 @@ def main(argv: list[str]) -> int:
     if argv and len(chosen) != len(set(argv)):
         print(f"unknown bundle in {argv}; bundles: {[b.scenario for b in BUNDLES]}", file=sys.stderr)
         return 2
+    import torch
+
     from engine.engine import get_shared_model
 
+    # One intra-op thread, as the app runs (app/state.configure_torch): the recorded step times
+    # are what a page shows, and on a small shared machine more threads only fight over cores.
+    torch.set_num_threads(max(1, int(os.environ.get("INFERSCOPE_TORCH_THREADS", "1"))))
     shared = get_shared_model(MODEL)  # loaded once for every bundle
     for bundle in chosen:
         path, size, steps = write(bundle, shared)
