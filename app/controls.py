@@ -13,6 +13,7 @@ from app import state
 from app.state import K
 from engine.config import (INT4_GROUP_SIZES, MAX_BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS, MAX_NUM_SEQS,
                            SCHEMES)
+from engine.run import RunView
 
 KNOB_LABELS = {
     "block_size": ("Block size (tokens)", f"Tokens per KV block (1 to {MAX_BLOCK_SIZE})."),
@@ -58,14 +59,20 @@ def _options(options: tuple, current: object) -> list:
     return [*options, current] if current is not None and current not in options else list(options)
 
 
-def prepare() -> None:
-    """Before the page: defaults for a new session, and a run that matches the controls.
+def prepare(page: str = "") -> None:
+    """Before the page: defaults for a new session, the page's own scenario (``page`` is its
+    url_path; state.PAGE_SCENARIOS), a deep link's replay or steps (once per session), and a
+    run that matches the controls.
 
     The widgets themselves are drawn after the page (``sidebar``): their values are already in
     the session state, and drawing the views first gets them to the browser sooner.
     """
     state.init_defaults()
+    state.apply_page_scenario(page)
+    problem = state.apply_deep_link()
     state.ensure_run()
+    if problem:
+        state.report(problem)
 
 
 def sidebar() -> None:
@@ -87,6 +94,8 @@ def _run_buttons() -> None:
     with st.container(horizontal=True):
         st.button("Step", key="step", on_click=state.on_step_click, shortcut="PageDown", type="primary",
                   icon=":material/skip_next:")
+        # no help=: its tooltip icon would be a second button under .st-key-step_back (the key map's target)
+        st.button("Step back", key="step_back", on_click=state.step_back, icon=":material/skip_previous:")
         st.button("Pause" if playing else "Play", key="play", on_click=state.toggle_play, shortcut="P",
                   icon=":material/pause:" if playing else ":material/play_arrow:")
         st.button("Reset", key="reset", on_click=state.reset, shortcut="Home", icon=":material/restart_alt:")
@@ -100,7 +109,7 @@ def _run_buttons() -> None:
 
 def _workload() -> None:
     disabled = state.is_replay()
-    st.selectbox("Scenario", state.scenario_names(), key=K.scenario, on_change=state.on_scenario_change,
+    st.selectbox("Scenario", state.scenario_names(), key=K.scenario, on_change=state.on_scenario_pick,
                  format_func=lambda n: state.scenario(n).title, bind="query-params", persist_state="session",
                  disabled=disabled)
     st.selectbox("Model", state.MODELS, key=K.model, bind="query-params", persist_state="session",
@@ -182,7 +191,24 @@ def _record_replay() -> None:
             st.download_button("Download recording (JSON)", data=state.recording_json, file_name=name,
                                mime="application/json", on_click="ignore", key="download_recording",
                                icon=":material/download:")
+        bundled = state.page_recording()
+        if bundled is not None:
+            st.button("Replay the bundled recording", key="replay_bundled", on_click=state.replay_bundled,
+                      args=(bundled,), icon=":material/slideshow:",
+                      help=f"A recording of the {bundled} scenario on SmolLM2 that ships with InferScope "
+                           "(presets/recordings/): no model is loaded.")
         st.file_uploader("Replay a recording", type=["json"], key=K.upload, on_change=state.load_recording_upload,
                          help="Replays without loading the model: for talks on any laptop.")
         if state.is_replay():
             st.button("Back to live engine", key="leave_replay", on_click=state.leave_replay)
+
+
+def step_slider(view: RunView) -> None:
+    """The "Step" slider over the run's history (0 .. steps done): dragging it makes the views
+    draw that step (state.on_step_slider). Drawn in the views fragment, so it follows every step."""
+    if view.latest < 1:
+        return
+    st.session_state[K.step_slider] = view.step  # before the widget: it shows the cursor
+    st.slider("Step", min_value=0, max_value=view.latest, key=K.step_slider, on_change=state.on_step_slider,
+              help="Any step of the run so far, redrawn from its recorded traces and snapshots. Step moves "
+                   "forward through the history first; the engine runs only past the latest step.")

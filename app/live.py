@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import charts, state, timing
+from app.controls import step_slider
 from engine.run import RunView, speculation_label
 from engine.trace import RequestStatus
 from visualizers.steps import step_table_csv
@@ -91,6 +92,7 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
                 st.info("No run yet: pick a scenario and a model in the sidebar.")
             return
         status(view, style)
+        step_slider(view)  # the history cursor (app/state.py)
         render(view, style)
 
     views()
@@ -112,7 +114,7 @@ def _advance() -> None:
             bar.progress((i + 1) / pending, text=f"Step {i + 1} of {pending}")
         bar.empty()
     elif state.playing():
-        if current.done:
+        if state.at_end():  # Play from an earlier step goes through the history first
             state.stop_playing()
             st.rerun()  # a full run stops the timer (run_every is fixed at the last full run)
         state.step(1)
@@ -138,7 +140,7 @@ def status(view: RunView, style: Style) -> None:
             st.badge("all requests finished", icon=":material/check:", color="blue")
     statuses = [r.status for r in snap.requests]
     cols = st.columns(7)
-    cols[0].metric("Steps done", view.step)
+    cols[0].metric("Steps done", view.step_label)  # "7 of 12" when the views are behind the run
     cols[1].metric("Running", statuses.count(RequestStatus.RUNNING))
     cols[2].metric("Waiting", statuses.count(RequestStatus.WAITING) + statuses.count(RequestStatus.PREEMPTED),
                    help="Arrived and queued (including preempted requests); not-yet-arrived ones are not counted.")

@@ -35,7 +35,7 @@ def main() -> None:
         page = st.navigation(PAGES, position="top")
         live = page.url_path in LIVE_PAGES
         if live:
-            controls.prepare()
+            controls.prepare(page.url_path)
         page.run()
         if live:  # the sidebar goes last so the views reach the browser first
             with timing.phase("sidebar"):

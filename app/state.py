@@ -81,6 +81,11 @@ class K:
     step_queue = "step_queue"  # the browser's Step-press counter (app/step_queue.py)
     steps_applied = "_step_presses_applied"
     epoch = "_session_epoch"
+    cursor = "_history_cursor"  # the step the views draw; None: the run's latest (see step())
+    step_slider = "step_slider"
+    scenario_chosen = "_scenario_chosen"  # the user picked a scenario (dropdown, link, button)
+    link_applied = "_deep_link_applied"  # ?step= / ?recording= are applied once per session
+    page = "_live_page"  # url_path of the live page being drawn
 
 
 _torch_once = threading.Lock()
@@ -152,11 +157,13 @@ def scenario(name: str) -> Scenario:
 # -- controls' values -------------------------------------------------------------------------
 
 def init_defaults() -> None:
-    """First run of a session: the default scenario's model and knobs (the URL may override)."""
+    """First run of a session: the default scenario's model and knobs (the URL may override;
+    a ``?live_scenario=`` link counts as the user's choice, see ``apply_page_scenario``)."""
     ss = st.session_state
     if K.scenario not in ss:
-        name = st.query_params.get(K.scenario, DEFAULT_SCENARIO)
-        ss[K.scenario] = name if name in scenario_names() else DEFAULT_SCENARIO
+        name = scenario_from_param(st.query_params.get(K.scenario))
+        ss[K.scenario] = name or DEFAULT_SCENARIO
+        ss[K.scenario_chosen] = ss.get(K.scenario_chosen, False) or name is not None
     sc = scenario(ss[K.scenario])
     if K.model not in ss:
         name = st.query_params.get(K.model, sc.model)
@@ -176,14 +183,63 @@ def init_defaults() -> None:
         ss[K.playing] = False
 
 
+def scenario_from_param(value: str | None) -> str | None:
+    """A link's ``live_scenario`` as a scenario name: a name (``shared-prefix``) or the title
+    the bound Scenario dropdown itself writes into the address bar (its format_func's text), so
+    a URL copied from the browser opens the same scenario; None when it names none."""
+    if value is None:
+        return None
+    if value in scenario_names():
+        return value
+    return next((n for n in scenario_names() if scenario(n).title == value), None)
+
+
 def scenario_knobs(sc: Scenario) -> dict[str, Any]:
     """The scenario's knobs with EngineConfig defaults for the ones it leaves out."""
     defaults = {f.name: f.default for f in fields(EngineConfig)}
     return {k: sc.knobs.get(k, defaults[k]) for k in KNOBS}
 
 
+# Each live page opens on the scenario that shows its idea in a few steps. Rule: the page's
+# scenario applies whenever a live page is drawn and the user has not chosen a scenario in this
+# session (the Scenario dropdown, a ``?live_scenario=`` link, or a page's "switch" button); once
+# they have, their choice stays on every page. A replay is never replaced.
+PAGE_SCENARIOS = {"kv-cache": "memory-pressure", "batching": "mixed-lengths", "prefix-cache": "shared-prefix",
+                  "speculative": "spec-copy", "pipeline": "pipeline"}
+
+
+def apply_page_scenario(page: str) -> None:
+    """Before the run is built: the page's own scenario (PAGE_SCENARIOS), unless the user chose one."""
+    ss = st.session_state
+    ss[K.page] = page
+    name = PAGE_SCENARIOS.get(page)
+    if name is None or ss.get(K.scenario_chosen) or is_replay() or ss.get(K.scenario) == name:
+        return
+    ss[K.scenario] = name
+    on_scenario_change()
+
+
+def page_scenario() -> str | None:
+    """The scenario of the live page being drawn (None: the page has none of its own)."""
+    return PAGE_SCENARIOS.get(st.session_state.get(K.page, ""))
+
+
+def choose_scenario(name: str) -> None:
+    """Callback body: the user's explicit choice of ``name`` with its knobs; a full rerun follows
+    (the caller may sit in the views fragment, whose own rerun would not rebuild the run)."""
+    st.session_state[K.scenario] = name
+    on_scenario_pick()
+    st.rerun()
+
+
+def on_scenario_pick() -> None:
+    """The Scenario dropdown's callback: the user's choice, kept on every page."""
+    st.session_state[K.scenario_chosen] = True
+    on_scenario_change()
+
+
 def on_scenario_change() -> None:
-    """Widget callback: a new scenario brings its own knobs (the chosen model stays)."""
+    """A new scenario brings its own knobs (the chosen model stays)."""
     ss = st.session_state
     try:
         sc = scenario(ss[K.scenario])
@@ -347,6 +403,7 @@ def close_run() -> None:
     ss = st.session_state
     current = ss.get(K.run)
     ss[K.run] = None
+    ss[K.cursor] = None
     if isinstance(current, LiveRun):
         current.close()
         session_reaper.release(session_id())
@@ -390,6 +447,7 @@ def reset() -> None:
     ss[K.playing] = False
     ss[K.pending] = 0
     ss[K.steps_applied] = queued_presses()  # presses before Reset do not carry into the new run
+    ss[K.cursor] = None
     if isinstance(current, ReplayRun):
         current.reset()
     else:
@@ -409,7 +467,12 @@ def worker_failed() -> bool:
 
 
 def step(n: int = 1) -> list:
-    """``n`` steps of the session's run, under its lock -> the StepTraces ([] when done or failed).
+    """``n`` steps forward -> the StepTraces stepped over ([] when done or failed).
+
+    Rule (the history cursor): while the views are behind the run's latest step, a step moves
+    the cursor forward through the recorded history (no engine work); only the steps beyond the
+    latest run the engine (a replay: its recording), under the run's lock. So Step, Run N, Play
+    and queued presses all continue from the step on screen.
 
     A failure is a message; a WorkerError (a worker process died or hung; the executor has
     stopped them all) also marks the run for the "Restart workers" button.
@@ -417,9 +480,12 @@ def step(n: int = 1) -> list:
     current = run()
     if current is None:
         return []
+    moved = _cursor_forward(current, n)
+    if len(moved) == n:
+        return moved
     try:
         with timing.phase("engine step"):
-            return current.step(n)
+            return moved + current.step(n - len(moved))
     except (ValueError, RuntimeError, MemoryError) as e:  # the failed step was rolled back
         failed = is_worker_error(e)
         st.session_state[K.error] = f"the worker processes failed: {e}" if failed else f"step failed: {e}"
@@ -516,8 +582,61 @@ def tick_seconds() -> float:
 
 
 def view() -> RunView | None:
+    """The session's run at the history cursor (its latest step when the cursor is at the end)."""
     current = run()
-    return current.view() if current is not None else None
+    return current.view(cursor()) if current is not None else None
+
+
+# -- the history cursor: the step the views draw ------------------------------------------------
+
+def cursor() -> int | None:
+    """The step the views draw; None follows the run's latest step."""
+    at = st.session_state.get(K.cursor)
+    return None if at is None else int(at)
+
+
+def _set_cursor(current: LiveRun | ReplayRun, at: int) -> None:
+    """Point the views at step ``at`` (clamped to the history); at the latest step the cursor
+    follows the run again (None)."""
+    end = current.num_steps
+    st.session_state[K.cursor] = None if at >= end else max(0, at)
+
+
+def _cursor_forward(current: LiveRun | ReplayRun, n: int) -> list:
+    """Up to ``n`` steps of the history between the cursor and the latest step -> their traces."""
+    at = cursor()
+    if at is None or n <= 0:
+        return []
+    end = current.num_steps
+    target = min(end, at + n)
+    _set_cursor(current, target)
+    return list(current.view(target).traces[at:target])
+
+
+def step_back() -> None:
+    """The Step back button's callback: the views draw the previous step (none before step 0);
+    Play pauses. The run itself is not changed."""
+    current = run()
+    if current is None:
+        return
+    at = cursor()
+    _set_cursor(current, (current.num_steps if at is None else at) - 1)
+    st.session_state[K.playing] = False
+
+
+def on_step_slider() -> None:
+    """The Step slider's callback: the views draw the chosen step; Play pauses."""
+    current = run()
+    if current is None:
+        return
+    _set_cursor(current, int(st.session_state.get(K.step_slider, 0)))
+    st.session_state[K.playing] = False
+
+
+def at_end() -> bool:
+    """The views are at the latest step of a finished run (Play has nothing left to show)."""
+    current = run()
+    return current is None or (cursor() is None and current.done)
 
 
 def error() -> str | None:
@@ -555,6 +674,69 @@ def start_replay(recording: Recording) -> None:
     ss[K.playing] = False
     ss[K.notice] = f"Replaying a recording of {recording.meta.title} on {recording.meta.model} " \
                    f"({len(recording.traces)} steps); no model is loaded."
+
+
+def page_recording() -> str | None:
+    """The bundled recording (engine.bundled) of the page's scenario, else of the session's
+    scenario; None when there is none."""
+    from engine.bundled import bundled_names
+
+    name = page_scenario() or st.session_state.get(K.scenario)
+    return name if name in bundled_names() else None
+
+
+def replay_bundled(name: str) -> None:
+    """Widget callback: bundled recording ``name`` becomes the session's run (replay mode)."""
+    from engine.bundled import load_bundled
+
+    try:
+        start_replay(load_bundled(name))
+    except ValueError as e:
+        st.session_state[K.error] = str(e)
+
+
+# -- deep links -------------------------------------------------------------------------------
+
+STEP_PARAM = "step"  # ?step=12: open at step 12
+RECORDING_PARAM = "recording"  # ?recording=spec-copy: replay that bundled recording
+MAX_LINK_STEPS = 1000  # as the Run N field
+
+
+def link_steps(raw: str) -> int:
+    """A link's ``?step=`` value as a step count; ValueError naming ``step``."""
+    text = raw.strip()
+    if not text.isdigit() or int(text) > MAX_LINK_STEPS:
+        raise ValueError(f"step: the link's step must be a whole number from 0 to {MAX_LINK_STEPS}, got {raw!r}")
+    return int(text)
+
+
+def apply_deep_link() -> str | None:
+    """Once per session, before its run is built: ``?recording=<name>`` replays that bundled
+    recording, and ``?step=N`` runs the engine (or the replay) to step N in the views, with
+    Run N's progress bar -> a message for a bad link (None when it applies or there is none).
+
+    Model, scenario and presentation mode are widget values bound to the URL (init_defaults
+    reads the first two before the run is built, so a link never builds the default run first)."""
+    ss = st.session_state
+    if ss.get(K.link_applied):
+        return None
+    ss[K.link_applied] = True
+    name, raw = st.query_params.get(RECORDING_PARAM), st.query_params.get(STEP_PARAM)
+    try:
+        if name is not None:
+            from engine.bundled import load_bundled
+
+            start_replay(load_bundled(name))
+        if raw is not None:
+            ss[K.pending] = link_steps(raw)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def report(message: str) -> None:
+    """Show ``message`` above the views (as a failed step would be)."""
+    st.session_state[K.error] = message
 
 
 def leave_replay() -> None:
@@ -759,9 +941,11 @@ PIPELINE_SCENARIO = "pipeline"
 
 
 def switch_to_pipeline() -> None:
-    """Widget callback: the pipeline scenario (p = 2, GPipe, m = 4) with its knobs; the model stays."""
-    st.session_state[K.scenario] = PIPELINE_SCENARIO
-    on_scenario_change()
+    """Widget callback: the pipeline scenario (p = 2, GPipe, m = 4) with its knobs; the model stays.
+
+    The button sits in the views fragment, whose own rerun would neither rebuild the run nor
+    redraw the sidebar: ``choose_scenario`` asks for a full rerun (defect 4)."""
+    choose_scenario(PIPELINE_SCENARIO)
 
 
 def sweep_points(model: str, p: int, t: int) -> list | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Mapping, NamedTuple, Sequence
 
 from engine.scenario import Scenario, build_engine, run_to_end, without_speculation
 from engine.schema import Length, Nested
@@ -142,7 +142,12 @@ class PolicyRun:
 
 @dataclass(frozen=True)
 class RunView:
-    """An immutable picture of a run after its latest step: what every view renders."""
+    """An immutable picture of a run after one of its steps: what every view renders.
+
+    Usually the latest step; a view of an earlier step (``LiveRun.view(at)``, the history
+    cursor) has ``traces`` and ``snapshot`` as they were right after step ``at`` and
+    ``steps_run`` > ``step``. ``done`` is true only when every request had finished by then.
+    """
 
     meta: RunMeta
     traces: tuple[StepTrace, ...]
@@ -150,10 +155,27 @@ class RunView:
     done: bool
     is_replay: bool
     comparison: Mapping[str, PolicyRun] = field(default_factory=dict)
+    steps_run: int | None = None  # steps the run has done (None: the same as step)
 
     @property
     def step(self) -> int:
+        """Steps done up to the snapshot drawn (the history cursor)."""
         return len(self.traces)
+
+    @property
+    def latest(self) -> int:
+        """Steps the run has done; ``step`` <= ``latest``."""
+        return self.step if self.steps_run is None else self.steps_run
+
+    @property
+    def behind(self) -> bool:
+        """The view shows an earlier step than the run's latest."""
+        return self.step < self.latest
+
+    @property
+    def step_label(self) -> str:
+        """``"7"`` at the latest step, ``"7 of 12"`` when the view is behind the run."""
+        return f"{self.step} of {self.latest}" if self.behind else str(self.step)
 
     @property
     def last_trace(self) -> StepTrace | None:
@@ -211,10 +233,18 @@ class LiveRun:
                 out.append(trace)
         return out
 
-    def view(self) -> RunView:
+    @property
+    def num_steps(self) -> int:
+        """Steps done so far (the history's length)."""
         with self.lock:
-            return RunView(self.meta, tuple(self.traces), self.snapshots[-1],
-                           not self.engine.has_unfinished_requests(), False, dict(self.comparison))
+            return len(self.traces)
+
+    def view(self, at: int | None = None) -> RunView:
+        """The run after step ``at`` (0: before any step; None: the latest), from the kept
+        traces and snapshots; no engine work. ``at`` beyond the history is clamped."""
+        with self.lock:
+            return history_view(self.meta, self.traces, self.snapshots, at,
+                                not self.engine.has_unfinished_requests(), False, self.comparison)
 
     def activation_recorder(self) -> ActivationRecorder:
         """The run's ActivationRecorder, attached to its engine on the first call: it first sees
@@ -256,6 +286,11 @@ class ReplayRun:
     def done(self) -> bool:
         return self.cursor >= len(self.recording.traces)
 
+    @property
+    def num_steps(self) -> int:
+        """Steps replayed so far (the replay's own position in the recording)."""
+        return self.cursor
+
     def step(self, n: int = 1) -> list[StepTrace]:
         with self.lock:
             start = self.cursor
@@ -266,11 +301,24 @@ class ReplayRun:
         with self.lock:
             self.cursor = 0
 
-    def view(self) -> RunView:
+    def view(self, at: int | None = None) -> RunView:
+        """The recording after step ``at`` (None: as far as the replay has stepped); ``at``
+        beyond the replay's position is clamped to it."""
         with self.lock:
             c = self.cursor
-            return RunView(self.meta, tuple(self.recording.traces[:c]), self.recording.snapshots[c],
-                           self.done, True, dict(self.comparison))
+            return history_view(self.meta, self.recording.traces[:c], self.recording.snapshots[:c + 1], at,
+                                self.done, True, self.comparison)
+
+
+def history_view(meta: RunMeta, traces: Sequence[StepTrace], snapshots: Sequence[Snapshot], at: int | None,
+                 run_done: bool, is_replay: bool, comparison: Mapping[str, PolicyRun]) -> RunView:
+    """The RunView after step ``at`` of a history (``snapshots[i]`` after step i - 1, one more
+    than ``traces``). Rule: ``at`` is clamped to [0, len(traces)]; the view is ``done`` only at
+    the end of a finished run (earlier, some request was still unfinished)."""
+    end = len(traces)
+    at = end if at is None else max(0, min(int(at), end))
+    return RunView(meta, tuple(traces[:at]), snapshots[at], run_done and at == end, is_replay, dict(comparison),
+                   steps_run=end)
 
 
 def compare_policies(scenario: Scenario, model: Any, knob_overrides: Mapping[str, Any] | None = None,

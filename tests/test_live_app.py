@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state import K
+from app.state import DEFAULT_SCENARIO, K
 from engine.recording import record, to_json
 from engine.scenario import load_scenario
 
@@ -46,12 +46,16 @@ def ok(at: AppTest) -> AppTest:
     return at
 
 
-def open_app(page: str | None = KV_CACHE, scenario: str | None = None) -> AppTest:
-    """A fresh session on tiny-random (seeded before the first run), switched to ``page``."""
+def open_app(page: str | None = KV_CACHE, scenario: str | None = DEFAULT_SCENARIO) -> AppTest:
+    """A fresh session on tiny-random (seeded before the first run), switched to ``page``.
+
+    ``scenario`` is seeded as the user's own choice, so the page's scenario (state.PAGE_SCENARIOS)
+    does not replace it; None leaves the choice to the page."""
     at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
     at.session_state[K.model] = MODEL
     if scenario is not None:
         at.session_state[K.scenario] = scenario
+        at.session_state[K.scenario_chosen] = True
     ok(at.run())
     if page is not None and page != GENERATE:
         ok(at.switch_page(page).run())

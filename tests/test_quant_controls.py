@@ -43,6 +43,7 @@ def open_app(model: str = "tiny-random", **widgets: object) -> AppTest:
     """A fresh session on the KV page, ``widgets`` (key -> value) set before the first run."""
     at = AppTest.from_file(str(MAIN), default_timeout=300)
     at.session_state[K.model] = model
+    at.session_state[K.scenario_chosen] = True  # the default scenario, not the KV page's own
     for key, value in widgets.items():
         at.session_state[key] = value
     ok(at.run())
