@@ -206,3 +206,46 @@ def test_keys_work_after_sidebar_controls_and_do_what_the_map_says(app_url: str,
     assert "kv-cache" in page.url
     assert_no_exception(page)
     page.context.close()
+
+
+# -- 6: a pipeline restart shows progress at once, and no stale worker box -------------------------
+
+WATCH_RESTART_JS = """
+() => {
+  const seen = window.__restart = { t0: performance.now(), progress: null, stale: [] };
+  const main = document.querySelector('[data-testid="stMain"]');
+  const check = () => {
+    if (seen.progress === null && main.querySelector('[data-testid="stProgress"]'))
+      seen.progress = performance.now() - seen.t0;
+    const text = main.innerText;
+    const box = text.match(/\\d+ workers running/);
+    if (box && seen.stale.length < 5) seen.stale.push(box[0]);
+  };
+  check();
+  new MutationObserver(check).observe(main, { subtree: true, childList: true, characterData: true });
+}
+"""
+PROGRESS_WITHIN_MS = 2_000  # asked: about 1 s; the bound leaves room for a loaded 2-core machine
+
+
+def test_pipeline_knob_change_shows_progress_at_once(app_url: str, chromium) -> None:
+    """Changing m restarts the workers: a progress bar is up right away (it was a stale
+    "2 workers running" box and nothing else for the first seconds), none of that box, and the
+    new run comes up."""
+    page = new_page(chromium, f"{app_url}/pipeline?{TINY}&live_scenario=pipeline")
+    micro = page.locator(".st-key-knob_num_microbatches input")
+    micro.click()
+    micro.fill("2")
+    page.evaluate(WATCH_RESTART_JS)
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(300)
+    wait_for_app(page, timeout=120_000)
+    seen = page.evaluate("() => window.__restart")
+    assert seen["progress"] is not None and seen["progress"] <= PROGRESS_WITHIN_MS, seen
+    assert not seen["stale"], f"a worker box was shown during the restart: {seen['stale']}"
+    assert page.get_by_test_id("stProgress").count() == 0, "the progress bar goes once the run is up"
+    assert steps_done(page) == 0
+    press(page, "PageDown")
+    wait_for_steps(page, 1, timeout=60_000)
+    assert_no_exception(page)
+    page.context.close()
