@@ -148,15 +148,15 @@ def sidebar(places: Sidebar) -> None:
 def _run_buttons() -> None:
     playing = state.playing()
     with st.container(horizontal=True):
-        st.button("Step", key="step", on_click=state.on_step_click, type="primary", help="Keys: PageDown, S",
+        st.button("Step", key="step", on_click=state.on_step_click, type="primary",
                   icon=":material/skip_next:")
-        st.button("Pause" if playing else "Play", key="play", on_click=state.toggle_play, help="Key: P",
+        st.button("Pause" if playing else "Play", key="play", on_click=state.toggle_play,
                   icon=":material/pause:" if playing else ":material/play_arrow:")
-        st.button("Reset", key="reset", on_click=state.reset, help="Key: 0", icon=":material/restart_alt:")
+        st.button("Reset", key="reset", on_click=state.reset, icon=":material/restart_alt:")
     with st.container(horizontal=True, vertical_alignment="bottom"):
         st.number_input("Steps", min_value=1, max_value=1000, step=1, key=K.run_n, persist_state="session",
                         width=110)
-        st.button("Run N", key="run_n_button", on_click=state.request_steps, help="Key: N")
+        st.button("Run N", key="run_n_button", on_click=state.request_steps)
         st.select_slider("Seconds per step (Play)", options=[0.25, 0.5, 1.0, 2.0], key=K.tick,
                          persist_state="session")
 
