@@ -2,14 +2,22 @@
 Step / Run N / Play-Pause / Reset, record and replay, presentation mode.
 
 Widgets keep their values across page switches (``persist_state="session"``); model,
-scenario and presentation mode are also in the URL, so a talk slide can link to an exact set-up.
-Keyboard: PageDown = Step (a presenter's clicker), N = Run N, P = Play/Pause, Home = Reset.
+scenario and presentation mode are also in the URL, so a talk slide can link to an exact set-up
+(``?present=true`` opens every live page in presentation mode).
+
+Keyboard (app/step_queue.py ``KEYS``; it works whatever was clicked last, except while typing in
+a text or number input; Enter there commits and leaves the field):
+PageDown or S = Step (a presenter's clicker sends PageDown), PageUp or B = Step back,
+N = Run N, P = Play / Pause, 0 = Reset, ] = next live page, [ = previous live page.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Sequence
+
 import streamlit as st
 
-from app import state
+from app import state, step_queue
 from app.state import K
 from engine.config import (INT4_GROUP_SIZES, MAX_BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS, MAX_NUM_SEQS,
                            SCHEMES)
@@ -59,50 +67,104 @@ def _options(options: tuple, current: object) -> list:
     return [*options, current] if current is not None and current not in options else list(options)
 
 
-def prepare(page: str = "") -> None:
+@dataclass(frozen=True)
+class Sidebar:
+    """The sidebar's places, laid out before the page runs (``prepare``); ``sidebar`` fills them
+    after it, except ``download``, which the views fragment fills (``recording_download``)."""
+
+    controls: Any  # DeltaGenerator: step queue, run buttons, workload, precision, knobs
+    recording: Any  # the "Record / replay" expander
+    download: Any  # its first slot: the recording download
+    presentation: Any  # the presentation toggle and the key map
+
+
+def prepare(page: str = "") -> Sidebar:
     """Before the page: defaults for a new session, the page's own scenario (``page`` is its
-    url_path; state.PAGE_SCENARIOS), a deep link's replay or steps (once per session), and a
-    run that matches the controls.
+    url_path; state.PAGE_SCENARIOS), a deep link's replay or steps (once per session), a run
+    that matches the controls, and the sidebar's places.
 
     The widgets themselves are drawn after the page (``sidebar``): their values are already in
     the session state, and drawing the views first gets them to the browser sooner.
     """
     state.init_defaults()
+    state.init_presentation()
     state.apply_page_scenario(page)
     problem = state.apply_deep_link()
     state.ensure_run()
     if problem:
         state.report(problem)
+    controls = st.sidebar.container()
+    recording = st.sidebar.expander("Record / replay", expanded=state.is_replay())
+    download = recording.empty()
+    state.set_download_slot(download)
+    return Sidebar(controls, recording, download, st.sidebar.container())
 
 
-def sidebar() -> None:
-    """Render the shared controls (call ``prepare`` first)."""
-    with st.sidebar:
+def recording_download() -> None:
+    """The "Download recording (JSON)" button, drawn by the views fragment into its sidebar slot.
+
+    Why there: Streamlit keeps a download's data callable only while the run that drew the
+    button is the session's latest; a views-only rerun (every Step) counted as one that did not
+    draw it, so a button drawn with the sidebar pointed at a dropped callable. The fragment
+    redraws it on every rerun. The callable holds the run itself: Streamlit calls it outside
+    any script run, where the session state (and so ``state.run()``) is out of reach.
+    """
+    current, slot = state.run(), state.download_slot()
+    if current is None or slot is None:
+        return
+    name = f"inferscope-{current.meta.scenario}-{current.meta.model}.json"
+    slot.download_button("Download recording (JSON)", data=state.recording_json(current), file_name=name,
+                         mime="application/json", on_click="ignore", key="download_recording",
+                         icon=":material/download:")
+
+
+def switch_page(page: st.Page, pages: Sequence[st.Page]) -> None:
+    """The next / previous page key (app/step_queue.py): switch to the neighbour of ``page`` in
+    ``pages`` (no wrap-around at either end)."""
+    step = state.take_page_step()
+    urls = [p.url_path for p in pages]
+    if step and page.url_path in urls:
+        target = urls.index(page.url_path) + step
+        if 0 <= target < len(pages):
+            # query_params={}: the default (None) clears the URL's parameters the checked way,
+            # which Streamlit refuses for parameters bound to widgets; the target page's widgets
+            # put model, scenario and presentation mode back (their values live in the session)
+            st.switch_page(pages[target], query_params={})
+
+
+def sidebar(places: Sidebar) -> None:
+    """Render the shared controls into the places ``prepare`` laid out."""
+    with places.controls:
         state.mount_step_queue()
         _run_buttons()
         _workload()
         _precision()
         _speculation()
         _knobs()
+    with places.recording:
         _record_replay()
+    with places.presentation:
         st.toggle("Presentation mode", key=K.present, bind="query-params", persist_state="session",
-                  help="Large fonts, no explanations or exports; PageDown steps (a clicker works).")
+                  help="Large fonts, no explanations or exports; each view fits one 1920×1080 screen. "
+                       f"Keys: {step_queue.keys_caption()} (a presenter's clicker sends PageDown / PageUp).")
+        if state.presentation():
+            st.caption(f"**Keys** {step_queue.keys_caption()}")
 
 
 def _run_buttons() -> None:
     playing = state.playing()
     with st.container(horizontal=True):
-        st.button("Step", key="step", on_click=state.on_step_click, shortcut="PageDown", type="primary",
+        st.button("Step", key="step", on_click=state.on_step_click, type="primary",
                   icon=":material/skip_next:")
         # no help=: its tooltip icon would be a second button under .st-key-step_back (the key map's target)
         st.button("Step back", key="step_back", on_click=state.step_back, icon=":material/skip_previous:")
-        st.button("Pause" if playing else "Play", key="play", on_click=state.toggle_play, shortcut="P",
+        st.button("Pause" if playing else "Play", key="play", on_click=state.toggle_play,
                   icon=":material/pause:" if playing else ":material/play_arrow:")
-        st.button("Reset", key="reset", on_click=state.reset, shortcut="Home", icon=":material/restart_alt:")
+        st.button("Reset", key="reset", on_click=state.reset, icon=":material/restart_alt:")
     with st.container(horizontal=True, vertical_alignment="bottom"):
         st.number_input("Steps", min_value=1, max_value=1000, step=1, key=K.run_n, persist_state="session",
                         width=110)
-        st.button("Run N", key="run_n_button", on_click=state.request_steps, shortcut="N")
+        st.button("Run N", key="run_n_button", on_click=state.request_steps)
         st.select_slider("Seconds per step (Play)", options=[0.25, 0.5, 1.0, 2.0], key=K.tick,
                          persist_state="session")
 
@@ -184,23 +246,17 @@ def _knobs() -> None:
 
 
 def _record_replay() -> None:
-    with st.expander("Record / replay", expanded=state.is_replay()):
-        current = state.run()
-        if current is not None:
-            name = f"inferscope-{current.meta.scenario}-{current.meta.model}.json"
-            st.download_button("Download recording (JSON)", data=state.recording_json, file_name=name,
-                               mime="application/json", on_click="ignore", key="download_recording",
-                               icon=":material/download:")
-        bundled = state.page_recording()
-        if bundled is not None:
-            st.button("Replay the bundled recording", key="replay_bundled", on_click=state.replay_bundled,
-                      args=(bundled,), icon=":material/slideshow:",
-                      help=f"A recording of the {bundled} scenario on SmolLM2 that ships with InferScope "
-                           "(presets/recordings/): no model is loaded.")
-        st.file_uploader("Replay a recording", type=["json"], key=K.upload, on_change=state.load_recording_upload,
-                         help="Replays without loading the model: for talks on any laptop.")
-        if state.is_replay():
-            st.button("Back to live engine", key="leave_replay", on_click=state.leave_replay)
+    """The rest of the "Record / replay" expander (the download is the views fragment's)."""
+    bundled = state.page_recording()
+    if bundled is not None:
+        st.button("Replay the bundled recording", key="replay_bundled", on_click=state.replay_bundled,
+                  args=(bundled,), icon=":material/slideshow:",
+                  help=f"A recording of the {bundled} scenario on SmolLM2 that ships with InferScope "
+                       "(presets/recordings/): no model is loaded.")
+    st.file_uploader("Replay a recording", type=["json"], key=K.upload, on_change=state.load_recording_upload,
+                     help="Replays without loading the model: for talks on any laptop.")
+    if state.is_replay():
+        st.button("Back to live engine", key="leave_replay", on_click=state.leave_replay)
 
 
 def step_slider(view: RunView) -> None:

@@ -15,29 +15,44 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import charts, state, timing
-from app.controls import step_slider
+from app import controls as shared_controls  # (page() has a parameter named controls)
 from engine.run import RunView, speculation_label
 from engine.trace import RequestStatus
 from visualizers.steps import step_table_csv
 from visualizers.text import escape_markdown
 
+# Presentation mode fits each live page's main chart and its key numbers on one 1920x1080
+# screen: no header (the page keys replace the top navigation), little padding, a smaller
+# metric value, and charts no taller than Style.max_chart_height.
 PRESENTATION_CSS = """
 <style>
 html { font-size: 21px; }
 [data-testid="stHeader"], [data-testid="stToolbar"], [data-testid="stDecoration"] { display: none; }
+[data-testid="stMainBlockContainer"] { padding-top: 1.2rem; padding-bottom: 2rem; }
+[data-testid="stMainBlockContainer"] h2 { padding-top: 0; padding-bottom: 0.3rem; }
+[data-testid="stMetricValue"] { font-size: 1.8rem; }
 </style>
 """
+PRESENTATION_CHART_PX = 560
 
 
 @dataclass(frozen=True)
 class Style:
     font_size: int
     explain: bool  # captions, explanations, export buttons
+    max_chart_height: int | None = None  # px; a taller figure is drawn this tall (presentation mode)
 
     @classmethod
     def current(cls) -> "Style":
         present = state.presentation()
-        return cls(font_size=19 if present else 12, explain=not present)
+        return cls(font_size=19 if present else 12, explain=not present,
+                   max_chart_height=PRESENTATION_CHART_PX if present else None)
+
+    def fit(self, fig: go.Figure) -> go.Figure:
+        """``fig`` no taller than ``max_chart_height`` (Plotly's default height is 450 px)."""
+        if self.max_chart_height is not None and (fig.layout.height or 450) > self.max_chart_height:
+            fig.update_layout(height=self.max_chart_height)
+        return fig
 
 
 def chart_config(name: str, zoom: bool = False) -> dict:
@@ -52,7 +67,7 @@ def chart_config(name: str, zoom: bool = False) -> dict:
 def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch", zoom: bool = False) -> None:
     """A figure, plus (outside presentation mode) an HTML export of it."""
     with timing.phase(f"send {name}"):
-        charts.live_chart(fig, key=f"chart_{name}", config=chart_config(name, zoom), width=width)
+        charts.live_chart(style.fit(fig), key=f"chart_{name}", config=chart_config(name, zoom), width=width)
     if style.explain:
         st.download_button(f"Figure as HTML", data=lambda: fig.to_html(include_plotlyjs=True, full_html=True),
                            file_name=f"inferscope-{name}.html", mime="text/html", on_click="ignore",
@@ -73,8 +88,11 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
     st.header(title, anchor=False)
     if intro and style.explain:
         st.caption(intro)
-    if controls is not None:
+    if controls is not None and style.explain:
         controls()
+    elif controls is not None:  # presentation mode: the page's own settings fold away (1080p)
+        with st.expander("Settings", icon=":material/tune:"):
+            controls()
     run_every = state.tick_seconds() if state.playing() else None
 
     @st.fragment(run_every=run_every, key=state.VIEWS_FRAGMENT)
@@ -91,8 +109,9 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
             if not state.error():
                 st.info("No run yet: pick a scenario and a model in the sidebar.")
             return
+        shared_controls.recording_download()
         status(view, style)
-        step_slider(view)  # the history cursor (app/state.py)
+        shared_controls.step_slider(view)  # the history cursor (app/state.py)
         render(view, style)
 
     views()

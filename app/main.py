@@ -29,17 +29,18 @@ def main() -> None:
             st.Page("app_pages/fit.py", title="Will it fit?", icon="📐", url_path="fit"),
         ],
     }
-    LIVE_PAGES = (KV_CACHE.url_path, BATCHING.url_path, PREFIX_CACHE.url_path, QUANTIZATION.url_path,
-                  SPECULATIVE.url_path, PIPELINE.url_path)
+    LIVE = [KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE, PIPELINE]  # the order of the page keys
+    LIVE_PAGES = tuple(p.url_path for p in LIVE)
     with timing.phase("script"):
         page = st.navigation(PAGES, position="top")
         live = page.url_path in LIVE_PAGES
         if live:
-            controls.prepare(page.url_path)
+            controls.switch_page(page, LIVE)
+            places = controls.prepare(page.url_path)
         page.run()
         if live:  # the sidebar goes last so the views reach the browser first
             with timing.phase("sidebar"):
-                controls.sidebar()
+                controls.sidebar(places)
 
 
 # The engine's worker processes start with multiprocessing's "spawn", which re-runs the parent's

@@ -86,6 +86,8 @@ class K:
     scenario_chosen = "_scenario_chosen"  # the user picked a scenario (dropdown, link, button)
     link_applied = "_deep_link_applied"  # ?step= / ?recording= are applied once per session
     page = "_live_page"  # url_path of the live page being drawn
+    download_slot = "_download_slot"  # the sidebar slot the views fragment draws the download into
+    page_step = "_page_step"  # +1 / -1: a page key asked for the next / previous live page
 
 
 _torch_once = threading.Lock()
@@ -410,9 +412,12 @@ def close_run() -> None:
 
 
 def build_run(spec: RunSpec) -> None:
-    """A new live run for ``spec``; the old one's workers are stopped first. A parallel engine's
-    worker start-up is shown as it goes (st.status)."""
+    """A new live run for ``spec``; the old one's workers are stopped first. When workers stop
+    or start, a progress bar shows it from the first moment (``WorkerProgress``)."""
     ss = st.session_state
+    old = ss.get(K.run)
+    progress = WorkerProgress.show(isinstance(old, LiveRun) and is_parallel(old.meta.config),
+                                   is_parallel(dict(spec.knobs)))
     close_run()
     ss[K.run_spec], ss[K.error], ss[K.worker_failed] = spec, None, False
     ss[K.playing] = False
@@ -423,11 +428,8 @@ def build_run(spec: RunSpec) -> None:
         if config.num_workers == 1:
             ss[K.run] = LiveRun.from_scenario(sc, model)
         else:
-            label = f"Starting {config.num_workers} worker processes (p = {config.pipeline_parallel_size}, " \
-                    f"t = {config.tensor_parallel_size})…"
-            with st.status(label, expanded=False) as box:
-                ss[K.run] = LiveRun.from_scenario(sc, model, progress=lambda msg: box.update(label=str(msg)))
-                box.update(label=f"{config.num_workers} workers running", state="complete")
+            progress.starting(config.num_workers, config.pipeline_parallel_size, config.tensor_parallel_size)
+            ss[K.run] = LiveRun.from_scenario(sc, model, progress=progress.say)
             session_reaper.adopt(session_id(), ss[K.run])  # its workers end with the session
     except (ValueError, OSError) as e:
         ss[K.error] = str(e)
@@ -438,6 +440,54 @@ def build_run(spec: RunSpec) -> None:
         ss[K.worker_failed] = True
     except MemoryError:  # the engine checks memory first; this is the OS changing its mind
         ss[K.error] = "out of memory building the engine: lower num_blocks or max_num_batched_tokens"
+    finally:
+        progress.done()
+
+
+def is_parallel(knobs: Mapping[str, Any]) -> bool:
+    """The knobs ask for worker processes (p or t above 1)."""
+    return any(isinstance(knobs.get(k), int) and knobs[k] > 1
+               for k in ("pipeline_parallel_size", "tensor_parallel_size"))
+
+
+class WorkerProgress:
+    """A progress bar for stopping and starting worker processes, drawn before anything slow
+    happens (the old workers' stop, the model, the spawn), so a knob change shows progress at
+    once. It takes the first slot of the page, so it replaces whatever a previous run left there,
+    and it is removed when the run is built: no finished box stays behind to go stale during
+    the next restart."""
+
+    def __init__(self, slot: Any = None) -> None:
+        self.slot = slot
+        self.workers = 1
+
+    @classmethod
+    def show(cls, stopping: bool, starting: bool) -> "WorkerProgress":
+        if not (stopping or starting):
+            return cls()  # a single-process run replacing another: instant, nothing to show
+        progress = cls(st.empty())
+        progress.update(0.02, "Stopping the old worker processes…" if stopping else "Preparing the engine…")
+        return progress
+
+    def update(self, fraction: float, text: str) -> None:
+        if self.slot is not None:
+            self.slot.progress(min(max(fraction, 0.0), 1.0), text=text)
+
+    def starting(self, workers: int, p: int, t: int) -> None:
+        self.workers = workers
+        self.update(0.05, f"Starting {workers} worker processes (p = {p}, t = {t}); each loads its share of "
+                          "the model (SmolLM2: about 10 s)…")
+
+    def say(self, message: object) -> None:
+        """engine.executor's start-up messages ("worker k of n ready" moves the bar)."""
+        text = str(message)
+        words = text.split()
+        ready = int(words[1]) if len(words) > 1 and words[0] == "worker" and words[1].isdigit() else 0
+        self.update(0.05 + 0.95 * ready / max(self.workers, 1), text[:1].upper() + text[1:] + "…")
+
+    def done(self) -> None:
+        if self.slot is not None:
+            self.slot.empty()
 
 
 def reset() -> None:
@@ -552,7 +602,18 @@ def apply_queued_steps() -> None:
 
 
 def mount_step_queue() -> None:
-    step_queue.mount(K.step_queue, st.session_state[K.epoch], on_step_presses)
+    step_queue.mount(K.step_queue, st.session_state[K.epoch], on_step_presses, on_page_key)
+
+
+def on_page_key() -> None:
+    """The next / previous page key (app/step_queue.py): the entry point switches page."""
+    ss = st.session_state
+    ss[K.page_step] = step_queue.navigation(ss.get(K.step_queue))
+
+
+def take_page_step() -> int:
+    """+1 / -1 when a page key asked for the next / previous live page since the last run, else 0."""
+    return int(st.session_state.pop(K.page_step, 0) or 0)
 
 
 def request_steps() -> None:
@@ -615,10 +676,13 @@ def _cursor_forward(current: LiveRun | ReplayRun, n: int) -> list:
 
 def step_back() -> None:
     """The Step back button's callback: the views draw the previous step (none before step 0);
-    Play pauses. The run itself is not changed."""
+    Play pauses. The run itself is not changed. Step presses the browser counted before this
+    one are applied first (a callback runs before the views apply them), so PageDown then B
+    lands where the speaker expects."""
     current = run()
     if current is None:
         return
+    apply_queued_steps()
     at = cursor()
     _set_cursor(current, (current.num_steps if at is None else at) - 1)
     st.session_state[K.playing] = False
@@ -649,9 +713,20 @@ def notice() -> str | None:
 
 # -- record / replay --------------------------------------------------------------------------
 
-def recording_json() -> str:
-    current = run()
-    return to_json(record(current)) if current is not None else ""
+def set_download_slot(slot: Any) -> None:
+    """The sidebar slot of the recording download (app/controls.py), laid out by the last full run."""
+    st.session_state[K.download_slot] = slot
+
+
+def download_slot() -> Any:
+    return st.session_state.get(K.download_slot)
+
+
+def recording_json(current: LiveRun | ReplayRun) -> Callable[[], str]:
+    """The recording download's data: a callable that serialises ``current`` when the browser
+    asks for the file. Streamlit calls it outside any script run, where there is no session
+    state to find the run in, so it holds the run itself (``record`` takes the run's lock)."""
+    return lambda: to_json(record(current))
 
 
 def load_recording_upload() -> None:
@@ -824,6 +899,15 @@ def run_spec_comparison(progress: Callable[[str, int], None] | None = None) -> N
 
 
 # -- presentation -----------------------------------------------------------------------------
+
+def init_presentation() -> None:
+    """Presentation mode from the URL (``?present=true``) on a session's first run. The toggle is
+    bound to the URL, but it is drawn after the page (controls.sidebar), so without this the page
+    of that first run would not see the mode."""
+    ss = st.session_state
+    if K.present not in ss:
+        ss[K.present] = str(st.query_params.get(K.present, "")).lower() == "true"
+
 
 def presentation() -> bool:
     return bool(st.session_state.get(K.present, False))
