@@ -43,9 +43,5 @@ def main() -> None:
                 controls.sidebar(places)
 
 
-# The engine's worker processes start with multiprocessing's "spawn", which re-runs the parent's
-# main module under the name "__mp_main__" — under Streamlit (and AppTest) that is this script.
-# A worker must not build pages or set the page config: only the real run does.
-if __name__ != "__mp_main__":
-    st.set_page_config(page_title="InferScope", page_icon="🔬", layout="wide")
-    main()
+st.set_page_config(page_title="InferScope", page_icon="🔬", layout="wide")
+main()

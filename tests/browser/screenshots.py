@@ -6,7 +6,9 @@ Starts `make run`'s server, steps the chat-burst scenario on SmolLM2-135M as a v
 (clicks), and saves one PNG per view; the Prefix cache page steps its own scenarios
 (shared-prefix, and cache-pressure for LRU eviction). Groups: live (KV cache, batching,
 Generate, fit), prefix, quant (the Quantization page's five tabs), spec (Speculative decoding),
-pipeline (Pipeline parallelism: the Gantt and the calculator view).
+pipeline (Pipeline parallelism: the Gantt and the calculator view), talk (docs/talk.md: presentation
+mode at 1920x1080 from a bundled recording, step back, the Pipeline page on its own scenario, the
+bundled-recording entry).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def _step_to(page, steps: int) -> None:
         wait_for_app(page)
 
 
-GROUPS = ("live", "prefix", "quant", "spec", "pipeline")
+GROUPS = ("live", "prefix", "quant", "spec", "pipeline", "talk")
 
 
 def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
@@ -60,6 +62,8 @@ def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
             _spec(browser, url, out)
         if "pipeline" in groups:
             _pipeline(browser, url, out)
+        if "talk" in groups:
+            _talk(browser, url, out)
         browser.close()
 
 
@@ -158,6 +162,44 @@ def _pipeline(browser, url: str, out: Path) -> None:
         click(page, "run_n_button")  # 10 steps back to back: batches overlap only between steps that follow
         wait_for_views_at_step(page, 10, timeout=300_000)
         _shoot(page, out, "pipeline-batch-queue")
+
+
+TALK_VIEWPORT = {"width": 1920, "height": 1080}  # a projector's screen: presentation mode fits it
+
+
+@contextmanager
+def _talk_page(browser, url: str) -> Iterator:
+    page = browser.new_page(viewport=TALK_VIEWPORT)
+    try:
+        load(page, url, timeout=300_000)
+        yield page
+    finally:
+        page.context.close()
+
+
+def _talk(browser, url: str, out: Path) -> None:
+    """docs/talk.md: a link to step 10 of the bundled speculative recording in presentation mode;
+    step back on the KV cache page (three steps, then one back); the Pipeline page opened on its
+    own scenario (two SmolLM2 workers) after 3 steps; the Record / replay expander's bundled entry."""
+    with _talk_page(browser, f"{url}/speculative?present=true&recording=spec-copy&step=10") as page:
+        wait_for_views_at_step(page, 10, timeout=120_000)
+        _shoot(page, out, "talk-speculative-present")
+    with _talk_page(browser, f"{url}/kv-cache?present=true&live_model={MODEL}") as page:
+        _step_to(page, 3)
+        page.keyboard.press("B")
+        wait_for_views_at_step(page, 2)
+        _shoot(page, out, "talk-step-back")
+    with _talk_page(browser, f"{url}/pipeline?present=true&live_model={MODEL}") as page:
+        _step_to(page, 3)
+        _shoot(page, out, "talk-pipeline")
+        click(page, "reset")  # the workers stop with the run
+        wait_for_app(page)
+    with _talk_page(browser, f"{url}/speculative?live_model={MODEL}") as page:
+        page.get_by_text("Record / replay", exact=True).first.click()
+        click(page, "replay_bundled")
+        wait_for_app(page, timeout=120_000)
+        _step_to(page, 4)
+        _shoot(page, out, "talk-replay-bundled")
 
 
 if __name__ == "__main__":

@@ -55,14 +55,14 @@ def server_pid(url: str) -> int:
 
 
 def worker_pids(root: int) -> set[int]:
-    """The engine workers under ``root``: spawned multiprocessing children (not the resource tracker)."""
+    """The engine workers under ``root`` (engine/worker.py names each in its command line)."""
     procs = _processes()
     found, frontier = set(), {root}
     while frontier:
         children = {pid for pid, (ppid, _) in procs.items() if ppid in frontier}
         found |= children
         frontier = children
-    return {pid for pid in found if "spawn_main" in procs[pid][1]}
+    return {pid for pid in found if "inferscope-worker" in procs[pid][1]}
 
 
 def alive(pids: set[int]) -> set[int]:
