@@ -113,13 +113,15 @@ def _started(pid: int) -> int:
 
 
 def worker_pid(rank: int, timeout_s: float = 60.0) -> int:
-    """The pid of this process's worker ``rank`` as soon as it exists: workers are started in
-    rank order, and are this process's only children (its resource tracker aside, if any)."""
+    """The pid of this process's worker ``rank`` as soon as it exists, found by the name the
+    executor puts on its command line (in the whole suite this process has other children: the
+    browser tests' server and Playwright's driver, which a signal must never hit)."""
+    name = f"inferscope-worker-{rank}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        kids = [p for p in children() if running({p})]
-        if len(kids) > rank:
-            return sorted(kids, key=lambda p: (_started(p), p))[rank]
+        kids = [p for p in children() if running({p}) and _cmdline(p).split()[-1:] == [name]]
+        if kids:
+            return max(kids, key=lambda p: (_started(p), p))  # the newest (an old one may be a zombie)
         time.sleep(0.01)
     raise AssertionError(f"worker {rank} did not appear")
 
