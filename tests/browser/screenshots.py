@@ -196,7 +196,7 @@ def _talk(browser, url: str, out: Path) -> None:
         wait_for_app(page)
     with _talk_page(browser, f"{url}/speculative?live_model={MODEL}") as page:
         page.get_by_text("Record / replay", exact=True).first.click()
-        click(page, "replay_bundled")
+        page.get_by_role("button", name="Replay the bundled recording").first.click()
         wait_for_app(page, timeout=120_000)
         _step_to(page, 4)
         _shoot(page, out, "talk-replay-bundled")
