@@ -133,3 +133,9 @@ def open_page(page, url: str, title: str) -> None:
     page.get_by_text("Engine", exact=True).first.click()
     page.locator("[data-testid='stTopNavDropdownLink']", has_text=title).first.click()
     wait_for_app(page)
+
+
+def assert_no_exception(page) -> None:
+    """No Streamlit exception box on the page (a traceback is never what a user should meet)."""
+    boxes = page.get_by_test_id("stException")
+    assert boxes.count() == 0, f"exception shown: {boxes.first.inner_text()[:500]}"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.server import click, load, metric, open_page, wait_for_app, wait_for_views_at_step
+from tests.browser.server import assert_no_exception, click, load, metric, open_page, wait_for_app, wait_for_views_at_step
 
 pytestmark = pytest.mark.browser
 
@@ -23,11 +23,6 @@ def new_page(chromium, url: str):
     page = chromium.new_context(viewport=VIEWPORT).new_page()
     load(page, url)
     return page
-
-
-def assert_no_exception(page) -> None:
-    boxes = page.get_by_test_id("stException")
-    assert boxes.count() == 0, f"exception shown: {boxes.first.inner_text()[:500]}"
 
 
 def step(page, times: int, reached: int) -> None:

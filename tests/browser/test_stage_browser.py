@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine.recording import from_json
-from tests.browser.server import click, load, metric, wait_for_app, wait_for_views_at_step
+from tests.browser.server import assert_no_exception, click, load, metric, wait_for_app, wait_for_views_at_step
 
 pytestmark = pytest.mark.browser
 
@@ -33,11 +33,6 @@ def new_page(chromium, url: str, viewport: dict = HD):
     load(page, url)
     page.wait_for_selector("body.inferscope-step-queue", state="attached", timeout=30_000)
     return page
-
-
-def assert_no_exception(page) -> None:
-    boxes = page.get_by_test_id("stException")
-    assert boxes.count() == 0, f"exception shown: {boxes.first.inner_text()[:500]}"
 
 
 def steps_done(page) -> int:
