@@ -64,10 +64,14 @@ def chart_config(name: str, zoom: bool = False) -> dict:
             "modeBarButtonsToRemove": removed}
 
 
-def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch", zoom: bool = False) -> None:
-    """A figure, plus (outside presentation mode) an HTML export of it."""
+def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch", zoom: bool = False,
+          fit: bool = True) -> None:
+    """A figure, plus (outside presentation mode) an HTML export of it. ``fit=False`` keeps a
+    figure of stacked fixed-height panels at its own height below the first screen (the cap
+    would squash its panels until their axis titles overlap)."""
     with timing.phase(f"send {name}"):
-        charts.live_chart(style.fit(fig), key=f"chart_{name}", config=chart_config(name, zoom), width=width)
+        charts.live_chart(style.fit(fig) if fit else fig, key=f"chart_{name}", config=chart_config(name, zoom),
+                          width=width)
     if style.explain:
         st.download_button(f"Figure as HTML", data=lambda: fig.to_html(include_plotlyjs=True, full_html=True),
                            file_name=f"inferscope-{name}.html", mime="text/html", on_click="ignore",

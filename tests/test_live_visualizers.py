@@ -390,7 +390,10 @@ def test_waste_frame_paged_slack_vs_contiguous_reservation(view: RunView) -> Non
         assert (frame["wasted tokens"] == 0).all()
     fig = check(vk.waste_figure(frame.reset_index(), pool, view.step))
     used_bar, waste_bar = fig.data
-    assert seq(used_bar.y) == seq(waste_bar.y) == list(vk.WASTE_SCHEMES)
+    assert seq(used_bar.customdata) == seq(waste_bar.customdata) == list(vk.WASTE_SCHEMES)
+    assert seq(used_bar.y) == seq(waste_bar.y)  # the rows name the scheme and its waste
+    for row, (scheme, wasted) in zip(used_bar.y, frame["wasted bytes"].items()):
+        assert row.startswith(f"<b>{scheme}</b><br>{vk.format_bytes(wasted)} wasted"), row
     assert seq(used_bar.x) == [used] * 3
     assert seq(waste_bar.x) == [max(res - used, 0) for res in reserved.values()]
     assert fig.layout.barmode == "stack"

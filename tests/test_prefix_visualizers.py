@@ -289,6 +289,22 @@ def test_captions_say_blocks_lock_and_lru_rank() -> None:
     assert captions[5] == ("1 block", "LRU 4")
 
 
+def test_a_tree_held_to_a_height_keeps_its_text_inside_its_boxes() -> None:
+    """Presentation mode holds the main chart to the first screen: where a level is then too short
+    for a box's three lines, the box shows its text only (the blocks and the lock count stay in
+    its hover); they overflowed onto the owner squares and the next level (issue 19, item 9)."""
+    snap = snapshot(sample_tree().nodes, SAMPLE_REQS)
+    full = check(pt.tree_figure(snap, font_size=19))
+    natural = full.layout.height
+    assert any("lock 2" in t for t in by_name(full, "labels").text)
+    held = check(pt.tree_figure(snap, font_size=19, max_height=natural - 1))
+    assert held.layout.height == natural - 1
+    assert not any("<br>" in t for t in by_name(held, "labels").text)
+    assert any("lock count 2" in h for h in by_name(held, "nodes").hovertext)
+    roomy = check(pt.tree_figure(snap, font_size=19, max_height=natural))
+    assert roomy.to_dict() == full.to_dict()
+
+
 def test_empty_and_disabled_trees_say_so() -> None:
     off = check(pt.tree_figure(snapshot([])))
     assert "prefix caching is off" in off.layout.title.text

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from engine.run import PolicyRun
 from visualizers.batching import lane_heatmap, lanes, request_chips, state_legend
-from visualizers.figures import figure
+from visualizers.figures import figure, legend_below
 from visualizers.theme import POLICY_COLORS, plot_label, request_sort_key
 
 
@@ -82,7 +82,7 @@ def lanes_side_by_side(runs: Mapping[str, PolicyRun], font_size: int = 12) -> go
     data.extend(state_legend())
     return figure(data, dict(
         height=max(260, 22 * n_requests + 150), margin=dict(l=10, r=10, t=80, b=40), font=dict(size=font_size),
-        plot_bgcolor="white", legend=dict(orientation="h", y=-0.15), annotations=titles, dragmode=False,
+        plot_bgcolor="white", legend=legend_below(), annotations=titles, dragmode=False,
         title=dict(text="Static vs continuous batching: swim lanes", font=dict(size=font_size + 3)),
         **layout_axes,
     ))

@@ -61,6 +61,31 @@ def live_layout(title: str, step: int | None, font_size: int, **extra: Any) -> d
                 plot_bgcolor="white", dragmode=False, meta={"step": step}, **extra)
 
 
+def legend_below(**extra: Any) -> dict[str, Any]:
+    """A horizontal legend at the bottom of the figure, under the x axis title.
+
+    In container coordinates plotly makes room for it (the plot area gives up the height); at a
+    guessed paper ``y < 0`` it lands wherever that is, on the axis title when the plot is short.
+    """
+    return dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, xanchor="left", **extra)
+
+
+NOMINAL_WIDTH_PX = 1000  # a chart's width at 1440 px when the figure does not fix its own
+
+
+def legend_height_px(data: list[dict[str, Any]], width_px: int, font_size: int) -> int:
+    """About how tall a horizontal legend of ``data``'s entries is at ``width_px``: plotly puts
+    an entry (symbol + text) after the last while it fits, else starts a row."""
+    names = [str(t["name"]) for t in data if t.get("name") and t.get("showlegend", t.get("type") != "heatmap")]
+    rows, x = 1, 0.0
+    for name in dict.fromkeys(names):  # a legend group's traces of one name show once
+        item = 46 + 0.55 * font_size * len(name)
+        if x and x + item > width_px:
+            rows, x = rows + 1, 0.0
+        x += item
+    return rows * round(1.6 * font_size + 4) + 8 if names else 0
+
+
 def validated(fig: go.Figure) -> go.Figure:
     """Re-build ``fig`` with full validation (raises ValueError on an invalid property)."""
     return go.Figure(fig.to_dict())
@@ -100,8 +125,12 @@ def stack(panels: list[Panel], layout: dict[str, Any], gap_px: int = 56, shared_
     the bottom panel keeps its tick labels and title.
     """
     top, bottom = margin_px
-    title_size = int(layout.get("font", {}).get("size", 12)) + 1  # panel titles scale with the figure's font
+    font_size = int(layout.get("font", {}).get("size", 12))
+    title_size = font_size + 1  # panel titles scale with the figure's font
     plot_h = sum(p.height for p in panels) + gap_px * (len(panels) - 1)
+    if layout.get("legend", {}).get("yref") == "container":  # legend_below: it gets its own rows
+        bottom += legend_height_px([t for p in panels for t in p.data],
+                                   int(layout.get("width") or NOMINAL_WIDTH_PX), font_size)
     total = plot_h + top + bottom
     data: list[dict[str, Any]] = []
     axes: dict[str, Any] = {}
@@ -135,7 +164,7 @@ def stack(panels: list[Panel], layout: dict[str, Any], gap_px: int = 56, shared_
                               xanchor="left", yanchor="bottom", showarrow=False, font=dict(size=title_size)))
     out = dict(layout, height=total, shapes=shapes + list(layout.get("shapes", [])),
                annotations=notes + list(layout.get("annotations", [])), **axes)
-    out.setdefault("margin", dict(l=10, r=10, t=top, b=bottom))
+    out["margin"] = {"l": 10, "r": 10, **layout.get("margin", {}), "t": top, "b": bottom}  # the heights above
     return figure(data, out)
 
 

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from engine.trace import BlockState, RequestState, Snapshot, StepTrace
 from visualizers.events import caption, grouped, note, step_events
-from visualizers.figures import Panel, live_layout, stack, vline
+from visualizers.figures import Panel, legend_below, live_layout, stack, vline
 from visualizers.text import escape_markdown
 from visualizers.theme import (BLOCK_STATE_COLORS, blend, plot_label, request_color, request_label, request_sort_key,
                                text_color_on)
@@ -340,22 +340,25 @@ def pool_summary(snapshot: Snapshot, kv_dtype: str) -> str:
 
 
 def waste_figure(frame: pd.DataFrame, pool_tokens: int, step: int | None = None, font_size: int = 12) -> go.Figure:
-    """Horizontal bars per allocator: tokens used (blue) + reserved but unused (red), vs the pool."""
-    labels = [f"{format_bytes(b)} wasted ({w:.0%} of pool)"
+    """Horizontal bars per allocator: tokens used (blue) + reserved but unused (red), vs the pool.
+
+    Each bar's waste is written in its axis label, not beside the bar: a contiguous reservation can
+    exceed the pool, and a label past the bar's end would run off the figure."""
+    wasted = [f"{format_bytes(b)} wasted ({w:.0%} of pool)"
               for b, w in zip(frame["wasted bytes"], frame["wasted share of pool"])]
+    rows = [f"<b>{scheme}</b><br>{w}" for scheme, w in zip(frame["scheme"], wasted)]
     data = [
-        dict(type="bar", y=list(frame["scheme"]), x=list(frame["used tokens"]), name="used (tokens with KV)",
-             orientation="h", marker=dict(color=BLOCK_STATE_COLORS["used"]),
-             hovertemplate="%{y}: %{x} tokens used<extra></extra>"),
-        dict(type="bar", y=list(frame["scheme"]), x=list(frame["wasted tokens"]), name="reserved, unused",
-             orientation="h", marker=dict(color="#EE6677"), customdata=labels, text=labels,
-             textposition="auto", cliponaxis=False,
-             hovertemplate="%{y}: %{x} tokens, %{customdata}<extra></extra>"),
+        dict(type="bar", y=rows, x=list(frame["used tokens"]), name="used (tokens with KV)",
+             orientation="h", marker=dict(color=BLOCK_STATE_COLORS["used"]), customdata=list(frame["scheme"]),
+             hovertemplate="%{customdata}: %{x} tokens used<extra></extra>"),
+        dict(type="bar", y=rows, x=list(frame["wasted tokens"]), name="reserved, unused",
+             orientation="h", marker=dict(color="#EE6677"), customdata=list(frame["scheme"]),
+             hovertemplate="%{customdata}: %{x} tokens reserved, unused<extra></extra>"),
     ]
     shape, note = vline(pool_tokens, f"pool: {pool_tokens} tokens")
     panel = Panel(data, height=150, shapes=[shape], annotations=[note],
                   xaxis=dict(title=dict(text="tokens of KV"), fixedrange=True),
                   yaxis=dict(autorange="reversed", fixedrange=True))
     layout = live_layout("KV memory: paged vs contiguous reservation", step, font_size, barmode="stack",
-                         legend=dict(orientation="h", y=-0.35))
+                         legend=legend_below())
     return stack([panel], layout, margin_px=(70, 70))

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from engine.sizing.estimate import CurvePoint, HardwareRow
 from engine.sizing.units import GiB
+from visualizers.figures import legend_below
 from visualizers.text import escape_plotly
 from visualizers.theme import MEMORY_COLORS, VERDICT_COLORS
 
@@ -71,7 +72,7 @@ def memory_bar(est) -> go.Figure:
     fig.update_layout(
         barmode="stack", height=270, margin=dict(l=10, r=10, t=40, b=90),
         xaxis=dict(title="GiB", range=[0, top], fixedrange=True), yaxis=dict(fixedrange=True),
-        legend=dict(orientation="h", yanchor="top", y=-0.45, x=0), dragmode=False,
+        legend=legend_below(), dragmode=False,
         title=dict(text=f"{needed:.2f} GiB needed of {usable:.2f} GiB usable per {unit}", font=dict(size=14)),
     )
     return fig
@@ -164,7 +165,7 @@ def roofline_figure(est) -> go.Figure:
         yaxis=dict(type="log", title=f"attainable TFLOP/s ({est.peak_label})", fixedrange=True),
         title=dict(text=f"Roofline: {escape_plotly(est.hardware_name)} — filled at the roof, open with efficiency"
                         f" {est.efficiency_memory:.2f}/{e:.2f}", font=dict(size=14)),
-        legend=dict(orientation="h", yanchor="bottom", y=-0.35, x=0),
+        legend=legend_below(),
     )
     return fig
 

@@ -24,7 +24,7 @@ from engine.pipeline_stats import PipelineStats, pipeline_stats
 from engine.run import SweepPoint
 from engine.trace import ParallelLayout, PipelineTimeline, PipelineUnit, StepTrace, WorkEvent
 from visualizers.events import Event, note
-from visualizers.figures import figure, live_layout
+from visualizers.figures import figure, legend_below, live_layout
 from visualizers.steps import step_number
 from visualizers.theme import PIPELINE_COLORS, PIPELINE_UNIT_COLORS, text_color_on
 
@@ -147,7 +147,7 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
                                         "ms since the driver sent the first step shown", zeroline=False),
                              yaxis=dict(categoryorder="array", categoryarray=lanes, autorange="reversed",
                                         type="category", title=dict(text="worker (stage · tp rank)")),
-                             legend=dict(orientation="h", y=-0.25), margin=dict(l=10, r=10, t=60, b=10),
+                             legend=legend_below(), margin=dict(l=10, r=10, t=60, b=10),
                              annotations=captions)
     fig_layout["meta"].update(bubble=s.bubble_fraction, theory=s.theory_bubble, lanes=lanes,
                               units=len(timeline.units), schedule=timeline.schedule)
@@ -181,7 +181,7 @@ def sweep_figure(points: Sequence[SweepPoint], p: int, font_size: int = 12) -> g
     layout = live_layout(f"Bubble fraction over micro-batches, p = {p}", None, font_size,
                          xaxis=dict(title="micro-batches m", type="log", tickvals=ms, ticktext=[str(m) for m in ms]),
                          yaxis=dict(title="bubble (share of lanes × window)", tickformat=".0%", rangemode="tozero"),
-                         height=340, legend=dict(orientation="h", y=-0.3))
+                         height=340, legend=legend_below())
     layout["meta"].update(p=p, points=len(points))
     return figure(data, layout)
 
@@ -230,7 +230,7 @@ def calculator_view(layout: ParallelLayout, dims: ModelDims, config: Mapping[str
             for label, col, key in (("weights", "weights MiB", "weights"), ("KV pool", "KV pool MiB", "kv_cache"))]
     fig = figure(data, live_layout("Memory per worker in this engine (from the layout)", None, font_size,
                                    barmode="stack", yaxis=dict(title="MiB"), height=320,
-                                   legend=dict(orientation="h", y=-0.25)))
+                                   legend=legend_below()))
     comm = comm_bytes_per_token(dims.hidden, dims.num_layers, layout.pipeline_parallel_size,
                                 layout.tensor_parallel_size, dtype_bytes)
     calc_rows = []

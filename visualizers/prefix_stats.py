@@ -22,8 +22,8 @@ import plotly.graph_objects as go
 from engine.run import PolicyRun
 from engine.trace import Snapshot, StepTrace
 from visualizers.events import notes, step_events
-from visualizers.figures import Panel, live_layout, stack
-from visualizers.kv_blocks import CACHED_IN_USE, CELL_PX, STATE_TRACES, grid_columns, grid_panel
+from visualizers.figures import Panel, legend_below, live_layout, stack
+from visualizers.kv_blocks import CACHED_IN_USE, STATE_TRACES, grid_panel
 from visualizers.steps import step_number
 from visualizers.text import escape_plotly
 from visualizers.theme import BLOCK_STATE_COLORS, CACHING_COLORS, CHUNK_KIND_COLORS, request_label, request_sort_key
@@ -126,11 +126,10 @@ def cache_figure(traces: Sequence[StepTrace], snapshot: Snapshot, font_size: int
     panels[3].annotations += notes(events, font_size, ("eviction",), limit=3)
     rate = hit_rate(traces)
     title = f"Prefix cache after {snapshot.step} steps: hit rate " + (f"{rate:.0%}" if rate is not None else "—")
-    width = grid_columns(snapshot.num_blocks) * CELL_PX + 40
-    layout = live_layout(title, snapshot.step, font_size, width=width, barmode="stack",
-                         legend=dict(orientation="h", y=-0.07, yanchor="top", x=0),
-                         margin=dict(l=50, r=10, t=70, b=170))
-    return stack(panels, layout, gap_px=48, margin_px=(70, 170))
+    layout = live_layout(title, snapshot.step, font_size, barmode="stack",
+                         legend=legend_below(),
+                         margin=dict(l=50, r=10))
+    return stack(panels, layout, gap_px=48, margin_px=(70, 60))
 
 
 # -- caching on vs off ------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.trace import PrefixNode, Snapshot, StepTrace
-from visualizers.figures import figure, live_layout
+from visualizers.figures import figure, legend_below, live_layout
 from visualizers.text import escape_markdown, escape_plotly
 from visualizers.theme import (BLOCK_STATE_COLORS, PREFIX_NODE_COLORS, PREFIX_NODE_LABELS, PREFIX_NODE_STATES,
                                plot_label, request_color, request_label, request_sort_key, text_color_on)
@@ -451,9 +451,9 @@ def caption(box: Box) -> tuple[str, str]:
     return blocks, f"lock {box.lock_count}"
 
 
-def box_text(box: Box, slots: int, font_size: int) -> str:
-    """Bold text (a fold: how many nodes), then the two small caption lines; every line cut to
-    what fits the box at its own size (``label_chars``)."""
+def box_text(box: Box, slots: int, font_size: int, captions: bool = True) -> str:
+    """Bold text (a fold: how many nodes), then the two small caption lines (unless not
+    ``captions``); every line cut to what fits the box at its own size (``label_chars``)."""
     main, small = text_sizes(font_size)
     if box.state == "root":
         return f"<b>{truncate('root', label_chars(slots, main))}</b>"
@@ -461,6 +461,8 @@ def box_text(box: Box, slots: int, font_size: int) -> str:
     quoted = box.text or "·"
     if box.state == "collapsed":
         quoted, first = first, quoted
+    if not captions:
+        return f"<b>{truncate(quoted, label_chars(slots, main))}</b>"
     cut = label_chars(slots, small)
     return (f"<b>{truncate(quoted, label_chars(slots, main))}</b><br><span style=\"font-size:{small}px\">"
             f"{truncate(first, cut)}<br>{truncate(second, cut)}</span>")
@@ -553,20 +555,27 @@ def tree_title(layout: TreeLayout, snapshot: Snapshot) -> str:
 
 def tree_figure(snapshot: Snapshot, trace: StepTrace | None = None, traces: Sequence[StepTrace] = (),
                 font_size: int = 12, max_nodes: int = MAX_NODES, cold_steps: int = COLD_STEPS,
-                max_slots: int = MAX_SLOTS) -> go.Figure:
+                max_slots: int = MAX_SLOTS, max_height: int | None = None) -> go.Figure:
     """The radix tree after ``trace`` (the snapshot's step), with what that step did highlighted.
 
     Traces: edges, evicted edges, one filled-rectangle trace per node state (the legend), the
     box texts, the owners' squares, and invisible markers carrying each box's hover.
+    ``max_height`` (px; presentation mode): the figure is held to it, and where a box is then too
+    short for its three lines it shows only its text (blocks and locks stay in its hover).
     """
     layout = tree_layout(snapshot, trace, traces, max_nodes, cold_steps, max_slots)
     boxes = layout.boxes
+    height = max(260, (layout.depth + 1) * level_px(font_size) + 130)
+    captions = True
+    if max_height is not None and height > max_height:
+        height = max_height
+        captions = (height - 130) / (layout.depth + 1) >= level_px(font_size)
     data = [_edges(boxes, ghosts=False), _edges(boxes, ghosts=True)]
     for state in PREFIX_NODE_STATES[1:]:
         data.append(_state_trace(state, [b for b in boxes if b.state == state]))
     data.append(_state_trace("root", [b for b in boxes if b.state == "root"]) | {"showlegend": False})
     data.append(dict(type="scatter", mode="text", x=[b.x for b in boxes], y=[b.depth for b in boxes],
-                     text=[box_text(b, layout.slots, font_size) for b in boxes],
+                     text=[box_text(b, layout.slots, font_size, captions) for b in boxes],
                      textfont=dict(size=text_sizes(font_size)[0],
                                    color=[text_color_on(PREFIX_NODE_COLORS[b.state]) for b in boxes]),
                      hoverinfo="skip", showlegend=False, name="labels"))
@@ -576,11 +585,9 @@ def tree_figure(snapshot: Snapshot, trace: StepTrace | None = None, traces: Sequ
         text=("Prefix caching is off (enable_prefix_caching = false): nothing is cached." if not layout.enabled
               else "Nothing cached yet: a request's blocks enter the tree as they fill."),
         showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")]
-    height = max(260, (layout.depth + 1) * level_px(font_size) + 130)
     spec = live_layout(tree_title(layout, snapshot), snapshot.step, font_size, height=height,
                        margin=dict(l=10, r=10, t=60, b=70), annotations=notes, hovermode="closest",
-                       legend=dict(orientation="h", y=-0.02, yanchor="top", x=0, itemclick=False,
-                                   itemdoubleclick=False),
+                       legend=legend_below(itemclick=False, itemdoubleclick=False),
                        xaxis=dict(visible=False, range=[-0.6, layout.slots - 0.4]),
                        yaxis=dict(visible=False, range=[layout.depth + 0.55, -0.55]))
     spec.update(dragmode="zoom", uirevision="prefix-tree")  # drag to zoom; kept while the view is redrawn

@@ -22,7 +22,7 @@ import torch
 
 from engine.activations import DEFAULT_THRESHOLD, LINEARS, ActivationHistogram, ActivationStats
 from engine.smoothing import Smoothing
-from visualizers.figures import Panel, figure, live_layout, stack
+from visualizers.figures import Panel, figure, legend_below, live_layout, stack
 
 LINEAR_LABELS = {"qkv": "qkv (input: RMSNorm(h))", "o": "o (input: attention output)",
                  "gate_up": "gate/up (input: RMSNorm(h))", "down": "down (input: silu(gate)·up)"}
@@ -121,7 +121,7 @@ def float_columns_figure(stats: ActivationStats, font_size: int = 12, step: int 
     title = (f"What LLM.int8() keeps in float: {total:,} of {channels:,} input channels "
              f"({total / max(channels, 1):.2%}) have |x| > {stats.threshold:g}")
     layout = live_layout(title, step, font_size, height=340, barmode="group",
-                         margin=dict(l=60, r=20, t=60, b=50), legend=dict(orientation="h", y=-0.2),
+                         margin=dict(l=60, r=20, t=60, b=50), legend=legend_below(),
                          xaxis=dict(title=dict(text="layer")),
                          yaxis=dict(title=dict(text="channels kept in float")))
     return figure(data, layout)
@@ -176,6 +176,6 @@ def smoothing_figure(smoothing: Smoothing, layer: int, linear: str, font_size: i
               title=f"weights (columns): max/median {w0:.1f}× → {w1:.1f}×"),
     ]
     title = f"SmoothQuant α = {smoothing.strength:g}, layer {layer} {linear} (folded into {s.folded_into})"
-    layout = live_layout(title, None, font_size, legend=dict(orientation="h", y=-0.12),
+    layout = live_layout(title, None, font_size, legend=legend_below(),
                          margin=dict(l=60, r=20, t=80, b=60))
     return stack(panels, layout, shared_x=True, margin_px=(80, 60))

@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from engine.quant_tradeoff import KVTradeoffRow, TradeoffResult
+from visualizers.figures import legend_below
 from visualizers.text import escape_plotly
 from visualizers.theme import QUANT_COLORS
 
@@ -147,7 +148,7 @@ def kv_figure(rows: Sequence[KVTradeoffRow], font_size: int = 12) -> go.Figure:
     fig.update_xaxes(fixedrange=True)
     fig.update_layout(
         height=360, barmode="group", margin=dict(l=70, r=10, t=80, b=40), font=dict(size=font_size),
-        plot_bgcolor="white", dragmode=False, legend=dict(orientation="h", y=-0.15, x=0),
+        plot_bgcolor="white", dragmode=False, legend=legend_below(),
         title=dict(text="KV-cache dtype: capacity against error", font=dict(size=font_size + 3)),
     )
     return fig

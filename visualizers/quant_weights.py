@@ -19,7 +19,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.quant_inspect import ErrorGrid, Histogram, WeightInspection
-from visualizers.figures import Panel, figure, stack
+from visualizers.figures import Panel, figure, legend_below, stack
 from visualizers.theme import QUANT_COLORS
 
 FRAME_COLUMNS = ["layer", "matrix", "scheme", "weight format", "group size", "shape", "bits", "relative error",
@@ -107,7 +107,7 @@ def histogram_figure(ins: WeightInspection, font_size: int = 12, log_y: bool = T
     """The whole matrix's histograms over the detail row / group with its grid."""
     layout = dict(title=dict(text=_title(ins), font=dict(size=font_size + 3)), font=dict(size=font_size),
                   plot_bgcolor="white", barmode="overlay", bargap=0, dragmode="zoom",
-                  legend=dict(orientation="h", y=-0.12, yanchor="top", x=0))
+                  legend=legend_below())
     return stack([whole_panel(ins, log_y), detail_panel(ins)], layout, gap_px=90, margin_px=(80, 90))
 
 
@@ -140,10 +140,10 @@ def error_heatmap(grid: ErrorGrid, font_size: int = 12) -> go.Figure:
                                "<br>max |err| %{customdata[1]:.3g}<extra></extra>")]
     table = ""
     if grid.table_error is not None:
-        table = f"; embedding table ({grid.table_scheme} per row): {grid.table_error:.2%}"
+        table = f"<br>embedding table ({grid.table_scheme} per row): {grid.table_error:.2%}"  # 2nd line: fits 1440 px
     title = f"Relative error ||W - deq(W)|| / ||W||, {mode_label(grid.mode, grid.scheme, grid.group_size)}{table}"
     layout = dict(title=dict(text=title, font=dict(size=font_size + 3)), font=dict(size=font_size),
-                  height=max(260, 16 * len(grid.layers) + 130), margin=dict(l=10, r=10, t=60, b=40),
+                  height=max(260, 16 * len(grid.layers) + 130), margin=dict(l=10, r=10, t=80 if table else 60, b=40),
                   xaxis=dict(title=dict(text="matrix"), side="bottom"),
                   yaxis=dict(title=dict(text="layer"), autorange="reversed", dtick=1 if len(grid.layers) <= 12 else 5))
     return figure(data, layout)

@@ -28,7 +28,7 @@ from engine.spec_theory import best_k, expected_speedup, expected_tokens_per_ste
 from engine.run import SPECULATION_RUNS
 from engine.trace import SpecVerification, StepTrace
 from visualizers.events import notes, step_events
-from visualizers.figures import Panel, figure, live_layout, stack
+from visualizers.figures import Panel, figure, legend_below, live_layout, stack
 from visualizers.steps import step_number
 from visualizers.text import escape_markdown, escape_plotly
 from visualizers.theme import plot_label, request_label, request_sort_key, text_color_on
@@ -126,7 +126,7 @@ def pq_figure(v: SpecVerification, font_size: int = 12) -> go.Figure:
                              line=dict(width=1, color="#333333")))]
     title = f"{plot_label(v.request_id)} ({v.method}): p and q of each draft token"
     layout = live_layout(title, None, font_size, height=300, barmode="group", margin=dict(l=60, r=20, t=60, b=60),
-                         legend=dict(orientation="h", y=-0.3), yaxis=dict(range=[0, 1.05], title=dict(text="probability")))
+                         legend=legend_below(), yaxis=dict(range=[0, 1.05], title=dict(text="probability")))
     return figure(data, layout)
 
 
@@ -222,7 +222,7 @@ def theory_figure(alpha: float, k: int, c: float, measured_tokens: float | None 
               title=f"expected speedup (1 − α^(k+1)) / ((1 − α)(k·c + 1)), c = {c:.3g}"),
     ]
     layout = live_layout(f"Theory for the measured α = {alpha:.2f} and draft cost c = {c:.3g}", None, font_size,
-                         legend=dict(orientation="h", y=-0.15), margin=dict(l=60, r=20, t=80, b=60))
+                         legend=legend_below(), margin=dict(l=60, r=20, t=80, b=60))
     return stack(panels, layout, shared_x=True, margin_px=(80, 60))
 
 
@@ -240,7 +240,7 @@ def tokens_per_step_figure(traces: Sequence[StepTrace], font_size: int = 12, ste
             dict(type="scatter", mode="lines", name="without speculation", x=steps, y=[1.0] * len(steps),
                  line=dict(color="#888888", dash="dot"))]
     layout = live_layout("Tokens per verifying request, per step", step, font_size,
-                         height=300, margin=dict(l=60, r=20, t=90, b=50), legend=dict(orientation="h", y=-0.3),
+                         height=300, margin=dict(l=60, r=20, t=90, b=50), legend=legend_below(),
                          xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text="tokens")),
                          annotations=notes(step_events(traces), font_size, ("rejected draft",)))
     return figure(data, layout)
@@ -337,6 +337,6 @@ def comparison_figure(runs: dict, font_size: int = 12) -> go.Figure:
     title = "Output tokens over target steps" + (f" — engine time ×{speed:.2f} faster with speculation"
                                                   if speed else "")
     layout = live_layout(title, None, font_size, height=320, margin=dict(l=60, r=20, t=60, b=50),
-                         legend=dict(orientation="h", y=-0.25), xaxis=dict(title=dict(text="target steps")),
+                         legend=legend_below(), xaxis=dict(title=dict(text="target steps")),
                          yaxis=dict(title=dict(text="output tokens")))
     return figure(data, layout)

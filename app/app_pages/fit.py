@@ -20,6 +20,34 @@ WEIGHT_OPTIONS = ["auto", *calc.WEIGHT_FORMATS]
 KV_OPTIONS = ["auto", *calc.KV_DTYPES]
 VISION_OPTIONS = ["auto", "fp32", "bf16", "fp16", "fp8", "w8a8"]
 PLAIN_DELTA: dict = {"delta_color": "off", "delta_arrow": "off"}  # a metric's note, not a change
+# Short headers (full names in the help) and widths in px: the comparison's columns fit a
+# 1440 px window unscrolled ("devices needed" is said by "fits?": "no — needs N").
+_number = st.column_config.NumberColumn
+_text = st.column_config.TextColumn
+COMPARE_COLUMNS = {
+    "hardware": _text("hardware", width=190),
+    "fits?": _text("fits?", width=105),
+    "devices needed": None,
+    "tp x pp": _text("tp×pp", help="tensor x pipeline parallel degree", width=62),
+    "memory GiB": _number("GiB", help="memory per device, GiB", width=62),
+    "needed GiB/device": _number("needed", help="needed GiB per device", width=70),
+    "usable GiB": _number("usable", help="usable GiB per device", width=70),
+    "decode tok/s (expected)": _number("tok/s", help="decode tokens/s, expected (with efficiency)", width=70),
+    "decode tok/s (roofline)": _number("roofline", help="decode tokens/s at the roofline", width=76),
+    "TTFT s": _number("TTFT s", help="time to first token, seconds", width=66),
+    "framework": _text("framework", width=100),
+    "note": _text("note", width=90),
+}
+FORMAT_COLUMNS = {
+    "format": _text("format", width=190),
+    "weights GiB": _number("weights", help="weights, GiB", width=80),
+    "needed GiB/device": _number("needed", help="needed GiB per device", width=80),
+    "fits?": _text("fits?", width=60),
+    "decode tok/s (roofline)": _number("roofline", help="decode tokens/s at the roofline", width=80),
+    "decode tok/s (expected)": _number("tok/s", help="decode tokens/s, expected (with efficiency)", width=70),
+    "KV room tokens": _number("KV room", help="tokens of KV cache that fit beside the weights", width=90),
+    "support": _text("support", width=300),
+}
 BOUND_KEYS = ("model", "hw", "c_mem", "c_bw", "c_tf", "c_int8", "c_bf16", "c_fw", "batch", "ctx", "out", "img",
               "tiles", "w", "kv", "vis", "fw", "tp", "pp", "util", "block", "eta_m", "eta_c")
 
@@ -282,14 +310,16 @@ def render(est, hardware) -> None:
     with tab_cmp:
         try:
             rows = _compare(model_key, config_text, workload, settings)
-            st.dataframe(vm.compare_table(rows), key="compare_table", hide_index=True, width="stretch")
+            st.dataframe(vm.compare_table(rows), key="compare_table", hide_index=True, width="stretch",
+                         column_config=COMPARE_COLUMNS)
             st.caption("Same model and settings on every preset (framework chosen per device unless you picked one)."
                        " Where it does not fit on the devices asked for (\"no — needs N\"), memory and speed are"
                        " for the fewest that fit (the tp x pp column).")
         except calc.SizingError as exc:
             st.error(f"Comparison unavailable: {md(exc)}")
     with tab_fmt:
-        st.dataframe(vm.alternatives_table(est), key="formats_table", hide_index=True, width="stretch")
+        st.dataframe(vm.alternatives_table(est), key="formats_table", hide_index=True, width="stretch",
+                     column_config=FORMAT_COLUMNS)
     with tab_roof:
         st.plotly_chart(vm.roofline_figure(est), key="roofline", width="stretch", config={"displaylogo": False})
         st.caption(md(est.formulas.get("ridge", "")))

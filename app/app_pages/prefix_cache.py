@@ -37,14 +37,13 @@ def tree_view(view: RunView, style: live.Style) -> None:
     snap = view.snapshot
     if not snap.prefix_tree:
         st.info(CACHING_OFF, icon=":material/info:")
-    live.chart(pt.tree_figure(snap, view.last_trace, view.traces, style.font_size), "prefix_tree", style, zoom=True)
-    left, right = st.columns([5, 4])
-    with left:
-        counters(view)
-        st.subheader("What the last step did", anchor=False)
-        st.markdown(pt.events_markdown(view.last_trace, snap.block_size))
-    with right:
-        live.chart(ps.cache_figure(view.traces, snap, style.font_size), "prefix_stats", style, width="content")
+    live.chart(pt.tree_figure(snap, view.last_trace, view.traces, style.font_size,
+                              max_height=style.max_chart_height), "prefix_tree", style, zoom=True)
+    counters(view)
+    st.subheader("What the last step did", anchor=False)
+    st.markdown(pt.events_markdown(view.last_trace, snap.block_size))
+    # full width: beside the text (a column 4/9 wide) its block grid ran past the page at 1440 px
+    live.chart(ps.cache_figure(view.traces, snap, style.font_size), "prefix_stats", style, fit=False)
     if style.explain:
         with st.expander("Every cached node"):
             live.table(pt.tree_frame(snap), "prefix_nodes")

@@ -139,3 +139,50 @@ def assert_no_exception(page) -> None:
     """No Streamlit exception box on the page (a traceback is never what a user should meet)."""
     boxes = page.get_by_test_id("stException")
     assert boxes.count() == 0, f"exception shown: {boxes.first.inner_text()[:500]}"
+
+
+READABILITY_JS = """
+() => {
+  const box = (el) => el.getBoundingClientRect();
+  const overlap = (a, b) => a.width > 0 && b.width > 0 && a.left < b.right - 1 && b.left < a.right - 1
+    && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+  const main = box(document.querySelector('[data-testid="stMain"]') || document.body);
+  const found = [];
+  document.querySelectorAll('.js-plotly-plot').forEach((plot, i) => {
+    const name = (plot.querySelector('.gtitle') || {}).textContent || `chart ${i}`;
+    const svg = plot.querySelector('.main-svg');
+    if (!svg) return;
+    const s = box(svg);  // what shows of the figure: inside it and inside the page's main area
+    const shown = {left: Math.max(s.left, main.left), right: Math.min(s.right, main.right, innerWidth),
+                   top: s.top, bottom: s.bottom};
+    const titles = [...plot.querySelectorAll('.g-gtitle, [class^="g-x"][class$="title"], [class^="g-y"][class$="title"]')];
+    const legend = plot.querySelector('.legend');
+    for (const t of legend ? titles : [])
+      if (overlap(box(legend), box(t))) found.push(`${name}: the legend covers "${t.textContent}"`);
+    titles.forEach((a, j) => titles.slice(j + 1).forEach((b) => {
+      if (overlap(box(a), box(b))) found.push(`${name}: "${a.textContent}" overlaps "${b.textContent}"`);
+    }));
+    plot.querySelectorAll('text').forEach((t) => {
+      const r = box(t);
+      if (r.width && t.textContent.trim() && (r.left < shown.left - 1 || r.right > shown.right + 1
+          || r.top < shown.top - 1 || r.bottom > shown.bottom + 1))
+        found.push(`${name}: "${t.textContent.slice(0, 60)}" is cut off`);
+    });
+  });
+  document.querySelectorAll('[data-testid="stDataFrame"]').forEach((table) => {
+    const scroller = table.querySelector('.dvn-scroller');
+    if (scroller && scroller.scrollWidth > scroller.clientWidth + 1) {
+      const head = [...table.querySelectorAll('[role=columnheader]')].map((c) => c.textContent).join(' | ');
+      found.push(`a table scrolls sideways (${scroller.scrollWidth} > ${scroller.clientWidth} px): ${head}`);
+    }
+  });
+  return found;
+}
+"""
+
+
+def readability_problems(page) -> list[str]:
+    """What a reader cannot read on the page as shown: a chart's legend over an axis or chart
+    title, titles over each other, chart text cut off by the figure's or the page's edge, a table
+    wider than its frame (columns hidden until scrolled)."""
+    return page.evaluate(READABILITY_JS)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from engine.recording import from_json
-from tests.browser.server import assert_no_exception, click, load, metric, wait_for_app, wait_for_views_at_step
+from tests.browser.server import (assert_no_exception, click, load, metric, readability_problems, wait_for_app,
+                                  wait_for_views_at_step)
 
 pytestmark = pytest.mark.browser
 
@@ -115,6 +116,35 @@ def test_presentation_link_fits_one_1080p_screen(app_url: str, chromium, artifac
     assert shown["chart"] is not None
     assert 0 <= shown["chart"]["top"] and shown["chart"]["bottom"] <= HD["height"], shown
     assert shown["metrics"] and all(m["bottom"] <= HD["height"] for m in shown["metrics"]), shown
+    assert readability_problems(page) == []
+    page.context.close()
+
+
+def test_every_view_is_readable_at_1440(app_url: str, chromium, artifacts: Path) -> None:
+    """At 1440x900 (a laptop), after three steps on each live page and on the calculator's tables:
+    no legend over an axis title, no title over another, no chart text past the figure's or the
+    page's edge, no table that hides columns until scrolled (issue 19, item 9: the KV waste bars'
+    labels, the pipeline's legend on its axis title, the prefix statistics past the page's edge,
+    the calculator's comparison table)."""
+    page = chromium.new_context(viewport={"width": 1440, "height": 900}).new_page()
+    problems = []
+    for path, scenario in {**LIVE_PAGES, "kv-cache": "memory-pressure"}.items():
+        load(page, f"{app_url}/{path}?{TINY}&live_scenario={scenario}")
+        page.wait_for_selector("body.inferscope-step-queue", state="attached", timeout=30_000)
+        for _ in range(3):
+            press(page, "PageDown")
+        wait_for_steps(page, 3)
+        page.wait_for_timeout(500)  # the charts' final layout
+        problems += [f"{path}: {p}" for p in readability_problems(page)]
+        assert_no_exception(page)
+    load(page, f"{app_url}/fit")
+    for tab in ("Every device", "Other formats"):
+        page.get_by_role("tab", name=tab).click()
+        page.locator('[data-testid="stDataFrame"]:visible').first.wait_for()
+        page.wait_for_timeout(300)
+        problems += [f"fit, {tab}: {p}" for p in readability_problems(page)]
+    page.screenshot(path=str(artifacts / "readable-1440-fit.png"))
+    assert problems == []
     page.context.close()
 
 
