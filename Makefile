@@ -37,17 +37,20 @@ browser:
 run: setup model
 	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --browser.gatherUsageStats false
 
-# Strict mypy over engine/ (settings in pyproject.toml), then the whole suite.
+# Strict mypy (settings in pyproject.toml), then the suite: every path, each sweep by its covering part
+# (`make bench` runs the sweeps whole).
 test: setup model browser typecheck
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not sweep"
 
 typecheck: setup
 	$(PY) -m mypy
 
 test-fast: setup model
-	$(PY) -m pytest -q -m "not browser"
+	$(PY) -m pytest -q -m "not browser and not sweep"
 
-bench: setup model
+# The exhaustive sweeps first (every case of each matrix), then the benchmarks.
+bench: setup model browser
+	$(PY) -m pytest -q -m sweep
 	$(PY) -m tests.bench
 
 # The README's pictures of each view (docs/img/), from a real run in Chromium.
