@@ -37,7 +37,7 @@ browser:
 run: setup model
 	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --browser.gatherUsageStats false
 
-# Strict mypy over engine/ (settings in pyproject.toml), then the whole suite.
+# Strict mypy over engine/, app/ and visualizers/ (settings in pyproject.toml), then the whole suite.
 test: setup model browser typecheck
 	$(PY) -m pytest -q
 

@@ -61,7 +61,7 @@ PRECISION_CAPTION = ("Quantized modes compute in bfloat16: torch's CPU int8/int4
                      "cached on disk. Changing one restarts the scenario.")
 
 
-def _options(options: tuple, current: object) -> list:
+def _options(options: tuple[object, ...], current: object) -> list[object]:
     """``options``, plus the widget's current value if a scenario file set one not among them
     (so the widget can show it, and the engine's message says what is wrong with it)."""
     return [*options, current] if current is not None and current not in options else list(options)

@@ -8,7 +8,7 @@ fragment, so Play reruns only the views.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -55,7 +55,7 @@ class Style:
         return fig
 
 
-def chart_config(name: str, zoom: bool = False) -> dict:
+def chart_config(name: str, zoom: bool = False) -> dict[str, Any]:
     """Plotly's own toolbar gives the PNG export (camera icon), drawn by the browser; ``zoom``
     keeps its zoom, pan and reset buttons (the figure's own dragmode decides what a drag does)."""
     removed = ["select2d", "lasso2d"] + ([] if zoom else ["zoom2d", "pan2d", "autoScale2d"])
@@ -64,7 +64,7 @@ def chart_config(name: str, zoom: bool = False) -> dict:
             "modeBarButtonsToRemove": removed}
 
 
-def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch", zoom: bool = False) -> None:
+def chart(fig: go.Figure, name: str, style: Style, width: charts.Width = "stretch", zoom: bool = False) -> None:
     """A figure, plus (outside presentation mode) an HTML export of it."""
     with timing.phase(f"send {name}"):
         charts.live_chart(style.fit(fig), key=f"chart_{name}", config=chart_config(name, zoom), width=width)
@@ -74,7 +74,7 @@ def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch", zoom:
                            key=f"html_{name}", icon=":material/download:", type="tertiary")
 
 
-def table(frame: pd.DataFrame, name: str, **kwargs) -> None:
+def table(frame: pd.DataFrame, name: str, **kwargs: Any) -> None:
     st.dataframe(frame, key=f"table_{name}", hide_index=True, **kwargs)
 
 
@@ -204,6 +204,10 @@ def comparison_button(label: str, key: str, caption: str, style: Style,
     if not st.button(label, key=key, icon=":material/compare_arrows:"):
         return False
     bar = st.progress(0.0, text="Running…")
-    run(lambda name, n: bar.progress(min(n / 400, 1.0), text=f"{name}: step {n}"))
+
+    def progress(name: str, n: int) -> None:
+        bar.progress(min(n / 400, 1.0), text=f"{name}: step {n}")
+
+    run(progress)
     bar.empty()
     return True

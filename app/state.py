@@ -16,7 +16,7 @@ import sys
 import threading
 import uuid
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
@@ -29,6 +29,19 @@ from engine.recording import Recording, from_json, record, to_json
 from engine.run import (LiveRun, PolicyRun, ReplayRun, RunView, compare_policies, compare_prefix_caching,
                         compare_speculation)
 from engine.scenario import Scenario, list_scenarios, load_scenario, with_knobs
+from engine.trace import StepTrace
+
+if TYPE_CHECKING:  # loaded where used (torch-heavy, or only for one page)
+    import torch
+
+    from engine.activations import ActivationStats
+    from engine.engine import SharedModel
+    from engine.generation import GenerateResult
+    from engine.models.loader import LoadedModel
+    from engine.quant_inspect import ErrorGrid, WeightInspection
+    from engine.quant_tradeoff import KVTradeoffRow, TradeoffResult
+    from engine.run import SweepPoint
+    from engine.smoothing import Smoothing
 
 MODELS = ("smollm2-135m", "tiny-random")
 VIEWS_FRAGMENT = "views"  # @st.fragment key of the live views (app/live.py)
@@ -113,7 +126,8 @@ def configure_torch() -> None:
 @st.cache_resource(show_spinner=False, max_entries=MAX_SHARED_MODELS)
 def shared_model(name: str, quantization: str | None = None, quantization_group_size: int = DEFAULT_GROUP_SIZE,
                  quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD,
-                 quantization_smoothing_strength: float | None = None, sparsity: str | None = None):
+                 quantization_smoothing_strength: float | None = None, sparsity: str | None = None,
+                 ) -> SharedModel:
     """Weights + tokenizer, loaded once per process and precision; read-only, so sessions may
     share them. A quantization knob the model cannot take (an int4 group size that does not
     divide one of its dimensions) is the engine's ValueError naming the knob."""
@@ -129,7 +143,7 @@ def shared_model(name: str, quantization: str | None = None, quantization_group_
     return model
 
 
-def load_model(name: str, config: EngineConfig | None = None):
+def load_model(name: str, config: EngineConfig | None = None) -> SharedModel:
     """``shared_model`` for the precision ``config`` asks for (fp32 without one), with a progress
     message (the first smollm2 load converts the GGUF; the first quantization of a model takes
     seconds, then its weights come from the disk cache)."""
@@ -362,7 +376,7 @@ def spec_scenario(spec: RunSpec) -> Scenario:
     return with_knobs(scenario(spec.scenario), **dict(spec.knobs))
 
 
-def spec_model(spec: RunSpec, sc: Scenario):
+def spec_model(spec: RunSpec, sc: Scenario) -> SharedModel:
     """The shared weights the spec's engine needs: its model at the precision of ``sc``'s knobs."""
     return load_model(spec.model, sc.engine_config())
 
@@ -516,7 +530,7 @@ def worker_failed() -> bool:
     return bool(st.session_state.get(K.worker_failed, False))
 
 
-def step(n: int = 1) -> list:
+def step(n: int = 1) -> list[StepTrace]:
     """``n`` steps forward -> the StepTraces stepped over ([] when done or failed).
 
     Rule (the history cursor): while the views are behind the run's latest step, a step moves
@@ -663,7 +677,7 @@ def _set_cursor(current: LiveRun | ReplayRun, at: int) -> None:
     st.session_state[K.cursor] = None if at >= end else max(0, at)
 
 
-def _cursor_forward(current: LiveRun | ReplayRun, n: int) -> list:
+def _cursor_forward(current: LiveRun | ReplayRun, n: int) -> list[StepTrace]:
     """Up to ``n`` steps of the history between the cursor and the latest step -> their traces."""
     at = cursor()
     if at is None or n <= 0:
@@ -920,11 +934,11 @@ def focus() -> str | None:
 
 # -- the Generate page ------------------------------------------------------------------------
 
-def generate_result() -> dict | None:
+def generate_result() -> GenerateResult | None:
     return st.session_state.get(K.generate)
 
 
-def set_generate_result(result: dict) -> None:
+def set_generate_result(result: GenerateResult) -> None:
     st.session_state[K.generate] = result
 
 
@@ -933,7 +947,7 @@ def set_generate_result(result: dict) -> None:
 # session); the live run's activation statistics are per session (they are of that run's tokens).
 
 @st.cache_resource(show_spinner=False, max_entries=2)
-def fp32_model(name: str):
+def fp32_model(name: str) -> LoadedModel:
     """The model as loaded from disk: fp32 weights by Hugging Face name (what every scheme
     quantizes) and its config."""
     from engine.models.loader import load_model as load_weights
@@ -944,7 +958,7 @@ def fp32_model(name: str):
     return load_weights(name, progress=lambda *_: None)
 
 
-def fp32_weights(name: str) -> dict:
+def fp32_weights(name: str) -> dict[str, torch.Tensor]:
     return fp32_model(name).weights
 
 
@@ -958,21 +972,21 @@ def num_layers(name: str) -> int:
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
-def weight_inspection(name: str, scheme: str, group_size: int, layer: int, matrix: str):
+def weight_inspection(name: str, scheme: str, group_size: int, layer: int, matrix: str) -> WeightInspection:
     from engine.quant_inspect import inspect_weight
 
     return inspect_weight(fp32_weights(name), scheme, layer, matrix, group_size=group_size)
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def error_grid(name: str, scheme: str, group_size: int):
+def error_grid(name: str, scheme: str, group_size: int) -> ErrorGrid:
     from engine.quant_inspect import error_grid as grid
 
     return grid(fp32_weights(name), scheme, group_size)
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
-def smoothing(name: str, strength: float):
+def smoothing(name: str, strength: float) -> Smoothing:
     """SmoothQuant's record for ``strength`` (calibration prompts on the fp32 model)."""
     from engine.engine import calibrated_smoothing
 
@@ -981,7 +995,7 @@ def smoothing(name: str, strength: float):
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
-def kv_tradeoff(name: str):
+def kv_tradeoff(name: str) -> tuple[KVTradeoffRow, ...]:
     from engine.quant_tradeoff import kv_tradeoff as measure
 
     configure_torch()
@@ -989,12 +1003,12 @@ def kv_tradeoff(name: str):
 
 
 @st.cache_resource(show_spinner=False)
-def _tradeoff_store() -> dict:
+def _tradeoff_store() -> dict[str, TradeoffResult]:
     """model -> the last TradeoffResult measured in this process (the page's "Measure" button)."""
     return {}
 
 
-def tradeoff_result(name: str):
+def tradeoff_result(name: str) -> TradeoffResult | None:
     return _tradeoff_store().get(name)
 
 
@@ -1009,7 +1023,7 @@ def measure_tradeoffs(name: str, progress: Callable[[str, float], None]) -> None
         st.session_state[K.error] = f"measurement failed: {e}"
 
 
-def run_activation_stats(linear: str, threshold: float, layer: int | None = None):
+def run_activation_stats(linear: str, threshold: float, layer: int | None = None) -> ActivationStats | None:
     """Activation statistics of the session's live run (its ActivationRecorder: every token its
     engine computed), the histogram of ``layer`` (None: the loudest); None in a replay or before
     the first step."""
@@ -1032,9 +1046,10 @@ def switch_to_pipeline() -> None:
     choose_scenario(PIPELINE_SCENARIO)
 
 
-def sweep_points(model: str, p: int, t: int) -> list | None:
+def sweep_points(model: str, p: int, t: int) -> list[SweepPoint] | None:
     """The bubble sweep measured in this session for (model, p, t), if any."""
-    return st.session_state.get(K.sweeps, {}).get((model, p, t))
+    sweeps: dict[tuple[str, int, int], list[SweepPoint]] = st.session_state.get(K.sweeps, {})
+    return sweeps.get((model, p, t))
 
 
 def measure_sweep(model: str, p: int, t: int, progress: Callable[[str, float], None]) -> None:

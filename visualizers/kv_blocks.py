@@ -250,7 +250,7 @@ def step_events_frame(trace: StepTrace | None) -> pd.DataFrame:
     if trace is None:
         return pd.DataFrame([], columns=columns)
 
-    def ids(items: tuple) -> str:
+    def ids(items: tuple[object, ...]) -> str:
         return ", ".join(str(i) for i in items) or "—"
 
     def reqs(items: tuple[str, ...]) -> str:
@@ -343,7 +343,7 @@ def waste_figure(frame: pd.DataFrame, pool_tokens: int, step: int | None = None,
     """Horizontal bars per allocator: tokens used (blue) + reserved but unused (red), vs the pool."""
     labels = [f"{format_bytes(b)} wasted ({w:.0%} of pool)"
               for b, w in zip(frame["wasted bytes"], frame["wasted share of pool"])]
-    data = [
+    data: list[dict[str, Any]] = [
         dict(type="bar", y=list(frame["scheme"]), x=list(frame["used tokens"]), name="used (tokens with KV)",
              orientation="h", marker=dict(color=BLOCK_STATE_COLORS["used"]),
              hovertemplate="%{y}: %{x} tokens used<extra></extra>"),

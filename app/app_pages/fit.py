@@ -6,6 +6,9 @@ wrong, ends in a message (st.error), never a traceback.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import streamlit as st
 
 from engine import memory as calc
@@ -19,9 +22,25 @@ FRAMEWORK_OPTIONS = ["auto", "none", "vllm", "sglang", "vllm-ascend"]
 WEIGHT_OPTIONS = ["auto", *calc.WEIGHT_FORMATS]
 KV_OPTIONS = ["auto", *calc.KV_DTYPES]
 VISION_OPTIONS = ["auto", "fp32", "bf16", "fp16", "fp8", "w8a8"]
-PLAIN_DELTA: dict = {"delta_color": "off", "delta_arrow": "off"}  # a metric's note, not a change
+PLAIN_DELTA: dict[str, Any] = {"delta_color": "off", "delta_arrow": "off"}  # a metric's note, not a change
 BOUND_KEYS = ("model", "hw", "c_mem", "c_bw", "c_tf", "c_int8", "c_bf16", "c_fw", "batch", "ctx", "out", "img",
               "tiles", "w", "kv", "vis", "fw", "tp", "pp", "util", "block", "eta_m", "eta_c")
+
+
+@dataclass(frozen=True)
+class CustomDevice:
+    """The 'custom' device's fields (hashable: a cache key of ``_curve``)."""
+
+    memory_gib: float
+    bandwidth_gb_s: float
+    fp16_tflops: float
+    int8_tops: float | None
+    bf16: bool
+    framework: str
+
+    def hardware(self) -> calc.Hardware:
+        return calc.custom_hardware(self.memory_gib, self.bandwidth_gb_s, self.fp16_tflops, int8_tops=self.int8_tops,
+                                    bf16=self.bf16, framework=self.framework)
 
 
 @st.cache_data(show_spinner=False)
@@ -33,7 +52,7 @@ def _model_label(key: str) -> str:
 
 @st.cache_data(show_spinner=False)
 def _hardware_label(key: str) -> str:
-    return calc.hardware_info(key).get("name", key)
+    return str(calc.hardware_info(key).get("name", key))
 
 
 def _format_label(key: str) -> str:
@@ -56,10 +75,10 @@ def _compare(model_key: str, config_text: str, workload: calc.Workload,
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _curve(model_key: str, config_text: str, hw_key: str, custom_hw: tuple, workload: calc.Workload,
+def _curve(model_key: str, config_text: str, hw_key: str, custom_hw: CustomDevice | None, workload: calc.Workload,
            settings: calc.Settings) -> list[calc.CurvePoint]:
     model = calc.get_model(model_key) if model_key != CUSTOM else calc.parse_config_text(config_text)
-    hw = calc.get_hardware(hw_key) if hw_key != CUSTOM else calc.custom_hardware(*custom_hw[:3], **dict(custom_hw[3]))
+    hw = custom_hw.hardware() if hw_key == CUSTOM and custom_hw is not None else calc.get_hardware(hw_key)
     return calc.concurrency_curve(model, hw, workload, settings)
 
 
@@ -81,7 +100,7 @@ st.caption("Does model X fit on device Y, and how fast will it run? Every contro
 
 # ---------------------------------------------------------------------------------------
 # controls
-url_before = {k: st.query_params.get(k) for k in st.query_params}
+url_before = {k: st.query_params[k] for k in st.query_params}
 with st.sidebar:
     st.header("Model")
     model_key = st.selectbox("Model", [*PRESET_MODELS, CUSTOM], index=PRESET_MODELS.index("internvl2-8b"),
@@ -103,7 +122,7 @@ with st.sidebar:
                           key="hw", bind="query-params", help="a preset, or 'custom' to type in your own")
     if hw_key != CUSTOM:
         st.caption(md(_hardware_label(hw_key)))
-    custom_hw: tuple = ()
+    custom_hw: CustomDevice | None = None
     if hw_key == CUSTOM:
         c1, c2 = st.columns(2)
         c_mem = c1.number_input("Memory per device (GiB)", min_value=0.5, max_value=4096.0, value=24.0,
@@ -116,8 +135,8 @@ with st.sidebar:
                                  key="c_int8", bind="query-params")
         c_bf16 = st.toggle("BF16 supported", value=True, key="c_bf16", bind="query-params")
         c_fw = st.selectbox("Usual framework", ["vllm", "sglang", "none"], key="c_fw", bind="query-params")
-        custom_hw = (float(c_mem), float(c_bw), float(c_tf),
-                     (("int8_tops", float(c_int8) or None), ("bf16", bool(c_bf16)), ("framework", c_fw)))
+        custom_hw = CustomDevice(float(c_mem), float(c_bw), float(c_tf), int8_tops=float(c_int8) or None,
+                                 bf16=bool(c_bf16), framework=c_fw)
 
     st.header("Workload")
     c1, c2 = st.columns(2)
@@ -185,8 +204,8 @@ try:
         model = calc.parse_config_text(config_text)
     else:
         model = calc.get_model(model_key)
-    if hw_key == CUSTOM:
-        hardware = calc.custom_hardware(*custom_hw[:3], **dict(custom_hw[3]))
+    if custom_hw is not None:
+        hardware = custom_hw.hardware()
     else:
         with st.spinner("Measuring this machine…") if hw_key == "this-machine" else st.empty():
             hardware = calc.get_hardware(hw_key)
@@ -236,7 +255,7 @@ def _speed_metrics(est: calc.Estimate) -> None:
                        f"≥ {there.prefill_seconds_roofline:,.2f} s roofline", **PLAIN_DELTA)
 
 
-def render(est, hardware) -> None:
+def render(est: calc.Estimate, hardware: calc.Hardware) -> None:
     """Everything below the controls; pure display of one estimate."""
     # verdict first, in words and colour: anything but "fits" starts with "Does not fit"
     st.markdown(_headline(est))

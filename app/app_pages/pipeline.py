@@ -4,6 +4,8 @@ calculator's view of the same layout. Thin: controls -> knobs (app/state.py), Ru
 (StepTrace.pipeline, Snapshot.parallel) -> visualizers/pipeline.py -> st.*."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from app import live, state
@@ -14,6 +16,9 @@ from visualizers import pipeline as pv
 from visualizers.events import step_events
 from visualizers.steps import step_number
 from visualizers.text import escape_markdown
+
+if TYPE_CHECKING:
+    from engine.sizing import Estimate
 
 INTRO = ("The model's layers are cut into p pipeline stages, each stage's heads and MLP columns into t tensor-parallel "
          "shards, and every piece runs in its own worker process (rank = stage × t + tp rank). GPipe cuts each "
@@ -148,7 +153,11 @@ def sweep_tab(view: RunView, style: live.Style) -> None:
                    "on SmolLM2.")
     if st.button("Measure sweep", key="measure_sweep", icon=":material/speed:"):
         bar = st.progress(0.0, text="Starting…")
-        state.measure_sweep(model, p, t, lambda msg, f: bar.progress(min(max(f, 0.0), 1.0), text=msg))
+
+        def progress(msg: str, f: float) -> None:
+            bar.progress(min(max(f, 0.0), 1.0), text=msg)
+
+        state.measure_sweep(model, p, t, progress)
         bar.empty()
     points = state.sweep_points(model, p, t)
     if points:
@@ -159,7 +168,7 @@ def sweep_tab(view: RunView, style: live.Style) -> None:
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _estimate(model: str, hardware: str, p: int, t: int):
+def _estimate(model: str, hardware: str, p: int, t: int) -> tuple[Estimate | None, str]:
     """engine.sizing's estimate for this p x t, or (None, why it refuses the layout)."""
     from engine.sizing import Settings, SizingError, estimate
 

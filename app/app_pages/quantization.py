@@ -143,7 +143,11 @@ def tradeoffs_tab(view: RunView, style: live.Style) -> None:
     if st.button("Measure on this machine" if result is None else "Measure again", key="measure_tradeoffs",
                  icon=":material/speed:"):
         bar = st.progress(0.0, text="Measuring…")
-        state.measure_tradeoffs(model, lambda text, frac: bar.progress(min(max(frac, 0.0), 1.0), text=text))
+
+        def progress(text: str, frac: float) -> None:
+            bar.progress(min(max(frac, 0.0), 1.0), text=text)
+
+        state.measure_tradeoffs(model, progress)
         bar.empty()
         result = state.tradeoff_result(model)
     if result is None:

@@ -30,13 +30,13 @@ def render(view: RunView, style: live.Style) -> None:
 def counters(view: RunView) -> None:
     s = sv.spec_summary(view.traces)
     cols = st.columns(4)
-    cols[0].metric("Acceptance α", f"{s['alpha']:.0%}" if s["alpha"] is not None else "—",
+    cols[0].metric("Acceptance α", f"{s.alpha:.0%}" if s.alpha is not None else "—",
                    help="Drafts accepted / drafts verified, every step so far.")
-    cols[1].metric("Tokens per verification", f"{s['tokens_per_verification']:.2f}"
-                   if s["tokens_per_verification"] is not None else "—",
+    cols[1].metric("Tokens per verification", f"{s.tokens_per_verification:.2f}"
+                   if s.tokens_per_verification is not None else "—",
                    help="Tokens one target forward gave a request that verified drafts (1 without speculation).")
-    cols[2].metric("Drafts proposed", s["proposed"])
-    cols[3].metric("Drafts accepted", s["accepted"])
+    cols[2].metric("Drafts proposed", s.proposed)
+    cols[3].metric("Drafts accepted", s.accepted)
 
 
 def drafts_tab(view: RunView, style: live.Style) -> None:
@@ -63,14 +63,14 @@ def drafts_tab(view: RunView, style: live.Style) -> None:
 
 def theory_tab(view: RunView, style: live.Style) -> None:
     s = sv.spec_summary(view.traces)
-    if s["alpha"] is None:
+    if s.alpha is None:
         st.info("No drafts verified yet: step the run.", icon=":material/info:")
         return
     runs = state.spec_comparison()
     plain = runs.get(sv.PLAIN_RUN)
     c = sv.draft_cost(view.traces, plain.traces if plain else None)
     speedup = sv.measured_speedup(runs) if runs else None
-    live.chart(sv.theory_figure(float(s["alpha"]), int(s["k"]), c, s["tokens_per_verification"], speedup,
+    live.chart(sv.theory_figure(s.alpha, s.k, c, s.tokens_per_verification, speedup,
                                 style.font_size), "spec_theory", style)
     if style.explain:
         st.caption("The theory assumes each draft is accepted independently with probability α and a verification "
