@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import charts, state, timing
+from app import charts, current_run, playback, presentation, timing
 from app import controls as shared_controls  # (page() has a parameter named controls)
 from engine.run import RunView, speculation_label
 from engine.trace import RequestStatus
@@ -44,7 +44,7 @@ class Style:
 
     @classmethod
     def current(cls) -> "Style":
-        present = state.presentation()
+        present = presentation.presentation()
         return cls(font_size=19 if present else 12, explain=not present,
                    max_chart_height=PRESENTATION_CHART_PX if present else None)
 
@@ -93,25 +93,25 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
     elif controls is not None:  # presentation mode: the page's own settings fold away (1080p)
         with st.expander("Settings", icon=":material/tune:"):
             controls()
-    run_every = state.tick_seconds() if state.playing() else None
+    run_every = playback.tick_seconds() if playback.playing() else None
 
-    @st.fragment(run_every=run_every, key=state.VIEWS_FRAGMENT)
+    @st.fragment(run_every=run_every, key=playback.VIEWS_FRAGMENT)
     def views() -> None:
         with timing.phase("views"):
             _views()
 
     def _views() -> None:
         _advance()
-        view = state.view()
-        if state.error():
-            st.error(escape_markdown(state.error()), icon=":material/error:")
+        view = playback.view()
+        if current_run.error():
+            st.error(escape_markdown(current_run.error()), icon=":material/error:")
         if view is None:
-            if not state.error():
+            if not current_run.error():
                 st.info("No run yet: pick a scenario and a model in the sidebar.")
             return
         shared_controls.recording_download()
         status(view, style)
-        shared_controls.step_slider(view)  # the history cursor (app/state.py)
+        shared_controls.step_slider(view)  # the history cursor (app/playback.py)
         render(view, style)
 
     views()
@@ -120,23 +120,23 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
 def _advance() -> None:
     """Step presses counted in the browser; Play: one step per tick; Run N: the requested steps,
     with a progress bar."""
-    current = state.run()
+    current = current_run.run()
     if current is None:
         return
-    state.apply_queued_steps()
-    pending = state.take_pending_steps()
+    playback.apply_queued_steps()
+    pending = playback.take_pending_steps()
     if pending:
         bar = st.progress(0.0, text=f"Running {pending} steps…")
         for i in range(pending):
-            if not state.step(1):  # done, or failed (a message, never a traceback)
+            if not playback.step(1):  # done, or failed (a message, never a traceback)
                 break
             bar.progress((i + 1) / pending, text=f"Step {i + 1} of {pending}")
         bar.empty()
-    elif state.playing():
-        if state.at_end():  # Play from an earlier step goes through the history first
-            state.stop_playing()
+    elif playback.playing():
+        if playback.at_end():  # Play from an earlier step goes through the history first
+            playback.stop_playing()
             st.rerun()  # a full run stops the timer (run_every is fixed at the last full run)
-        state.step(1)
+        playback.step(1)
 
 
 def status(view: RunView, style: Style) -> None:
@@ -170,8 +170,8 @@ def status(view: RunView, style: Style) -> None:
                         f"({snap.num_evictable_blocks} now) are evicted (LRU) before anyone is preempted.")
     cols[6].metric("Last step (engine)", f"{last.total_ms:.1f} ms" if last else "—",
                    help="Schedule + forward + sample time of the last engine step, as the engine measured it.")
-    if state.notice() and view.is_replay and style.explain:
-        st.caption(escape_markdown(state.notice()))
+    if current_run.notice() and view.is_replay and style.explain:
+        st.caption(escape_markdown(current_run.notice()))
 
 
 View = Callable[[RunView, Style], None]

@@ -6,18 +6,19 @@ wrong, ends in a message (st.error), never a traceback.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
 
+from app import session
+from app.studies import sizing
+from app.studies.sizing import CUSTOM, CustomDevice
 from engine import memory as calc
 from visualizers import memory as vm
 from visualizers.text import escape_markdown as md  # every non-literal text that reaches Markdown
 
 PRESET_MODELS = calc.model_presets()
 PRESET_HARDWARE = calc.hardware_presets()
-CUSTOM = "custom"
 FRAMEWORK_OPTIONS = ["auto", "none", "vllm", "sglang", "vllm-ascend"]
 WEIGHT_OPTIONS = ["auto", *calc.WEIGHT_FORMATS]
 KV_OPTIONS = ["auto", *calc.KV_DTYPES]
@@ -25,34 +26,6 @@ VISION_OPTIONS = ["auto", "fp32", "bf16", "fp16", "fp8", "w8a8"]
 PLAIN_DELTA: dict[str, Any] = {"delta_color": "off", "delta_arrow": "off"}  # a metric's note, not a change
 BOUND_KEYS = ("model", "hw", "c_mem", "c_bw", "c_tf", "c_int8", "c_bf16", "c_fw", "batch", "ctx", "out", "img",
               "tiles", "w", "kv", "vis", "fw", "tp", "pp", "util", "block", "eta_m", "eta_c")
-
-
-@dataclass(frozen=True)
-class CustomDevice:
-    """The 'custom' device's fields (hashable: a cache key of ``_curve``)."""
-
-    memory_gib: float
-    bandwidth_gb_s: float
-    fp16_tflops: float
-    int8_tops: float | None
-    bf16: bool
-    framework: str
-
-    def hardware(self) -> calc.Hardware:
-        return calc.custom_hardware(self.memory_gib, self.bandwidth_gb_s, self.fp16_tflops, int8_tops=self.int8_tops,
-                                    bf16=self.bf16, framework=self.framework)
-
-
-@st.cache_data(show_spinner=False)
-def _model_label(key: str) -> str:
-    cfg = calc.model_preset_config(key)
-    spec = calc.get_model(key)
-    return f"{cfg.get('_source', {}).get('display_name', key)} ({spec.params_total / 1e9:.2f} B)"
-
-
-@st.cache_data(show_spinner=False)
-def _hardware_label(key: str) -> str:
-    return str(calc.hardware_info(key).get("name", key))
 
 
 def _format_label(key: str) -> str:
@@ -65,21 +38,6 @@ def _kv_label(key: str) -> str:
 
 def _framework_label(key: str) -> str:
     return "auto (by hardware)" if key == "auto" else calc.FRAMEWORK_LABELS[key]
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def _compare(model_key: str, config_text: str, workload: calc.Workload,
-             settings: calc.Settings) -> list[calc.HardwareRow]:
-    model = calc.get_model(model_key) if model_key != CUSTOM else calc.parse_config_text(config_text)
-    return calc.compare_hardware(model, PRESET_HARDWARE, workload, settings)
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def _curve(model_key: str, config_text: str, hw_key: str, custom_hw: CustomDevice | None, workload: calc.Workload,
-           settings: calc.Settings) -> list[calc.CurvePoint]:
-    model = calc.get_model(model_key) if model_key != CUSTOM else calc.parse_config_text(config_text)
-    hw = custom_hw.hardware() if hw_key == CUSTOM and custom_hw is not None else calc.get_hardware(hw_key)
-    return calc.concurrency_curve(model, hw, workload, settings)
 
 
 def _same_value(text: str, value: object) -> bool:
@@ -106,7 +64,7 @@ with st.sidebar:
     model_key = st.selectbox("Model", [*PRESET_MODELS, CUSTOM], index=PRESET_MODELS.index("internvl2-8b"),
                              key="model", bind="query-params", help="a preset, or 'custom' to paste a config.json")
     if model_key != CUSTOM:
-        st.caption(md(_model_label(model_key)))
+        st.caption(md(sizing.model_label(model_key)))
     config_text = ""
     if model_key == CUSTOM:
         uploaded = st.file_uploader("Upload a config.json", type=["json"], key="cfg_file")
@@ -121,7 +79,7 @@ with st.sidebar:
     hw_key = st.selectbox("Device", [*PRESET_HARDWARE, CUSTOM], index=PRESET_HARDWARE.index("atlas-300v-pro"),
                           key="hw", bind="query-params", help="a preset, or 'custom' to type in your own")
     if hw_key != CUSTOM:
-        st.caption(md(_hardware_label(hw_key)))
+        st.caption(md(sizing.hardware_label(hw_key)))
     custom_hw: CustomDevice | None = None
     if hw_key == CUSTOM:
         c1, c2 = st.columns(2)
@@ -182,7 +140,7 @@ with st.sidebar:
 # Streamlit drops URL values a bound widget cannot take (unknown model, batch=-5, ...): say so.
 # (A value equal to the widget's default also leaves the URL: that one was taken, not dropped.)
 dropped = [f"{k}={v}" for k, v in url_before.items()
-           if k in BOUND_KEYS and st.query_params.get(k) != v and not _same_value(v, st.session_state.get(k))]
+           if k in BOUND_KEYS and st.query_params.get(k) != v and not _same_value(v, session.widget_value(k))]
 if dropped:
     st.warning("Ignored link settings that are not valid here: " + md(", ".join(dropped))
                + " (the defaults are shown instead).", icon="🔗")
@@ -201,9 +159,7 @@ try:
             st.info("Paste or upload a Hugging Face config.json in the sidebar (composite ones with"
                     " vision_config + llm_config/text_config work too).")
             st.stop()
-        model = calc.parse_config_text(config_text)
-    else:
-        model = calc.get_model(model_key)
+    model = sizing.model(model_key, config_text)
     if custom_hw is not None:
         hardware = custom_hw.hardware()
     else:
@@ -300,7 +256,7 @@ def render(est: calc.Estimate, hardware: calc.Hardware) -> None:
     tab_cmp, tab_fmt, tab_roof, tab_ctx = st.tabs(["Every device", "Other formats", "Roofline", "Context vs sequences"])
     with tab_cmp:
         try:
-            rows = _compare(model_key, config_text, workload, settings)
+            rows = sizing.compare(model_key, config_text, workload, settings)
             st.dataframe(vm.compare_table(rows), key="compare_table", hide_index=True, width="stretch")
             st.caption("Same model and settings on every preset (framework chosen per device unless you picked one)."
                        " Where it does not fit on the devices asked for (\"no — needs N\"), memory and speed are"
@@ -314,7 +270,7 @@ def render(est: calc.Estimate, hardware: calc.Hardware) -> None:
         st.caption(md(est.formulas.get("ridge", "")))
     with tab_ctx:
         try:
-            curve = _curve(model_key, config_text, hw_key, custom_hw, workload, settings)
+            curve = sizing.curve(model_key, config_text, hw_key, custom_hw, workload, settings)
             st.plotly_chart(vm.concurrency_figure(curve, est.context, est.batch), key="curve", width="stretch",
                             config={"displaylogo": False})
         except calc.SizingError as exc:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import live, state
+from app import live
+from app.studies import comparisons
 from engine.run import RunView, speculation_label
 from visualizers import speculative as sv
 from visualizers.theme import request_label, request_sort_key
@@ -66,7 +67,7 @@ def theory_tab(view: RunView, style: live.Style) -> None:
     if s.alpha is None:
         st.info("No drafts verified yet: step the run.", icon=":material/info:")
         return
-    runs = state.spec_comparison()
+    runs = comparisons.spec_comparison()
     plain = runs.get(sv.PLAIN_RUN)
     c = sv.draft_cost(view.traces, plain.traces if plain else None)
     speedup = sv.measured_speedup(runs) if runs else None
@@ -93,13 +94,13 @@ def comparison_tab(view: RunView, style: live.Style) -> None:
     if view.is_replay:
         st.info("Recordings do not hold the comparison: run it on the live engine.")
         return
-    runs = state.spec_comparison()
+    runs = comparisons.spec_comparison()
     if not runs and speculation_label(view.meta.config):
         if live.comparison_button("Run with and without speculation", "run_spec_comparison",
                                   "Runs the scenario to the end twice on the real engine, with this drafter and "
                                   "without speculation, every other knob equal.", style,
-                                  state.run_spec_comparison):
-            runs = state.spec_comparison()
+                                  comparisons.run_spec_comparison):
+            runs = comparisons.spec_comparison()
     if not runs:
         return
     frame = sv.comparison_frame(runs)
