@@ -37,8 +37,8 @@ browser:
 run: setup model
 	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --browser.gatherUsageStats false
 
-# Strict mypy (settings in pyproject.toml), then the suite: every path, each sweep by its covering part
-# (`make bench` runs the sweeps whole).
+# Strict mypy over engine/, app/ and visualizers/ (settings in pyproject.toml), then the suite: every
+# path, each sweep by its covering part (`make bench` runs the sweeps whole).
 test: setup model browser typecheck
 	$(PY) -m pytest -q -m "not sweep"
 

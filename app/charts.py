@@ -17,11 +17,14 @@ from __future__ import annotations
 import shutil
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import plotly
 import plotly.graph_objects as go
 import streamlit as st
+from streamlit.components.v2.types import ComponentRenderer
+
+Width = Literal["stretch", "content"] | int  # st.plotly_chart's width
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -75,7 +78,7 @@ def plotly_js_name() -> str:
 
 
 @lru_cache(maxsize=1)
-def _component():
+def _component() -> ComponentRenderer:
     return st.components.v2.component("inferscope_live_plot", js=_JS, isolate_styles=False)
 
 
@@ -86,7 +89,7 @@ def static_serving() -> bool:
         return False
 
 
-def live_chart(fig: go.Figure, key: str, config: dict[str, Any], width: str = "stretch") -> None:
+def live_chart(fig: go.Figure, key: str, config: dict[str, Any], width: Width = "stretch") -> None:
     """Draw ``fig`` under ``key``; later calls with the same key redraw it in place."""
     if not static_serving():
         st.plotly_chart(fig, key=key, width=width, config=config, theme=None)

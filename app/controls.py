@@ -13,12 +13,13 @@ N = Run N, P = Play / Pause, 0 = Reset, ] = next live page, [ = previous live pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
-from app import state, step_queue
-from app.state import K
+from app import current_run, models, playback, presentation, replay, scenarios, session, step_queue
+from app.session import K
 from engine.config import (INT4_GROUP_SIZES, MAX_BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS, MAX_NUM_SEQS,
                            SCHEMES)
 from engine.run import RunView
@@ -33,7 +34,7 @@ KNOB_LABELS = {
 }
 # The widgets' upper bounds are the engine's hard caps (engine.config), so the browser never
 # sends a value the engine would take minutes to refuse; below them, the engine checks the
-# memory the knobs need and its ValueError is shown as a message (state.build_run). The lower
+# memory the knobs need and its ValueError is shown as a message (current_run.build_run). The lower
 # bound stays 0 so that a 0 reaches the engine and its message names the knob.
 KNOB_MAX = {"block_size": MAX_BLOCK_SIZE, "num_blocks": MAX_NUM_BLOCKS,
             "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS}
@@ -61,7 +62,7 @@ PRECISION_CAPTION = ("Quantized modes compute in bfloat16: torch's CPU int8/int4
                      "cached on disk. Changing one restarts the scenario.")
 
 
-def _options(options: tuple, current: object) -> list:
+def _options(options: tuple[object, ...], current: object) -> list[object]:
     """``options``, plus the widget's current value if a scenario file set one not among them
     (so the widget can show it, and the engine's message says what is wrong with it)."""
     return [*options, current] if current is not None and current not in options else list(options)
@@ -72,31 +73,32 @@ class Sidebar:
     """The sidebar's places, laid out before the page runs (``prepare``); ``sidebar`` fills them
     after it, except ``download``, which the views fragment fills (``recording_download``)."""
 
-    controls: Any  # DeltaGenerator: step queue, run buttons, workload, precision, knobs
-    recording: Any  # the "Record / replay" expander
-    download: Any  # its first slot: the recording download
-    presentation: Any  # the presentation toggle and the key map
+    controls: DeltaGenerator  # step queue, run buttons, workload, precision, knobs
+    recording: DeltaGenerator  # the "Record / replay" expander
+    download: DeltaGenerator  # its first slot: the recording download
+    presentation: DeltaGenerator  # the presentation toggle and the key map
 
 
 def prepare(page: str = "") -> Sidebar:
     """Before the page: defaults for a new session, the page's own scenario (``page`` is its
-    url_path; state.PAGE_SCENARIOS), a deep link's replay or steps (once per session), a run
+    url_path; scenarios.PAGE_SCENARIOS), a deep link's replay or steps (once per session), a run
     that matches the controls, and the sidebar's places.
 
     The widgets themselves are drawn after the page (``sidebar``): their values are already in
     the session state, and drawing the views first gets them to the browser sooner.
     """
-    state.init_defaults()
-    state.init_presentation()
-    state.apply_page_scenario(page)
-    problem = state.apply_deep_link()
-    state.ensure_run()
+    scenarios.init_defaults()
+    playback.init_defaults()
+    presentation.init_presentation()
+    scenarios.apply_page_scenario(page)
+    problem = replay.apply_deep_link()
+    current_run.ensure_run()
     if problem:
-        state.report(problem)
+        current_run.report(problem)
     controls = st.sidebar.container()
-    recording = st.sidebar.expander("Record / replay", expanded=state.is_replay())
+    recording = st.sidebar.expander("Record / replay", expanded=current_run.is_replay())
     download = recording.empty()
-    state.set_download_slot(download)
+    replay.set_download_slot(download)
     return Sidebar(controls, recording, download, st.sidebar.container())
 
 
@@ -107,13 +109,13 @@ def recording_download() -> None:
     button is the session's latest; a views-only rerun (every Step) counted as one that did not
     draw it, so a button drawn with the sidebar pointed at a dropped callable. The fragment
     redraws it on every rerun. The callable holds the run itself: Streamlit calls it outside
-    any script run, where the session state (and so ``state.run()``) is out of reach.
+    any script run, where the session state (and so ``current_run.run()``) is out of reach.
     """
-    current, slot = state.run(), state.download_slot()
+    current, slot = current_run.run(), replay.download_slot()
     if current is None or slot is None:
         return
     name = f"inferscope-{current.meta.scenario}-{current.meta.model}.json"
-    slot.download_button("Download recording (JSON)", data=state.recording_json(current), file_name=name,
+    slot.download_button("Download recording (JSON)", data=replay.recording_json(current), file_name=name,
                          mime="application/json", on_click="ignore", key="download_recording",
                          icon=":material/download:")
 
@@ -121,7 +123,7 @@ def recording_download() -> None:
 def switch_page(page: st.Page, pages: Sequence[st.Page]) -> None:
     """The next / previous page key (app/step_queue.py): switch to the neighbour of ``page`` in
     ``pages`` (no wrap-around at either end)."""
-    step = state.take_page_step()
+    step = playback.take_page_step()
     urls = [p.url_path for p in pages]
     if step and page.url_path in urls:
         target = urls.index(page.url_path) + step
@@ -135,7 +137,7 @@ def switch_page(page: st.Page, pages: Sequence[st.Page]) -> None:
 def sidebar(places: Sidebar) -> None:
     """Render the shared controls into the places ``prepare`` laid out."""
     with places.controls:
-        state.mount_step_queue()
+        playback.mount_step_queue()
         _run_buttons()
         _workload()
         _precision()
@@ -147,52 +149,50 @@ def sidebar(places: Sidebar) -> None:
         st.toggle("Presentation mode", key=K.present, bind="query-params", persist_state="session",
                   help="Large fonts, no explanations or exports; each view fits one 1920×1080 screen. "
                        f"Keys: {step_queue.keys_caption()} (a presenter's clicker sends PageDown / PageUp).")
-        if state.presentation():
+        if presentation.presentation():
             st.caption(f"**Keys** {step_queue.keys_caption()}")
 
 
 def _run_buttons() -> None:
-    playing = state.playing()
+    playing = playback.playing()
     with st.container(horizontal=True):
-        st.button("Step", key="step", on_click=state.on_step_click, type="primary",
+        st.button("Step", key="step", on_click=playback.on_step_click, type="primary",
                   icon=":material/skip_next:")
         # no help=: its tooltip icon would be a second button under .st-key-step_back (the key map's target)
-        st.button("Step back", key="step_back", on_click=state.step_back, icon=":material/skip_previous:")
-        st.button("Pause" if playing else "Play", key="play", on_click=state.toggle_play,
+        st.button("Step back", key="step_back", on_click=playback.step_back, icon=":material/skip_previous:")
+        st.button("Pause" if playing else "Play", key="play", on_click=playback.toggle_play,
                   icon=":material/pause:" if playing else ":material/play_arrow:")
-        st.button("Reset", key="reset", on_click=state.reset, icon=":material/restart_alt:")
+        st.button("Reset", key="reset", on_click=playback.reset, icon=":material/restart_alt:")
     with st.container(horizontal=True, vertical_alignment="bottom"):
         st.number_input("Steps", min_value=1, max_value=1000, step=1, key=K.run_n, persist_state="session",
                         width=110)
-        st.button("Run N", key="run_n_button", on_click=state.request_steps)
+        st.button("Run N", key="run_n_button", on_click=playback.request_steps)
         st.select_slider("Seconds per step (Play)", options=[0.25, 0.5, 1.0, 2.0], key=K.tick,
                          persist_state="session")
 
 
 def _workload() -> None:
-    disabled = state.is_replay()
-    st.selectbox("Scenario", state.scenario_names(), key=K.scenario, on_change=state.on_scenario_pick,
-                 format_func=lambda n: state.scenario(n).title, bind="query-params", persist_state="session",
+    disabled = current_run.is_replay()
+    st.selectbox("Scenario", scenarios.scenario_names(), key=K.scenario, on_change=scenarios.on_scenario_pick,
+                 format_func=lambda n: scenarios.scenario(n).title, bind="query-params", persist_state="session",
                  disabled=disabled)
-    st.selectbox("Model", state.MODELS, key=K.model, bind="query-params", persist_state="session",
+    st.selectbox("Model", models.MODELS, key=K.model, bind="query-params", persist_state="session",
                  disabled=disabled, help="smollm2-135m: the real SmolLM2-135M-Instruct. tiny-random: instant, "
                                          "gibberish text, same engine.")
 
 
 def _precision() -> None:
-    """Weight quantization, its int4 group size, and the KV cache's dtype (state.NONE_WORDS)."""
-    disabled = state.is_replay()
-    ss = st.session_state
+    """Weight quantization, its int4 group size, and the KV cache's dtype (knobs.NONE_WORDS)."""
+    disabled = current_run.is_replay()
     with st.expander("Precision", expanded=False):
-        scheme_key, group_key, kv_key = (K.knob + k for k in ("quantization", "quantization_group_size",
-                                                             "kv_cache_dtype"))
-        st.selectbox("Weight quantization", _options(QUANT_OPTIONS, ss.get(scheme_key)), key=scheme_key,
+        scheme, group, kv = (session.knob(k) for k in ("quantization", "quantization_group_size", "kv_cache_dtype"))
+        st.selectbox("Weight quantization", _options(QUANT_OPTIONS, scheme.get()), key=scheme.key,
                      format_func=lambda q: QUANT_LABELS.get(q, str(q)), help=QUANT_HELP, persist_state="session",
                      disabled=disabled)
-        st.segmented_control("int4 group size", _options(INT4_GROUP_SIZES, ss.get(group_key)), key=group_key,
+        st.segmented_control("int4 group size", _options(INT4_GROUP_SIZES, group.get()), key=group.key,
                              required=True, help=GROUP_HELP, persist_state="session",
-                             disabled=disabled or ss.get(scheme_key) != "int4")
-        st.selectbox("KV cache dtype", _options(KV_OPTIONS, ss.get(kv_key)), key=kv_key,
+                             disabled=disabled or scheme.get() != "int4")
+        st.selectbox("KV cache dtype", _options(KV_OPTIONS, kv.get()), key=kv.key,
                      format_func=lambda d: KV_LABELS.get(d, str(d)), help=KV_HELP, persist_state="session",
                      disabled=disabled)
         st.caption(PRECISION_CAPTION)
@@ -207,11 +207,10 @@ SPEC_HELP = ("speculative_config: a drafter proposes k tokens, the model verifie
 
 
 def _speculation() -> None:
-    """speculative_config as four widgets (state.speculative_config builds the dict)."""
-    disabled = state.is_replay()
-    ss = st.session_state
+    """speculative_config as four widgets (knobs.SpecChoice builds the dict)."""
+    disabled = current_run.is_replay()
     with st.expander("Speculative decoding", expanded=False):
-        method = ss.get(K.spec_method)
+        method = session.spec_method.get()
         st.selectbox("Drafter", _options(tuple(SPEC_LABELS), method), key=K.spec_method, help=SPEC_HELP,
                      format_func=lambda m: SPEC_LABELS.get(m, str(m)), persist_state="session", disabled=disabled)
         off = disabled or method == "none"
@@ -220,14 +219,14 @@ def _speculation() -> None:
         st.number_input("Early-exit layers", min_value=1, max_value=64, step=1, key=K.spec_layers,
                         persist_state="session", disabled=off or method != "early_exit",
                         help="num_layers: how many of the model's first layers draft (fewer than it has).")
-        st.selectbox("Draft model precision", _options(("int4", "int8", "none"), ss.get(K.spec_draft_quant)),
+        st.selectbox("Draft model precision", _options(("int4", "int8", "none"), session.spec_draft_quant.get()),
                      key=K.spec_draft_quant, persist_state="session", disabled=off or method != "draft_model",
                      format_func=lambda q: "fp32" if q == "none" else q,
                      help="The draft model is the run's own model, quantized (cheaper per token).")
 
 
 def _knobs() -> None:
-    disabled = state.is_replay()
+    disabled = current_run.is_replay()
     with st.expander("Engine knobs", expanded=False):
         for knob, (label, help_text) in KNOB_LABELS.items():
             st.number_input(label, min_value=0, max_value=KNOB_MAX[knob], step=1, key=K.knob + knob,
@@ -247,24 +246,24 @@ def _knobs() -> None:
 
 def _record_replay() -> None:
     """The rest of the "Record / replay" expander (the download is the views fragment's)."""
-    bundled = state.page_recording()
+    bundled = replay.page_recording()
     if bundled is not None:
-        st.button("Replay the bundled recording", key="replay_bundled", on_click=state.replay_bundled,
+        st.button("Replay the bundled recording", key="replay_bundled", on_click=replay.replay_bundled,
                   args=(bundled,), icon=":material/slideshow:",
                   help=f"A recording of the {bundled} scenario on SmolLM2 that ships with InferScope "
                        "(presets/recordings/): no model is loaded.")
-    st.file_uploader("Replay a recording", type=["json"], key=K.upload, on_change=state.load_recording_upload,
+    st.file_uploader("Replay a recording", type=["json"], key=K.upload, on_change=replay.load_recording_upload,
                      help="Replays without loading the model: for talks on any laptop.")
-    if state.is_replay():
-        st.button("Back to live engine", key="leave_replay", on_click=state.leave_replay)
+    if current_run.is_replay():
+        st.button("Back to live engine", key="leave_replay", on_click=replay.leave_replay)
 
 
 def step_slider(view: RunView) -> None:
     """The "Step" slider over the run's history (0 .. steps done): dragging it makes the views
-    draw that step (state.on_step_slider). Drawn in the views fragment, so it follows every step."""
+    draw that step (playback.on_step_slider). Drawn in the views fragment, so it follows every step."""
     if view.latest < 1:
         return
-    st.session_state[K.step_slider] = view.step  # before the widget: it shows the cursor
-    st.slider("Step", min_value=0, max_value=view.latest, key=K.step_slider, on_change=state.on_step_slider,
+    playback.show_step_slider_at(view.step)  # before the widget: it shows the cursor
+    st.slider("Step", min_value=0, max_value=view.latest, key=K.step_slider, on_change=playback.on_step_slider,
               help="Any step of the run so far, redrawn from its recorded traces and snapshots. Step moves "
                    "forward through the history first; the engine runs only past the latest step.")

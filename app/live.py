@@ -8,13 +8,13 @@ fragment, so Play reruns only the views.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import charts, state, timing
+from app import charts, current_run, playback, presentation, timing
 from app import controls as shared_controls  # (page() has a parameter named controls)
 from engine.run import RunView, speculation_label
 from engine.trace import RequestStatus
@@ -44,7 +44,7 @@ class Style:
 
     @classmethod
     def current(cls) -> "Style":
-        present = state.presentation()
+        present = presentation.presentation()
         return cls(font_size=19 if present else 12, explain=not present,
                    max_chart_height=PRESENTATION_CHART_PX if present else None)
 
@@ -55,7 +55,7 @@ class Style:
         return fig
 
 
-def chart_config(name: str, zoom: bool = False) -> dict:
+def chart_config(name: str, zoom: bool = False) -> dict[str, Any]:
     """Plotly's own toolbar gives the PNG export (camera icon), drawn by the browser; ``zoom``
     keeps its zoom, pan and reset buttons (the figure's own dragmode decides what a drag does)."""
     removed = ["select2d", "lasso2d"] + ([] if zoom else ["zoom2d", "pan2d", "autoScale2d"])
@@ -64,7 +64,7 @@ def chart_config(name: str, zoom: bool = False) -> dict:
             "modeBarButtonsToRemove": removed}
 
 
-def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch", zoom: bool = False,
+def chart(fig: go.Figure, name: str, style: Style, width: charts.Width = "stretch", zoom: bool = False,
           fit: bool = True) -> None:
     """A figure, plus (outside presentation mode) an HTML export of it. ``fit=False`` keeps a
     figure of stacked fixed-height panels at its own height below the first screen (the cap
@@ -78,7 +78,7 @@ def chart(fig: go.Figure, name: str, style: Style, width: str = "stretch", zoom:
                            key=f"html_{name}", icon=":material/download:", type="tertiary")
 
 
-def table(frame: pd.DataFrame, name: str, **kwargs) -> None:
+def table(frame: pd.DataFrame, name: str, **kwargs: Any) -> None:
     st.dataframe(frame, key=f"table_{name}", hide_index=True, **kwargs)
 
 
@@ -97,25 +97,25 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
     elif controls is not None:  # presentation mode: the page's own settings fold away (1080p)
         with st.expander("Settings", icon=":material/tune:"):
             controls()
-    run_every = state.tick_seconds() if state.playing() else None
+    run_every = playback.tick_seconds() if playback.playing() else None
 
-    @st.fragment(run_every=run_every, key=state.VIEWS_FRAGMENT)
+    @st.fragment(run_every=run_every, key=playback.VIEWS_FRAGMENT)
     def views() -> None:
         with timing.phase("views"):
             _views()
 
     def _views() -> None:
         _advance()
-        view = state.view()
-        if state.error():
-            st.error(escape_markdown(state.error()), icon=":material/error:")
+        view = playback.view()
+        if current_run.error():
+            st.error(escape_markdown(current_run.error()), icon=":material/error:")
         if view is None:
-            if not state.error():
+            if not current_run.error():
                 st.info("No run yet: pick a scenario and a model in the sidebar.")
             return
         shared_controls.recording_download()
         status(view, style)
-        shared_controls.step_slider(view)  # the history cursor (app/state.py)
+        shared_controls.step_slider(view)  # the history cursor (app/playback.py)
         render(view, style)
 
     views()
@@ -124,23 +124,23 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
 def _advance() -> None:
     """Step presses counted in the browser; Play: one step per tick; Run N: the requested steps,
     with a progress bar."""
-    current = state.run()
+    current = current_run.run()
     if current is None:
         return
-    state.apply_queued_steps()
-    pending = state.take_pending_steps()
+    playback.apply_queued_steps()
+    pending = playback.take_pending_steps()
     if pending:
         bar = st.progress(0.0, text=f"Running {pending} steps…")
         for i in range(pending):
-            if not state.step(1):  # done, or failed (a message, never a traceback)
+            if not playback.step(1):  # done, or failed (a message, never a traceback)
                 break
             bar.progress((i + 1) / pending, text=f"Step {i + 1} of {pending}")
         bar.empty()
-    elif state.playing():
-        if state.at_end():  # Play from an earlier step goes through the history first
-            state.stop_playing()
+    elif playback.playing():
+        if playback.at_end():  # Play from an earlier step goes through the history first
+            playback.stop_playing()
             st.rerun()  # a full run stops the timer (run_every is fixed at the last full run)
-        state.step(1)
+        playback.step(1)
 
 
 def status(view: RunView, style: Style) -> None:
@@ -174,8 +174,8 @@ def status(view: RunView, style: Style) -> None:
                         f"({snap.num_evictable_blocks} now) are evicted (LRU) before anyone is preempted.")
     cols[6].metric("Last step (engine)", f"{last.total_ms:.1f} ms" if last else "—",
                    help="Schedule + forward + sample time of the last engine step, as the engine measured it.")
-    if state.notice() and view.is_replay and style.explain:
-        st.caption(escape_markdown(state.notice()))
+    if current_run.notice() and view.is_replay and style.explain:
+        st.caption(escape_markdown(current_run.notice()))
 
 
 View = Callable[[RunView, Style], None]
@@ -208,6 +208,10 @@ def comparison_button(label: str, key: str, caption: str, style: Style,
     if not st.button(label, key=key, icon=":material/compare_arrows:"):
         return False
     bar = st.progress(0.0, text="Running…")
-    run(lambda name, n: bar.progress(min(n / 400, 1.0), text=f"{name}: step {n}"))
+
+    def progress(name: str, n: int) -> None:
+        bar.progress(min(n / 400, 1.0), text=f"{name}: step {n}")
+
+    run(progress)
     bar.empty()
     return True

@@ -35,6 +35,7 @@ from functools import lru_cache
 from typing import Callable
 
 import streamlit as st
+from streamlit.components.v2.types import ComponentRenderer
 
 COMPONENT = "inferscope_step_queue"
 STEP_SELECTOR = ".st-key-step button"  # Streamlit marks a keyed widget's container st-key-<key>
@@ -164,7 +165,7 @@ CSS = f"body:not(.inferscope-step-queue) {STEP_SELECTOR} {{ opacity: 0.5; pointe
 
 
 @lru_cache(maxsize=1)
-def _component():
+def _component() -> ComponentRenderer:
     return st.components.v2.component(COMPONENT, js=_JS, css=CSS, isolate_styles=False)
 
 

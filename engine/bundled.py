@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
 
     from engine.engine import get_shared_model
 
-    # One intra-op thread, as the app runs (app/state.configure_torch): the recorded step times
+    # One intra-op thread, as the app runs (app/models.configure_torch): the recorded step times
     # are what a page shows, and on a small shared machine more threads only fight over cores.
     torch.set_num_threads(max(1, int(os.environ.get("INFERSCOPE_TORCH_THREADS", "1"))))
     shared = get_shared_model(MODEL)  # loaded once for every bundle

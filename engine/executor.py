@@ -291,7 +291,8 @@ class ParallelExecutor:
         say = progress or (lambda _: None)
         n = layout.num_workers
         # The driver hosts the rendezvous store (port 0: the OS picks a free one, no race).
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        # (the ignore: torch.distributed re-exports TCPStore from torch._C without listing it)
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
         threads = max(1, (os.cpu_count() or 1) // n)
         self.processes: list[WorkerProcess] = []
         self.channels: list[_Channel] = []

@@ -205,7 +205,8 @@ def histogram(values: torch.Tensor, bins: int, lo: float, hi: float) -> Histogra
 def fp8_grid() -> torch.Tensor:
     """Every finite float8_e4m3fn value (-448..448, +0 and -0 as one), ascending, fp32 [253]."""
     table = FP8_TO_BF16_TABLE.float()  # [256]
-    return torch.unique(table[torch.isfinite(table)])  # sorted
+    grid: torch.Tensor = torch.unique(table[torch.isfinite(table)])  # sorted
+    return grid
 
 
 def _int4_parts(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor]:

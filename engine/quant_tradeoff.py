@@ -303,7 +303,7 @@ def greedy_outputs(loaded: Mapping[str, LoadedMode], prompts: Sequence[str],
 def _calculator_spec(model: str, config: ModelConfig, notes: list[str]) -> Any:
     """The calculator's ModelSpec: its preset when it has one, else the engine's own config."""
     from engine.sizing.formats import SizingError
-    from engine.sizing.models import get_model, model_from_config
+    from engine.sizing import get_model, model_from_config
 
     try:
         return get_model(model)

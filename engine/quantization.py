@@ -275,11 +275,14 @@ class QuantizedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x bf16 [M, K] -> y bf16 [M, N]."""
         x = x.to(torch.bfloat16).contiguous()
+        y: torch.Tensor  # (torch.ops are untyped)
         if self.scheme == "int8":
-            return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+            y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+            return y
         if self.scheme == "int4":
             assert self.group_size is not None
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, self.group_size, self.scales)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, self.group_size, self.scales)
+            return y
         if self.scheme == "fp8":
             return fp8_linear(x, self.weight, self.scales)
         if self.scheme == "w8a8":

@@ -87,7 +87,8 @@ class RecordingFile:
 def record(run: Any) -> Recording:
     """The history of a LiveRun (or a ReplayRun's own recording) as a Recording."""
     if getattr(run, "is_replay", False):
-        return run.recording
+        recording: Recording = run.recording
+        return recording
     with run.lock:
         return Recording(run.meta, tuple(run.traces), tuple(run.snapshots), dict(run.comparison))
 

@@ -183,7 +183,8 @@ class _Worker:
         t = layout.tensor_parallel_size
         self.stage, self.tp_rank = divmod(spec.rank, t)
         self.rank, self.t, self.p = spec.rank, t, layout.pipeline_parallel_size
-        store = dist.TCPStore("127.0.0.1", spec.store_port, is_master=False,
+        # (the ignore: torch.distributed re-exports TCPStore from torch._C without listing it)
+        store = dist.TCPStore("127.0.0.1", spec.store_port, is_master=False,  # type: ignore[attr-defined]
                               timeout=timedelta(seconds=COMM_TIMEOUT_FACTOR * c.worker_timeout_s))
         dist.init_process_group("gloo", store=store, rank=spec.rank, world_size=layout.num_workers,
                                 timeout=timedelta(seconds=COMM_TIMEOUT_FACTOR * c.worker_timeout_s))

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state import DEFAULT_SCENARIO, K
+from app.scenarios import DEFAULT_SCENARIO
+from app.session import K
 from engine.recording import record, to_json
 from engine.scenario import load_scenario
 
@@ -49,7 +50,7 @@ def ok(at: AppTest) -> AppTest:
 def open_app(page: str | None = KV_CACHE, scenario: str | None = DEFAULT_SCENARIO) -> AppTest:
     """A fresh session on tiny-random (seeded before the first run), switched to ``page``.
 
-    ``scenario`` is seeded as the user's own choice, so the page's scenario (state.PAGE_SCENARIOS)
+    ``scenario`` is seeded as the user's own choice, so the page's scenario (scenarios.PAGE_SCENARIOS)
     does not replace it; None leaves the choice to the page."""
     at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
     at.session_state[K.model] = MODEL

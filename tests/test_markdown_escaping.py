@@ -24,7 +24,7 @@ import streamlit as st
 from markdown_it import MarkdownIt
 from streamlit.testing.v1 import AppTest
 
-from app.state import K
+from app.session import K
 from tests.fuzz.recordings import record_json
 from visualizers.text import WORD_JOINER, escape_markdown
 

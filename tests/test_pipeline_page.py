@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state import K
+from app.session import K
 from engine.recording import from_json, record, to_json
 from engine.run import LiveRun
 from tests.test_live_app import badges, chart, charts, click, errors, ok, open_app, run_n

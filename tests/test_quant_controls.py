@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state import K, NONE_WORDS, engine_value, scenario_knobs, widget_value
+from app.knobs import NONE_WORDS, engine_value, scenario_knobs, widget_value
+from app.session import K
 from engine.recording import from_json, record, to_json
 from engine.run import LiveRun, precision_label
 from engine.scenario import load_scenario, parse_scenario

@@ -19,7 +19,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from app.state import K
+from app.session import K
 from engine.recording import MAX_BYTES, MAX_DEPTH, from_json, to_json
 from engine.schema import Range, SchemaError, decode
 from tests.fuzz.recordings import DELETE, dumps, record_json, set_path

@@ -333,7 +333,7 @@ def test_lone_surrogates_are_rejected_naming_prompt(tiny, prompt):
 def test_page_knob_beyond_memory_is_a_message(monkeypatch, value):
     """The sidebar's num_blocks: 10**9 is beyond the widget's max (the engine's hard cap), and
     the cap itself with too little memory is the engine's refusal, shown as a message."""
-    from app.state import K
+    from app.session import K
     from tests.test_live_app import KV_CACHE, errors, open_app
 
     monkeypatch.setattr(limits_module, "available_memory_bytes", lambda: 64 * 2 ** 20)

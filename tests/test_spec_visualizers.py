@@ -67,14 +67,14 @@ def test_pq_figure_shows_each_drafts_p_and_q(early_sampled) -> None:
 def test_acceptance_counts_agree_with_the_records(early_sampled) -> None:
     vs = [v for t in early_sampled for v in t.spec]
     summary = sv.spec_summary(early_sampled)
-    assert summary["proposed"] == sum(len(v.drafts) for v in vs) > 0
-    assert summary["accepted"] == sum(v.num_accepted for v in vs)
+    assert summary.proposed == sum(len(v.drafts) for v in vs) > 0
+    assert summary.accepted == sum(v.num_accepted for v in vs)
     pos = sv.acceptance_by_position(early_sampled)
-    assert pos["accepted"].sum() == summary["accepted"]
+    assert pos["accepted"].sum() == summary.accepted
     assert pos.iloc[0]["verified"] == sum(1 for v in vs if v.drafts)  # every first draft is tested
     assert list(pos["verified"]) == sorted(pos["verified"], reverse=True)
     per = sv.spec_requests_frame(early_sampled)
-    assert per["proposed"].sum() == summary["proposed"] and len(per) == 3
+    assert per["proposed"].sum() == summary.proposed and len(per) == 3
 
 
 def test_marked_text_covers_every_output_token(ngram_greedy) -> None:
@@ -83,7 +83,7 @@ def test_marked_text_covers_every_output_token(ngram_greedy) -> None:
     assert any(k == "accepted" for _, _, k in kinds), "the repeated prompt gives n-gram drafts that are accepted"
     md = sv.spec_text_markdown(ngram_greedy, "0")
     assert ":green-background[" in md
-    greedy_mean = sv.spec_summary(ngram_greedy)["tokens_per_verification"]
+    greedy_mean = sv.spec_summary(ngram_greedy).tokens_per_verification
     assert greedy_mean is not None and greedy_mean > 1
 
 
@@ -99,4 +99,4 @@ def test_tokens_per_step_and_empty_inputs(ngram_greedy) -> None:
     fig = validated(sv.tokens_per_step_figure(ngram_greedy))
     assert len(fig.data[0].x) == sum(1 for t in ngram_greedy if t.spec)
     validated(sv.drafts_figure(None))
-    assert sv.spec_summary([])["alpha"] is None and sv.acceptance_by_position([]).empty
+    assert sv.spec_summary([]).alpha is None and sv.acceptance_by_position([]).empty

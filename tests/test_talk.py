@@ -11,7 +11,8 @@ from typing import Callable
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state import PAGE_SCENARIOS, K
+from app.scenarios import PAGE_SCENARIOS
+from app.session import K
 from engine.bundled import BUNDLES, RECORDING_DIR, MAX_FILE_BYTES, bundled_names, bundled_path, load_bundled
 from engine.pipeline_stats import merge_timelines, pipeline_stats
 from engine.run import ReplayRun, RunView
@@ -226,7 +227,7 @@ def draw_pipeline(v: RunView) -> None:
     pv.stats_frame(v.traces)
 
 
-# the pages each bundled recording is for (state.PAGE_SCENARIOS), and what those pages draw
+# the pages each bundled recording is for (scenarios.PAGE_SCENARIOS), and what those pages draw
 DRAWS: dict[str, tuple[Draw, ...]] = {"kv-cache": (draw_kv,), "batching": (draw_batching, draw_kv),
                                       "prefix-cache": (draw_prefix,), "speculative": (draw_spec,),
                                       "pipeline": (draw_pipeline,)}

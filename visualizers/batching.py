@@ -11,7 +11,7 @@ Pure functions of StepTraces and Snapshots.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -137,7 +137,7 @@ def counts_panel(traces: Sequence[StepTrace]) -> Panel:
                  title="Requests per step: decodes and prefill chunks")
 
 
-def lane_heatmap(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> dict:
+def lane_heatmap(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> dict[str, Any]:
     """The swim lane as one Heatmap trace (discrete colours: LANE_STATES order).
 
     No cell text: Plotly lays out each heatmap cell's text on every redraw (~15 ms per 300 cells
@@ -155,7 +155,7 @@ def lane_heatmap(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> dict:
     )
 
 
-def lane_numbers(lane: Lanes, xaxis: str = "x", yaxis: str = "y", font_size: int = 12) -> list[dict]:
+def lane_numbers(lane: Lanes, xaxis: str = "x", yaxis: str = "y", font_size: int = 12) -> list[dict[str, Any]]:
     """Token counts of the prefill cells as one text-only Scatter trace over the heatmap.
 
     A decode always computes one token (its colour says so), so only prefill cells carry a
@@ -171,14 +171,14 @@ def lane_numbers(lane: Lanes, xaxis: str = "x", yaxis: str = "y", font_size: int
                  showlegend=False, hoverinfo="skip", xaxis=xaxis, yaxis=yaxis)]
 
 
-def state_legend(xaxis: str = "x", yaxis: str = "y") -> list[dict]:
+def state_legend(xaxis: str = "x", yaxis: str = "y") -> list[dict[str, Any]]:
     """Legend-only entries for the lane states (a heatmap has no legend of its own)."""
     return [dict(type="scatter", x=[None], y=[None], mode="markers", name=s, legendgroup="states",
                  marker=dict(symbol="square", size=12, color=LANE_STATE_COLORS[s], line=dict(color="#999999", width=1)),
                  hoverinfo="skip", xaxis=xaxis, yaxis=yaxis) for s in LANE_STATES[1:]]
 
 
-def request_chips(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> list[dict]:
+def request_chips(lane: Lanes, xaxis: str = "x", yaxis: str = "y") -> list[dict[str, Any]]:
     """A square in each request's colour left of its lane, tying the lane to the other views."""
     if not lane.request_ids:
         return []
@@ -261,12 +261,12 @@ def latency_figure(snapshot: Snapshot, font_size: int = 12) -> go.Figure:
         data.append(dict(type="bar", x=[plot_label(m.request_id) for m in pts], y=[getattr(m, attr) for m in pts],
                          marker=dict(color=[request_color(m.request_id) for m in pts]), name=attr, showlegend=False,
                          xaxis="x" + axis, yaxis="y" + axis, hovertemplate="%{x}: %{y:.1f} ms<extra></extra>"))
-    axis = dict(type="category", fixedrange=True)
+    category = dict(type="category", fixedrange=True)
     return figure(data, dict(
         height=300, margin=dict(l=10, r=10, t=60, b=40), font=dict(size=font_size),
         title=dict(text="Latency per request", font=dict(size=font_size + 3)), meta={"step": snapshot.step},
         dragmode=False,
-        xaxis=dict(domain=[0.0, 0.47], **axis), xaxis2=dict(domain=[0.53, 1.0], anchor="y2", **axis),
+        xaxis=dict(domain=[0.0, 0.47], **category), xaxis2=dict(domain=[0.53, 1.0], anchor="y2", **category),
         yaxis=dict(title=dict(text="time to first token (ms)"), fixedrange=True, rangemode="tozero"),
         yaxis2=dict(title=dict(text="time per output token (ms)"), anchor="x2", fixedrange=True, rangemode="tozero"),
     ))

@@ -92,10 +92,11 @@ def latency_comparison_figure(runs: Mapping[str, PolicyRun], font_size: int = 12
     """Latency in steps (arrival to last token) per request, one bar series per policy."""
     data = []
     for p, run in runs.items():
-        ms = sorted((m for m in run.final.metrics if m.finished_step is not None),
-                    key=lambda m: request_sort_key(m.request_id))
-        data.append(dict(type="bar", x=[plot_label(m.request_id) for m in ms],
-                         y=[m.finished_step - m.arrival_step + 1 for m in ms], name=p,
+        # (request id, latency in steps) of the finished requests
+        done = sorted(((m.request_id, m.finished_step - m.arrival_step + 1) for m in run.final.metrics
+                       if m.finished_step is not None), key=lambda d: request_sort_key(d[0]))
+        data.append(dict(type="bar", x=[plot_label(rid) for rid, _ in done],
+                         y=[steps for _, steps in done], name=p,
                          marker=dict(color=POLICY_COLORS.get(p, "#888888")),
                          hovertemplate=f"{p} %{{x}}: %{{y}} steps<extra></extra>"))
     return figure(data, dict(

@@ -27,7 +27,8 @@ def _template() -> dict[str, Any]:
     process default (Streamlit installs one with placeholder colours)."""
     import plotly.io as pio
 
-    return pio.templates["plotly_white"].to_plotly_json()
+    template: dict[str, Any] = pio.templates["plotly_white"].to_plotly_json()
+    return template
 
 
 def _axis(spec: dict[str, Any]) -> dict[str, Any]:
@@ -168,7 +169,7 @@ def stack(panels: list[Panel], layout: dict[str, Any], gap_px: int = 56, shared_
     return figure(data, out)
 
 
-def hline(y: float, text: str) -> tuple[dict, dict]:
+def hline(y: float, text: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A dashed horizontal rule across a panel and its label: (shape, annotation)."""
     shape = dict(type="line", xref="x domain", x0=0, x1=1, yref="y", y0=y, y1=y,
                  line=dict(color="#333333", dash="dash", width=2))
@@ -176,7 +177,7 @@ def hline(y: float, text: str) -> tuple[dict, dict]:
     return shape, note
 
 
-def vline(x: float, text: str) -> tuple[dict, dict]:
+def vline(x: float, text: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A dashed vertical rule and its label at the top: (shape, annotation)."""
     shape = dict(type="line", xref="x", x0=x, x1=x, yref="y domain", y0=0, y1=1,
                  line=dict(color="#333333", dash="dash", width=2))

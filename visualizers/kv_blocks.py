@@ -250,7 +250,7 @@ def step_events_frame(trace: StepTrace | None) -> pd.DataFrame:
     if trace is None:
         return pd.DataFrame([], columns=columns)
 
-    def ids(items: tuple) -> str:
+    def ids(items: tuple[object, ...]) -> str:
         return ", ".join(str(i) for i in items) or "—"
 
     def reqs(items: tuple[str, ...]) -> str:
@@ -347,7 +347,7 @@ def waste_figure(frame: pd.DataFrame, pool_tokens: int, step: int | None = None,
     wasted = [f"{format_bytes(b)} wasted ({w:.0%} of pool)"
               for b, w in zip(frame["wasted bytes"], frame["wasted share of pool"])]
     rows = [f"<b>{scheme}</b><br>{w}" for scheme, w in zip(frame["scheme"], wasted)]
-    data = [
+    data: list[dict[str, Any]] = [
         dict(type="bar", y=rows, x=list(frame["used tokens"]), name="used (tokens with KV)",
              orientation="h", marker=dict(color=BLOCK_STATE_COLORS["used"]), customdata=list(frame["scheme"]),
              hovertemplate="%{customdata}: %{x} tokens used<extra></extra>"),

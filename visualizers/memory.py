@@ -11,7 +11,8 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.sizing.estimate import CurvePoint, HardwareRow
+from engine.sizing.estimate import CurvePoint, Estimate, HardwareRow
+from engine.sizing.hardware import Hardware
 from engine.sizing.units import GiB
 from visualizers.figures import legend_below
 from visualizers.text import escape_plotly
@@ -29,7 +30,7 @@ COMPONENTS = (
 )
 
 
-def _components(est) -> list[tuple[str, int, str]]:
+def _components(est: Estimate) -> list[tuple[str, int, str]]:
     values = {
         "llm_weights": est.weight_bytes_per_device - est.vision_weight_bytes_per_device,
         "vision_weight_bytes_per_device": est.vision_weight_bytes_per_device,
@@ -42,11 +43,11 @@ def _components(est) -> list[tuple[str, int, str]]:
     return [(label, int(values[name]), color) for name, label, color in COMPONENTS if values[name] > 0]
 
 
-def verdict_color(est) -> str:
+def verdict_color(est: Estimate) -> str:
     return VERDICT_COLORS[est.verdict_key]
 
 
-def memory_bar(est) -> go.Figure:
+def memory_bar(est: Estimate) -> go.Figure:
     """Stacked horizontal bar: what one device holds, against its usable and total memory."""
     fig = go.Figure()
     unit = est.device_unit
@@ -78,7 +79,7 @@ def memory_bar(est) -> go.Figure:
     return fig
 
 
-def memory_table(est) -> pd.DataFrame:
+def memory_table(est: Estimate) -> pd.DataFrame:
     """Per-device breakdown. Bytes as text: exact, and safe beyond int64 (absurd workloads)."""
     rows = [(label, value) for label, value, _ in _components(est)]
     rows += [("total needed", est.total_bytes_per_device), ("usable", est.usable_bytes_per_device)]
@@ -109,7 +110,7 @@ def compare_table(rows: list[HardwareRow]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def alternatives_table(est) -> pd.DataFrame:
+def alternatives_table(est: Estimate) -> pd.DataFrame:
     rows = []
     for a in est.alternatives:
         rows.append({
@@ -125,7 +126,7 @@ def alternatives_table(est) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def roofline_figure(est) -> go.Figure:
+def roofline_figure(est: Estimate) -> go.Figure:
     """Log-log roofline: attainable FLOP/s vs arithmetic intensity, with prefill and decode placed."""
     peak = est.peak_flops
     bw = est.bandwidth_bytes_per_s
@@ -186,7 +187,7 @@ def concurrency_figure(points: list[CurvePoint], context: int | None = None, bat
     return fig
 
 
-def formula_text(est) -> str:
+def formula_text(est: Estimate) -> str:
     """All formulas with numbers, as one monospace block."""
     lines = []
     for name, text in est.formulas.items():
@@ -195,7 +196,7 @@ def formula_text(est) -> str:
     return "\n".join(lines)
 
 
-def hardware_sources_table(hw) -> pd.DataFrame:
+def hardware_sources_table(hw: Hardware) -> pd.DataFrame:
     """Each preset figure with its value, source and confidence (empty for typed-in hardware)."""
     labels = {"memory_gib": "memory (GiB)", "memory_visible_mib": "memory visible to the runtime (MiB)",
               "usable_fraction": "usable share (unified memory)", "bandwidth_gb_s": "bandwidth (GB/s)",

@@ -105,18 +105,18 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
     by_unit: dict[int, list[WorkEvent]] = {}
     for e in forwards:
         by_unit.setdefault(e.unit, []).append(e)
-    for n, (u, events) in enumerate(sorted(by_unit.items())):
+    for n, (u, work) in enumerate(sorted(by_unit.items())):
         label = unit_label(units[u], timeline.schedule, one_batch) if u in units else f"unit {u}"
         tokens = f" · {units[u].num_tokens} tokens" if u in units else ""
-        data.append(_bar(label, [lanes[e.rank] for e in events], [e.start_ms for e in events],
-                         [e.end_ms for e in events], PIPELINE_UNIT_COLORS[u % len(PIPELINE_UNIT_COLORS)],
-                         text=[label] * len(events), legendrank=n, hover=tokens))
+        data.append(_bar(label, [lanes[e.rank] for e in work], [e.start_ms for e in work],
+                         [e.end_ms for e in work], PIPELINE_UNIT_COLORS[u % len(PIPELINE_UNIT_COLORS)],
+                         text=[label] * len(work), legendrank=n, hover=tokens))
     for kind, name, pattern, width in (("recv", "waiting for activations", "", 0.8), ("send", "send", "/", 0.3),
                                        ("all_reduce", "all-reduce", "x", 0.3)):
-        events = [e for e in timeline.events if e.kind == kind]
-        if events:
-            data.append(_bar(name, [lanes[e.rank] for e in events], [e.start_ms for e in events],
-                             [e.end_ms for e in events], PIPELINE_COLORS[kind], width=width, pattern=pattern,
+        work = [e for e in timeline.events if e.kind == kind]
+        if work:
+            data.append(_bar(name, [lanes[e.rank] for e in work], [e.start_ms for e in work],
+                             [e.end_ms for e in work], PIPELINE_COLORS[kind], width=width, pattern=pattern,
                              legendrank=500 if kind == "recv" else 600))
     captions: list[dict[str, Any]] = []
     if forwards:

@@ -19,13 +19,14 @@ Pure functions of records (engine.trace); no engine state.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import pandas as pd
 import plotly.graph_objects as go
 
 from engine.spec_theory import best_k, expected_speedup, expected_tokens_per_step
-from engine.run import SPECULATION_RUNS
+from engine.run import SPECULATION_RUNS, PolicyRun
 from engine.trace import SpecVerification, StepTrace
 from visualizers.events import notes, step_events
 from visualizers.figures import Panel, figure, legend_below, live_layout, stack
@@ -159,17 +160,30 @@ def acceptance_by_position(traces: Sequence[StepTrace]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["position", "verified", "accepted", "alpha"])
 
 
-def spec_summary(traces: Sequence[StepTrace]) -> dict[str, float | int | None]:
+@dataclass(frozen=True)
+class SpecSummary:
+    """Speculation totals so far (``spec_summary``); the ratios are None before their first count."""
+
+    verifications: int  # target steps x requests that verified drafts
+    proposed: int  # drafts proposed
+    accepted: int  # drafts accepted
+    alpha: float | None  # accepted / proposed
+    mean_accepted: float | None  # accepted drafts per verification
+    tokens_per_verification: float | None
+    k: int  # the most drafts one verification had
+
+
+def spec_summary(traces: Sequence[StepTrace]) -> SpecSummary:
     """Totals so far: verifications (target steps x requests), drafts proposed and accepted, α
     (accepted / proposed), mean accepted drafts and mean tokens per verification."""
     vs = _verifications(traces)
     proposed = sum(len(v.drafts) for v in vs)
     accepted = sum(v.num_accepted for v in vs)
-    return {"verifications": len(vs), "proposed": proposed, "accepted": accepted,
-            "alpha": accepted / proposed if proposed else None,
-            "mean_accepted": accepted / len(vs) if vs else None,
-            "tokens_per_verification": sum(len(v.emitted) for v in vs) / len(vs) if vs else None,
-            "k": max((len(v.drafts) for v in vs), default=0)}
+    return SpecSummary(verifications=len(vs), proposed=proposed, accepted=accepted,
+                       alpha=accepted / proposed if proposed else None,
+                       mean_accepted=accepted / len(vs) if vs else None,
+                       tokens_per_verification=sum(len(v.emitted) for v in vs) / len(vs) if vs else None,
+                       k=max((len(v.drafts) for v in vs), default=0))
 
 
 def spec_requests_frame(traces: Sequence[StepTrace]) -> pd.DataFrame:
@@ -291,7 +305,7 @@ def draft_cost(traces: Sequence[StepTrace], plain: Sequence[StepTrace] | None = 
     return per_token / target if target > 0 else 0.0
 
 
-def measured_speedup(runs: dict) -> float | None:
+def measured_speedup(runs: Mapping[str, PolicyRun]) -> float | None:
     """Engine time without speculation / with it (the same scenario to the end)."""
     spec, plain = runs.get(SPEC_RUN), runs.get(PLAIN_RUN)
     if spec is None or plain is None or spec.engine_ms <= 0:
@@ -299,7 +313,7 @@ def measured_speedup(runs: dict) -> float | None:
     return plain.engine_ms / spec.engine_ms
 
 
-def comparison_frame(runs: dict) -> pd.DataFrame:
+def comparison_frame(runs: Mapping[str, PolicyRun]) -> pd.DataFrame:
     """One row per run: target steps, output tokens, engine time, tokens per second, α
     (``alpha_cell``: "—" for the run without speculation), and whether every request's text
     equals the other run's."""
@@ -318,7 +332,7 @@ def comparison_frame(runs: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def comparison_figure(runs: dict, font_size: int = 12) -> go.Figure:
+def comparison_figure(runs: Mapping[str, PolicyRun], font_size: int = 12) -> go.Figure:
     """Cumulative output tokens over target steps, both runs: speculation reaches the end in
     fewer steps when drafts are accepted."""
     data = []

@@ -59,4 +59,4 @@ def step_table(traces: Sequence[StepTrace]) -> pd.DataFrame:
 
 
 def step_table_csv(traces: Sequence[StepTrace]) -> str:
-    return step_table(traces).to_csv(index=False)
+    return str(step_table(traces).to_csv(index=False))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import live, state
+from app import live
+from app.studies import comparisons
 from engine.run import RunView
 from visualizers import batching as vb
 from visualizers import comparison as vc
@@ -39,8 +40,8 @@ def comparison(view: RunView, style: live.Style) -> None:
     if not runs and not view.is_replay:
         if live.comparison_button("Run both policies", "run_comparison",
                                   "Runs the scenario to the end twice on the real engine, once per policy, "
-                                  "every other knob equal.", style, state.run_comparison):
-            runs = state.comparison()
+                                  "every other knob equal.", style, comparisons.run_comparison):
+            runs = comparisons.comparison()
     if not runs:
         if view.is_replay:
             st.info("This recording has no comparison runs.")

@@ -6,20 +6,24 @@ wrong, ends in a message (st.error), never a traceback.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import streamlit as st
 
+from app import session
+from app.studies import sizing
+from app.studies.sizing import CUSTOM, CustomDevice
 from engine import memory as calc
 from visualizers import memory as vm
 from visualizers.text import escape_markdown as md  # every non-literal text that reaches Markdown
 
 PRESET_MODELS = calc.model_presets()
 PRESET_HARDWARE = calc.hardware_presets()
-CUSTOM = "custom"
 FRAMEWORK_OPTIONS = ["auto", "none", "vllm", "sglang", "vllm-ascend"]
 WEIGHT_OPTIONS = ["auto", *calc.WEIGHT_FORMATS]
 KV_OPTIONS = ["auto", *calc.KV_DTYPES]
 VISION_OPTIONS = ["auto", "fp32", "bf16", "fp16", "fp8", "w8a8"]
-PLAIN_DELTA: dict = {"delta_color": "off", "delta_arrow": "off"}  # a metric's note, not a change
+PLAIN_DELTA: dict[str, Any] = {"delta_color": "off", "delta_arrow": "off"}  # a metric's note, not a change
 # Short headers (full names in the help) and widths in px: the comparison's columns fit a
 # 1440 px window unscrolled ("devices needed" is said by "fits?": "no — needs N").
 _number = st.column_config.NumberColumn
@@ -52,18 +56,6 @@ BOUND_KEYS = ("model", "hw", "c_mem", "c_bw", "c_tf", "c_int8", "c_bf16", "c_fw"
               "tiles", "w", "kv", "vis", "fw", "tp", "pp", "util", "block", "eta_m", "eta_c")
 
 
-@st.cache_data(show_spinner=False)
-def _model_label(key: str) -> str:
-    cfg = calc.model_preset_config(key)
-    spec = calc.get_model(key)
-    return f"{cfg.get('_source', {}).get('display_name', key)} ({spec.params_total / 1e9:.2f} B)"
-
-
-@st.cache_data(show_spinner=False)
-def _hardware_label(key: str) -> str:
-    return calc.hardware_info(key).get("name", key)
-
-
 def _format_label(key: str) -> str:
     return "auto (checkpoint / hardware)" if key == "auto" else calc.WEIGHT_FORMATS[key].label
 
@@ -74,21 +66,6 @@ def _kv_label(key: str) -> str:
 
 def _framework_label(key: str) -> str:
     return "auto (by hardware)" if key == "auto" else calc.FRAMEWORK_LABELS[key]
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def _compare(model_key: str, config_text: str, workload: calc.Workload,
-             settings: calc.Settings) -> list[calc.HardwareRow]:
-    model = calc.get_model(model_key) if model_key != CUSTOM else calc.parse_config_text(config_text)
-    return calc.compare_hardware(model, PRESET_HARDWARE, workload, settings)
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def _curve(model_key: str, config_text: str, hw_key: str, custom_hw: tuple, workload: calc.Workload,
-           settings: calc.Settings) -> list[calc.CurvePoint]:
-    model = calc.get_model(model_key) if model_key != CUSTOM else calc.parse_config_text(config_text)
-    hw = calc.get_hardware(hw_key) if hw_key != CUSTOM else calc.custom_hardware(*custom_hw[:3], **dict(custom_hw[3]))
-    return calc.concurrency_curve(model, hw, workload, settings)
 
 
 def _same_value(text: str, value: object) -> bool:
@@ -109,13 +86,13 @@ st.caption("Does model X fit on device Y, and how fast will it run? Every contro
 
 # ---------------------------------------------------------------------------------------
 # controls
-url_before = {k: st.query_params.get(k) for k in st.query_params}
+url_before = {k: st.query_params[k] for k in st.query_params}
 with st.sidebar:
     st.header("Model")
     model_key = st.selectbox("Model", [*PRESET_MODELS, CUSTOM], index=PRESET_MODELS.index("internvl2-8b"),
                              key="model", bind="query-params", help="a preset, or 'custom' to paste a config.json")
     if model_key != CUSTOM:
-        st.caption(md(_model_label(model_key)))
+        st.caption(md(sizing.model_label(model_key)))
     config_text = ""
     if model_key == CUSTOM:
         uploaded = st.file_uploader("Upload a config.json", type=["json"], key="cfg_file")
@@ -130,8 +107,8 @@ with st.sidebar:
     hw_key = st.selectbox("Device", [*PRESET_HARDWARE, CUSTOM], index=PRESET_HARDWARE.index("atlas-300v-pro"),
                           key="hw", bind="query-params", help="a preset, or 'custom' to type in your own")
     if hw_key != CUSTOM:
-        st.caption(md(_hardware_label(hw_key)))
-    custom_hw: tuple = ()
+        st.caption(md(sizing.hardware_label(hw_key)))
+    custom_hw: CustomDevice | None = None
     if hw_key == CUSTOM:
         c1, c2 = st.columns(2)
         c_mem = c1.number_input("Memory per device (GiB)", min_value=0.5, max_value=4096.0, value=24.0,
@@ -144,8 +121,8 @@ with st.sidebar:
                                  key="c_int8", bind="query-params")
         c_bf16 = st.toggle("BF16 supported", value=True, key="c_bf16", bind="query-params")
         c_fw = st.selectbox("Usual framework", ["vllm", "sglang", "none"], key="c_fw", bind="query-params")
-        custom_hw = (float(c_mem), float(c_bw), float(c_tf),
-                     (("int8_tops", float(c_int8) or None), ("bf16", bool(c_bf16)), ("framework", c_fw)))
+        custom_hw = CustomDevice(float(c_mem), float(c_bw), float(c_tf), int8_tops=float(c_int8) or None,
+                                 bf16=bool(c_bf16), framework=c_fw)
 
     st.header("Workload")
     c1, c2 = st.columns(2)
@@ -191,7 +168,7 @@ with st.sidebar:
 # Streamlit drops URL values a bound widget cannot take (unknown model, batch=-5, ...): say so.
 # (A value equal to the widget's default also leaves the URL: that one was taken, not dropped.)
 dropped = [f"{k}={v}" for k, v in url_before.items()
-           if k in BOUND_KEYS and st.query_params.get(k) != v and not _same_value(v, st.session_state.get(k))]
+           if k in BOUND_KEYS and st.query_params.get(k) != v and not _same_value(v, session.widget_value(k))]
 if dropped:
     st.warning("Ignored link settings that are not valid here: " + md(", ".join(dropped))
                + " (the defaults are shown instead).", icon="🔗")
@@ -210,11 +187,9 @@ try:
             st.info("Paste or upload a Hugging Face config.json in the sidebar (composite ones with"
                     " vision_config + llm_config/text_config work too).")
             st.stop()
-        model = calc.parse_config_text(config_text)
-    else:
-        model = calc.get_model(model_key)
-    if hw_key == CUSTOM:
-        hardware = calc.custom_hardware(*custom_hw[:3], **dict(custom_hw[3]))
+    model = sizing.model(model_key, config_text)
+    if custom_hw is not None:
+        hardware = custom_hw.hardware()
     else:
         with st.spinner("Measuring this machine…") if hw_key == "this-machine" else st.empty():
             hardware = calc.get_hardware(hw_key)
@@ -264,7 +239,7 @@ def _speed_metrics(est: calc.Estimate) -> None:
                        f"≥ {there.prefill_seconds_roofline:,.2f} s roofline", **PLAIN_DELTA)
 
 
-def render(est, hardware) -> None:
+def render(est: calc.Estimate, hardware: calc.Hardware) -> None:
     """Everything below the controls; pure display of one estimate."""
     # verdict first, in words and colour: anything but "fits" starts with "Does not fit"
     st.markdown(_headline(est))
@@ -309,7 +284,7 @@ def render(est, hardware) -> None:
     tab_cmp, tab_fmt, tab_roof, tab_ctx = st.tabs(["Every device", "Other formats", "Roofline", "Context vs sequences"])
     with tab_cmp:
         try:
-            rows = _compare(model_key, config_text, workload, settings)
+            rows = sizing.compare(model_key, config_text, workload, settings)
             st.dataframe(vm.compare_table(rows), key="compare_table", hide_index=True, width="stretch",
                          column_config=COMPARE_COLUMNS)
             st.caption("Same model and settings on every preset (framework chosen per device unless you picked one)."
@@ -325,7 +300,7 @@ def render(est, hardware) -> None:
         st.caption(md(est.formulas.get("ridge", "")))
     with tab_ctx:
         try:
-            curve = _curve(model_key, config_text, hw_key, custom_hw, workload, settings)
+            curve = sizing.curve(model_key, config_text, hw_key, custom_hw, workload, settings)
             st.plotly_chart(vm.concurrency_figure(curve, est.context, est.batch), key="curve", width="stretch",
                             config={"displaylogo": False})
         except calc.SizingError as exc:

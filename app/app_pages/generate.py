@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import live, state
-from engine import generation
+from app import live
+from app.models import MODELS
+from app.session import K
+from app.studies import generate
 from visualizers.steps import step_table, step_table_csv
 from visualizers.text import escape_markdown
 
@@ -13,11 +15,11 @@ st.header("Generate", anchor=False)
 st.caption("One request through the real engine, step by step: prefill the prompt, then one decode step per token.")
 
 with st.container(horizontal=True, vertical_alignment="bottom"):
-    st.selectbox("Model", state.MODELS, key="gen_model", width=220)
-    st.number_input("Max new tokens", min_value=1, max_value=1024, value=64, step=1, key="gen_max_tokens", width=160)
-    st.number_input("Temperature", min_value=0.0, max_value=2.0, value=0.0, step=0.1, key="gen_temperature",
+    st.selectbox("Model", MODELS, key=K.gen_model, width=220)
+    st.number_input("Max new tokens", min_value=1, max_value=1024, value=64, step=1, key=K.gen_max_tokens, width=160)
+    st.number_input("Temperature", min_value=0.0, max_value=2.0, value=0.0, step=0.1, key=K.gen_temperature,
                     width=140, help="0 = greedy: the same answer every time, token-identical to Hugging Face.")
-    st.toggle("Chat template", value=True, key="gen_chat",
+    st.toggle("Chat template", value=True, key=K.gen_chat,
               help="Wrap the prompt in the model's chat template (SmolLM2-135M-Instruct is a chat model).")
 prompt = st.text_area("Prompt", value="What is the capital of France?", key="gen_prompt", height=100)
 clicked = st.button("Generate", type="primary", key="generate", icon=":material/send:", shortcut="Ctrl+Enter")
@@ -25,21 +27,16 @@ clicked = st.button("Generate", type="primary", key="generate", icon=":material/
 result = None
 if clicked:
     try:
-        request = generation.GenerateRequest(prompt=prompt, model=st.session_state["gen_model"],
-                                             max_tokens=int(st.session_state["gen_max_tokens"]),
-                                             temperature=float(st.session_state["gen_temperature"]),
-                                             chat_template=bool(st.session_state["gen_chat"]))
-        shared = state.load_model(request.model)
-        session = generation.start(shared, request)
+        session = generate.start(generate.requested(prompt))
     except ValueError as e:
         st.error(escape_markdown(e), icon=":material/error:")
     else:
         with st.chat_message("assistant"):
             st.write_stream(escape_markdown(piece, keep_newlines=True) for piece in session.stream())
         result = session.result()
-        state.set_generate_result(result)
+        generate.keep_result(result)
 else:
-    result = state.generate_result()
+    result = generate.last_result()
     if result is not None:
         with st.chat_message("assistant"):
             st.markdown(escape_markdown(result.text, keep_newlines=True))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import live, state
-from app.state import K
+from app import live, presentation
+from app.session import K
 from engine.run import RunView
 from visualizers import kv_blocks as kv
 from visualizers.text import escape_markdown
@@ -21,11 +21,10 @@ INTRO = ("Top: every square is one physical KV block; its colour is the request 
 def render(view: RunView, style: live.Style) -> None:
     snap = view.snapshot
     options = ["all", *(r.request_id for r in kv.running_tables(snap))]
-    if st.session_state.get(K.focus) not in options:
-        st.session_state[K.focus] = "all"
+    presentation.keep_focus_among(options)
     left, right = st.columns([7, 4])
     with left:
-        live.chart(kv.kv_figure(snap, view.last_trace, state.focus(), style.font_size), "kv_cache", style,
+        live.chart(kv.kv_figure(snap, view.last_trace, presentation.focus(), style.font_size), "kv_cache", style,
                    width="content")
     with right:
         st.subheader("What the last step did", anchor=False)

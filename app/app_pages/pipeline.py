@@ -1,13 +1,15 @@
 """Pipeline (and tensor) parallelism: what every worker process of the run did in a step, the
 bubble measured against GPipe's formula, a measured sweep over micro-batches, and the
-calculator's view of the same layout. Thin: controls -> knobs (app/state.py), RunView
+calculator's view of the same layout. Thin: controls -> knobs (app/knobs.py), RunView
 (StepTrace.pipeline, Snapshot.parallel) -> visualizers/pipeline.py -> st.*."""
 from __future__ import annotations
 
 import streamlit as st
 
-from app import live, state
-from app.state import K
+from app import current_run, knobs, live, models, session
+from app.session import K
+from app.studies import pipeline as pipeline_study
+from app.studies import sizing
 from engine.pipeline_stats import merge_timelines, pipeline_stats
 from engine.run import RunView
 from visualizers import pipeline as pv
@@ -33,13 +35,12 @@ SHARES.update({c: st.column_config.NumberColumn(format="%.2f") for c in ("span m
 
 
 def knob(name: str) -> str:
-    return K.knob + name
+    return session.knob(name).key
 
 
 def controls() -> None:
     """p, t, schedule, m and the layer split; each change rebuilds the run (new workers)."""
-    disabled = state.is_replay()
-    ss = st.session_state
+    disabled = current_run.is_replay()
     with st.container(horizontal=True, vertical_alignment="bottom"):
         st.number_input("Pipeline stages p", min_value=1, max_value=4, step=1, key=knob("pipeline_parallel_size"),
                         persist_state="session", disabled=disabled, width=140,
@@ -54,27 +55,27 @@ def controls() -> None:
                              disabled=disabled)
         st.number_input("Micro-batches m", min_value=1, max_value=8, step=1, key=knob("num_microbatches"),
                         persist_state="session", width=140,
-                        disabled=disabled or ss.get(knob("pipeline_schedule")) == "batch_queue",
+                        disabled=disabled or session.knob("pipeline_schedule").get() == "batch_queue",
                         help="num_microbatches (GPipe only; fewer when the batch has fewer requests).")
     with st.container(horizontal=True, vertical_alignment="bottom"):
-        st.segmented_control("Layer split", state.SPLIT_MODES, key=K.split_mode, required=True,
+        st.segmented_control("Layer split", knobs.SPLIT_MODES, key=K.split_mode, required=True,
                              format_func=lambda s: SPLIT_LABELS.get(s, str(s)), persist_state="session",
                              disabled=disabled, help="pipeline_layer_split: layers per stage.")
         st.text_input("Layers per stage", key=K.split_text, placeholder="e.g. 20, 10", persist_state="session",
-                      disabled=disabled or ss.get(K.split_mode) != "custom", width=180)
+                      disabled=disabled or session.split_mode.get() != "custom", width=180)
     if not disabled:
         st.caption("Changing any of these restarts the run: the old workers are stopped and new ones start "
                    "(SmolLM2: about 10 s).")
 
 
 def render(view: RunView, style: live.Style) -> None:
-    if state.worker_failed() and not view.is_replay:
-        st.button("Restart workers", key="restart_workers", on_click=state.restart_workers, type="primary",
+    if current_run.worker_failed() and not view.is_replay:
+        st.button("Restart workers", key="restart_workers", on_click=current_run.restart_workers, type="primary",
                   icon=":material/restart_alt:")
     if view.snapshot.parallel is None:
         st.info(OFF, icon=":material/info:")
         if not view.is_replay:
-            st.button("Switch to the pipeline scenario", key="switch_pipeline", on_click=state.switch_to_pipeline,
+            st.button("Switch to the pipeline scenario", key="switch_pipeline", on_click=pipeline_study.switch_to_pipeline,
                       icon=":material/swap_horiz:")
         return
     live.tabbed_views("pipeline_tab", dict(zip(TABS, (schedule_tab, sweep_tab, calculator_tab))), view, style)
@@ -148,25 +149,18 @@ def sweep_tab(view: RunView, style: live.Style) -> None:
                    "on SmolLM2.")
     if st.button("Measure sweep", key="measure_sweep", icon=":material/speed:"):
         bar = st.progress(0.0, text="Starting…")
-        state.measure_sweep(model, p, t, lambda msg, f: bar.progress(min(max(f, 0.0), 1.0), text=msg))
+
+        def progress(msg: str, f: float) -> None:
+            bar.progress(min(max(f, 0.0), 1.0), text=msg)
+
+        pipeline_study.measure_sweep(model, p, t, progress)
         bar.empty()
-    points = state.sweep_points(model, p, t)
+    points = pipeline_study.sweep_points(model, p, t)
     if points:
         live.chart(pv.sweep_figure(points, p, style.font_size), "pipeline_sweep", style)
         live.table(pv.sweep_frame(points), "pipeline_sweep", column_config={
             "measured": st.column_config.NumberColumn(format="percent"),
             "theory": st.column_config.NumberColumn(format="percent")})
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def _estimate(model: str, hardware: str, p: int, t: int):
-    """engine.sizing's estimate for this p x t, or (None, why it refuses the layout)."""
-    from engine.sizing import Settings, SizingError, estimate
-
-    try:
-        return estimate(model, hardware, settings=Settings(tp=t, pp=p)), ""
-    except SizingError as e:
-        return None, str(e)
 
 
 def calculator_tab(view: RunView, style: live.Style) -> None:
@@ -175,12 +169,12 @@ def calculator_tab(view: RunView, style: live.Style) -> None:
     layout = view.snapshot.parallel
     assert layout is not None
     model = view.meta.model
-    dims = state.model_dims(model)
+    dims = models.model_dims(model)
     presets = hardware_presets()
     hardware = st.selectbox("Hardware preset", presets, key="pipeline_hardware", persist_state="session",
                             index=presets.index(DEFAULT_HARDWARE) if DEFAULT_HARDWARE in presets else 0, width=260)
     est, refusal = (None, f"the calculator has no preset for {model}") if model not in model_presets() \
-        else _estimate(model, hardware, layout.pipeline_parallel_size, layout.tensor_parallel_size)
+        else sizing.layout_estimate(model, hardware, layout.pipeline_parallel_size, layout.tensor_parallel_size)
     calc = pv.calculator_view(layout, dims, view.meta.config, est, refusal, view.traces,
                               view.meta.kv_bytes_per_token, style.font_size)
     left, right = st.columns(2)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import live, state
+from app import live
+from app.studies import comparisons
 from engine.run import RunView
 from visualizers import prefix_stats as ps
 from visualizers import prefix_tree as pt
@@ -63,15 +64,15 @@ def counters(view: RunView) -> None:
 
 
 def comparison(view: RunView, style: live.Style) -> None:
-    runs = state.caching_comparison()
+    runs = comparisons.caching_comparison()
     if view.is_replay:
         st.info("Recordings do not hold the caching comparison: run it on the live engine.")
         return
     if not runs:
         if live.comparison_button("Run with caching on and off", "run_caching_comparison",
                                   "Runs the scenario to the end twice on the real engine, with prefix caching on "
-                                  "and off, every other knob equal.", style, state.run_caching_comparison):
-            runs = state.caching_comparison()
+                                  "and off, every other knob equal.", style, comparisons.run_caching_comparison):
+            runs = comparisons.caching_comparison()
     if not runs:
         return
     live.table(ps.caching_summary(runs), "caching_summary",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import live, state
+from app import live
+from app.studies import activations, quant
 from engine.activations import DEFAULT_THRESHOLD, LINEARS
 from engine.quant_inspect import MATRICES
 from engine.run import RunView
@@ -58,14 +59,14 @@ def weights_tab(view: RunView, style: live.Style) -> None:
         matrix = st.selectbox("Matrix", MATRICES, key="quant_matrix", width=180)
     scheme, group_size = SCHEMES[label or "int4 g32"]
     with st.spinner(f"Quantizing layer {layer} {matrix} with {label}…"):
-        ins = state.weight_inspection(model, scheme, group_size, int(layer), matrix)
+        ins = quant.weight_inspection(model, scheme, group_size, int(layer), matrix)
     live.chart(qw.histogram_figure(ins, style.font_size), "quant_histogram", style, zoom=True)
     left, right = st.columns(2)
     with left:
         live.chart(qw.scales_figure(ins, style.font_size), "quant_scales", style)
     with right:
         with st.spinner(f"Quantizing every matrix with {label}…"):
-            grid = state.error_grid(model, scheme, group_size)
+            grid = quant.error_grid(model, scheme, group_size)
         live.chart(qw.error_heatmap(grid, style.font_size), "quant_errors", style)
     if style.explain:
         live.table(qw.inspection_frame(ins), "quant_inspection")
@@ -74,7 +75,7 @@ def weights_tab(view: RunView, style: live.Style) -> None:
 
 
 def num_layers(view: RunView) -> int:
-    return state.num_layers(view.meta.model)
+    return quant.num_layers(view.meta.model)
 
 
 def activations_tab(view: RunView, style: live.Style) -> None:
@@ -94,7 +95,7 @@ def activations_tab(view: RunView, style: live.Style) -> None:
                                                   "= the one holding the largest |x|.")
     try:
         with st.spinner("Attaching the activation recorder (one pass over the tokens computed so far)…"):
-            stats = state.run_activation_stats(linear or "qkv", float(threshold),
+            stats = activations.run_activation_stats(linear or "qkv", float(threshold),
                                                None if hist_layer == "loudest" else int(hist_layer))
     except ValueError as e:  # a parallel run: its layers live in worker processes
         st.info(escape_markdown(str(e)), icon=":material/info:")
@@ -122,7 +123,7 @@ def smoothing_tab(view: RunView, style: live.Style) -> None:
         strength = st.segmented_control("α (smoothing strength)", SMOOTHING_STRENGTHS, key="quant_alpha",
                                         default=0.5, required=True)
         with st.spinner("Calibrating SmoothQuant on the shipped prompts…"):
-            record = state.smoothing(view.meta.model, float(strength or 0.5))
+            record = quant.smoothing(view.meta.model, float(strength or 0.5))
         layer = st.number_input("Layer", min_value=0, max_value=num_layers(view) - 1, step=1, width=110,
                                 value=qa.widest_layer(record, "qkv"), key="quant_smooth_layer",
                                 help="Opens on the layer whose qkv input channels differ most (max / median).")
@@ -135,7 +136,7 @@ def smoothing_tab(view: RunView, style: live.Style) -> None:
 
 def tradeoffs_tab(view: RunView, style: live.Style) -> None:
     model = view.meta.model
-    result = state.tradeoff_result(model)
+    result = quant.tradeoff_result(model)
     if style.explain:
         st.caption("Every scheme measured on this machine, in this process: weight bytes read per decode step, "
                    "batch-1 decode speed against its bandwidth bound, perplexity on a shipped public-domain text, "
@@ -143,9 +144,13 @@ def tradeoffs_tab(view: RunView, style: live.Style) -> None:
     if st.button("Measure on this machine" if result is None else "Measure again", key="measure_tradeoffs",
                  icon=":material/speed:"):
         bar = st.progress(0.0, text="Measuring…")
-        state.measure_tradeoffs(model, lambda text, frac: bar.progress(min(max(frac, 0.0), 1.0), text=text))
+
+        def progress(text: str, frac: float) -> None:
+            bar.progress(min(max(frac, 0.0), 1.0), text=text)
+
+        quant.measure_tradeoffs(model, progress)
         bar.empty()
-        result = state.tradeoff_result(model)
+        result = quant.tradeoff_result(model)
     if result is None:
         st.info(f"Not measured yet in this process for {model}: press the button (about a minute for smollm2-135m "
                 "the first time, while each scheme is quantized and cached).", icon=":material/info:")
@@ -158,7 +163,7 @@ def tradeoffs_tab(view: RunView, style: live.Style) -> None:
 
 def kv_tab(view: RunView, style: live.Style) -> None:
     with st.spinner("Measuring the KV-cache dtypes on a real prompt…"):
-        rows = state.kv_tradeoff(view.meta.model)
+        rows = quant.kv_tradeoff(view.meta.model)
     live.table(qt.kv_frame(rows), "kv_tradeoff", column_config=KV_FORMATS)
     live.chart(qt.kv_figure(rows, style.font_size), "kv_tradeoff", style)
 

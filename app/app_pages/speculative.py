@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import live, state
+from app import live
+from app.studies import comparisons
 from engine.run import RunView, speculation_label
 from visualizers import speculative as sv
 from visualizers.theme import request_label, request_sort_key
@@ -30,13 +31,13 @@ def render(view: RunView, style: live.Style) -> None:
 def counters(view: RunView) -> None:
     s = sv.spec_summary(view.traces)
     cols = st.columns(4)
-    cols[0].metric("Acceptance α", f"{s['alpha']:.0%}" if s["alpha"] is not None else "—",
+    cols[0].metric("Acceptance α", f"{s.alpha:.0%}" if s.alpha is not None else "—",
                    help="Drafts accepted / drafts verified, every step so far.")
-    cols[1].metric("Tokens per verification", f"{s['tokens_per_verification']:.2f}"
-                   if s["tokens_per_verification"] is not None else "—",
+    cols[1].metric("Tokens per verification", f"{s.tokens_per_verification:.2f}"
+                   if s.tokens_per_verification is not None else "—",
                    help="Tokens one target forward gave a request that verified drafts (1 without speculation).")
-    cols[2].metric("Drafts proposed", s["proposed"])
-    cols[3].metric("Drafts accepted", s["accepted"])
+    cols[2].metric("Drafts proposed", s.proposed)
+    cols[3].metric("Drafts accepted", s.accepted)
 
 
 def drafts_tab(view: RunView, style: live.Style) -> None:
@@ -63,14 +64,14 @@ def drafts_tab(view: RunView, style: live.Style) -> None:
 
 def theory_tab(view: RunView, style: live.Style) -> None:
     s = sv.spec_summary(view.traces)
-    if s["alpha"] is None:
+    if s.alpha is None:
         st.info("No drafts verified yet: step the run.", icon=":material/info:")
         return
-    runs = state.spec_comparison()
+    runs = comparisons.spec_comparison()
     plain = runs.get(sv.PLAIN_RUN)
     c = sv.draft_cost(view.traces, plain.traces if plain else None)
     speedup = sv.measured_speedup(runs) if runs else None
-    live.chart(sv.theory_figure(float(s["alpha"]), int(s["k"]), c, s["tokens_per_verification"], speedup,
+    live.chart(sv.theory_figure(s.alpha, s.k, c, s.tokens_per_verification, speedup,
                                 style.font_size), "spec_theory", style)
     if style.explain:
         st.caption("The theory assumes each draft is accepted independently with probability α and a verification "
@@ -93,13 +94,13 @@ def comparison_tab(view: RunView, style: live.Style) -> None:
     if view.is_replay:
         st.info("Recordings do not hold the comparison: run it on the live engine.")
         return
-    runs = state.spec_comparison()
+    runs = comparisons.spec_comparison()
     if not runs and speculation_label(view.meta.config):
         if live.comparison_button("Run with and without speculation", "run_spec_comparison",
                                   "Runs the scenario to the end twice on the real engine, with this drafter and "
                                   "without speculation, every other knob equal.", style,
-                                  state.run_spec_comparison):
-            runs = state.spec_comparison()
+                                  comparisons.run_spec_comparison):
+            runs = comparisons.spec_comparison()
     if not runs:
         return
     frame = sv.comparison_frame(runs)

@@ -203,7 +203,8 @@ class LlamaModel:
             if observer is not None:
                 observer(i, "qkv", x)
             qkv = linear(x, layer.qkv, layer.qkv_bias)  # [T, (nq + 2 nkv) d]
-            q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
+            # (the ignore: torch leaves Tensor.split unannotated)
+            q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)  # type: ignore[no-untyped-call]
             q = q.view(T, nq, d)
             k = k.view(T, nkv, d)
             v = v.view(T, nkv, d)

@@ -29,7 +29,8 @@ def _preset_files() -> dict[str, Path]:
 
 @functools.lru_cache(maxsize=64)
 def _preset_dict(key: str) -> dict[str, Any]:
-    return json.loads(_preset_files()[key].read_text())
+    preset: dict[str, Any] = json.loads(_preset_files()[key].read_text())
+    return preset
 
 
 def model_presets() -> list[str]:

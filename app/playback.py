@@ -1,0 +1,230 @@
+"""Moving through the session's run: Step (button, keys, a clicker), Step back, the Step slider,
+Run N, Play / Pause, Reset, and the history cursor they share.
+
+Rule (the history cursor): while the views are behind the run's latest step, a step moves the
+cursor forward through the recorded history (no engine work); only the steps beyond the latest
+run the engine (a replay: its recording), under the run's lock. So Step, Run N, Play and
+queued presses all continue from the step on screen.
+"""
+from __future__ import annotations
+
+import uuid
+
+import streamlit as st
+from streamlit.errors import StreamlitAPIException
+
+from app import session, step_queue, timing
+from app.current_run import close_run, is_worker_error, run
+from engine.run import LiveRun, ReplayRun, RunView
+from engine.trace import StepTrace
+
+VIEWS_FRAGMENT = "views"  # @st.fragment key of the live views (app/live.py)
+
+
+def init_defaults() -> None:
+    """First run of a session: Run N's count, Play's tick, the step counter's epoch; a stop Play
+    asked for from inside the views applies now (before the next full run draws the button)."""
+    session.run_n.setdefault(10)
+    session.tick.setdefault(0.5)
+    session.playing.setdefault(False)
+    session.epoch.setdefault(uuid.uuid4().hex)
+    session.steps_applied.setdefault(0)
+    if session.stop_play.pop():
+        session.playing.set(False)
+
+
+def view() -> RunView | None:
+    """The session's run at the history cursor (its latest step when the cursor is at the end)."""
+    current = run()
+    return current.view(cursor()) if current is not None else None
+
+
+def step(n: int = 1) -> list[StepTrace]:
+    """``n`` steps forward -> the StepTraces stepped over ([] when done or failed).
+
+    A failure is a message; a WorkerError (a worker process died or hung; the executor has
+    stopped them all) also marks the run for the "Restart workers" button.
+    """
+    current = run()
+    if current is None:
+        return []
+    moved = _cursor_forward(current, n)
+    if len(moved) == n:
+        return moved
+    try:
+        with timing.phase("engine step"):
+            return moved + current.step(n - len(moved))
+    except (ValueError, RuntimeError, MemoryError) as e:  # the failed step was rolled back
+        failed = is_worker_error(e)
+        session.error.set(f"the worker processes failed: {e}" if failed else f"step failed: {e}")
+        session.worker_failed.set(failed)
+        session.playing.set(False)
+    return []
+
+
+def reset() -> None:
+    """Widget callback: back to step 0 (a replay rewinds; a live run is rebuilt from the controls)."""
+    current = run()
+    session.playing.set(False)
+    session.pending.set(0)
+    session.steps_applied.set(queued_presses())  # presses before Reset do not carry into the new run
+    session.cursor.set(None)
+    if isinstance(current, ReplayRun):
+        current.reset()
+    else:
+        close_run()
+        session.run_spec.set(None)
+        session.error.set(None)
+        session.worker_failed.set(False)
+
+
+# -- the history cursor: the step the views draw ------------------------------------------------
+
+def cursor() -> int | None:
+    """The step the views draw; None follows the run's latest step."""
+    at = session.cursor.get()
+    return None if at is None else int(at)
+
+
+def _set_cursor(current: LiveRun | ReplayRun, at: int) -> None:
+    """Point the views at step ``at`` (clamped to the history); at the latest step the cursor
+    follows the run again (None)."""
+    end = current.num_steps
+    session.cursor.set(None if at >= end else max(0, at))
+
+
+def _cursor_forward(current: LiveRun | ReplayRun, n: int) -> list[StepTrace]:
+    """Up to ``n`` steps of the history between the cursor and the latest step -> their traces."""
+    at = cursor()
+    if at is None or n <= 0:
+        return []
+    end = current.num_steps
+    target = min(end, at + n)
+    _set_cursor(current, target)
+    return list(current.view(target).traces[at:target])
+
+
+def step_back() -> None:
+    """The Step back button's callback: the views draw the previous step (none before step 0);
+    Play pauses. The run itself is not changed. Step presses the browser counted before this
+    one are applied first (a callback runs before the views apply them), so PageDown then B
+    lands where the speaker expects."""
+    current = run()
+    if current is None:
+        return
+    apply_queued_steps()
+    at = cursor()
+    _set_cursor(current, (current.num_steps if at is None else at) - 1)
+    session.playing.set(False)
+
+
+def on_step_slider() -> None:
+    """The Step slider's callback: the views draw the chosen step; Play pauses."""
+    current = run()
+    if current is None:
+        return
+    _set_cursor(current, int(session.step_slider.get()))
+    session.playing.set(False)
+
+
+def show_step_slider_at(step: int) -> None:
+    """Before the slider is drawn: it shows the cursor's step."""
+    session.step_slider.set(step)
+
+
+def at_end() -> bool:
+    """The views are at the latest step of a finished run (Play has nothing left to show)."""
+    current = run()
+    return current is None or (cursor() is None and current.done)
+
+
+# -- Step presses counted in the browser (app/step_queue.py) -------------------------------------
+
+def rerun_views() -> None:
+    """From a widget callback: rerun only the views fragment, not the page and the sidebar.
+
+    The fragment is known only after a full run drew it (a fresh page's first run may have been
+    interrupted); then the callback returns normally and Streamlit does its full rerun.
+    """
+    try:
+        st.rerun(VIEWS_FRAGMENT)
+    except StreamlitAPIException:
+        return
+
+
+def on_step_click() -> None:
+    """The Step button's own callback: only where the browser counter is not listening (AppTest,
+    or a page whose counter has not mounted yet), so a plain full rerun is fine here."""
+    step(1)
+
+
+def on_step_presses() -> None:
+    """The browser counter changed: its presses are applied by the views, which rerun now."""
+    with timing.phase("presses callback"):
+        rerun_views()
+
+
+def queued_presses() -> int:
+    """Step presses the browser has counted in this session (0 before the first one)."""
+    return step_queue.presses(session.step_queue.get(), session.epoch.get()) or 0
+
+
+def apply_queued_steps() -> None:
+    """Step once for every press counted in the browser and not applied yet, in order.
+
+    Presses made before the run exists (first load, a rebuild) wait here until it does. Two
+    script runs may get here at once (a new press stops the old run only at its next st.*
+    call); the run's lock and the re-read under it apply each press exactly once.
+    """
+    current = run()
+    if current is None:
+        return
+    with current.lock:
+        presses = queued_presses()
+        pending = presses - session.steps_applied.get()
+        if pending <= 0:
+            return
+        session.steps_applied.set(presses)
+        step(pending)
+
+
+def mount_step_queue() -> None:
+    step_queue.mount(session.K.step_queue, session.epoch.get(), on_step_presses, on_page_key)
+
+
+def on_page_key() -> None:
+    """The next / previous page key (app/step_queue.py): the entry point switches page."""
+    session.page_step.set(step_queue.navigation(session.step_queue.get()))
+
+
+def take_page_step() -> int:
+    """+1 / -1 when a page key asked for the next / previous live page since the last run, else 0."""
+    return int(session.page_step.pop() or 0)
+
+
+# -- Run N and Play ------------------------------------------------------------------------------
+
+def request_steps() -> None:
+    """Widget callback for Run N: the steps run in the views, with a progress bar."""
+    session.pending.set(int(session.run_n.get()))
+
+
+def take_pending_steps() -> int:
+    return int(session.pending.pop() or 0)
+
+
+def toggle_play() -> None:
+    session.playing.set(not session.playing.get())
+
+
+def playing() -> bool:
+    return bool(session.playing.get())
+
+
+def stop_playing() -> None:
+    """From inside the views (run finished): Play's state is changed before the next full run."""
+    session.stop_play.set(True)
+
+
+def tick_seconds() -> float:
+    return float(session.tick.get())
