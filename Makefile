@@ -50,7 +50,7 @@ test-fast: setup model
 bench: setup model
 	$(PY) -m tests.bench
 
-# The README's pictures of each view (docs/img/), from a real run in Chromium.
+# The docs' pictures of each view (docs/img/), from a real run in Chromium.
 screenshots: setup model browser
 	$(PY) -m tests.browser.screenshots
 
