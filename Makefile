@@ -53,7 +53,7 @@ bench: setup model browser
 	$(PY) -m pytest -q -m sweep
 	$(PY) -m tests.bench
 
-# The README's pictures of each view (docs/img/), from a real run in Chromium.
+# The docs' pictures of each view (docs/img/), from a real run in Chromium.
 screenshots: setup model browser
 	$(PY) -m tests.browser.screenshots
 

@@ -170,7 +170,7 @@ def test_parallel_sampling_copy_on_write_carries_the_scales(tiny, name: str) -> 
 
 def test_quantized_kv_is_close_to_float_kv_on_tiny_random(tiny) -> None:
     """Not exact, but close: int8 KV logits within 5% of the logit range of fp32 KV; the
-    SmolLM2 figures are in the README (KV-cache quantization)."""
+    SmolLM2 figures are in docs/quantization.md (KV-cache quantization)."""
     ids = TINY_PROMPTS[2]
 
     def logits(kv: str) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""`make screenshots`: the README's pictures of each view, taken in Chromium from a real run.
+"""`make screenshots`: the docs' pictures of each view (docs/img/), taken in Chromium from a real run.
 
     .venv/bin/python -m tests.browser.screenshots [OUT_DIR] [GROUP...]   (default docs/img, every group)
 

@@ -1,6 +1,6 @@
 """Start `make run`'s server command on a free port and drive it with Debian's Chromium.
 
-Shared by the browser tests (tests/browser/), the README screenshots (tests/browser/screenshots.py)
+Shared by the browser tests (tests/browser/), the docs screenshots (tests/browser/screenshots.py)
 and the UI benchmark (tests/bench/bench_ui.py). The server is stopped through its own process handle,
 and the kernel ends it if the process that started it dies first (a crash or a kill skips ``finally``).
 """

@@ -200,7 +200,7 @@ def test_real_subprocess(args: tuple[str, ...], match: str) -> None:
 
 
 def test_calculator_imports_no_torch() -> None:
-    """The CLI's speed rests on never importing torch (measured in README: startup + answer)."""
+    """The CLI's speed rests on never importing torch (measured in docs/benchmarks.md: startup + answer)."""
     code = ("import sys, engine.memory, engine.sizing; "
             "print(sorted(m for m in ('torch', 'transformers', 'streamlit') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
