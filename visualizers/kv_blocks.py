@@ -212,6 +212,9 @@ def table_panel(snapshot: Snapshot, focus: str | None = None, font_size: int = 1
         ))
     notes = [] if tables else [dict(text="no request holds blocks", showarrow=False, x=0.5, y=0.5,
                                     xref="x domain", yref="y domain")]
+    if not tables:  # plotly draws no subplot without a trace: its axes and the note would float over the pool
+        data.append(dict(type="scatter", x=[0], y=[""], mode="markers", marker=dict(opacity=0),
+                         hoverinfo="skip", showlegend=False, name="no tables"))
     return Panel(data, height=max(CELL_PX, CELL_PX * len(tables)), annotations=notes,
                  xaxis=dict(title=dict(text="logical block (number = physical block)"), range=[-0.7, max(widest, 8) - 0.3],
                             dtick=1 if widest <= 24 else None, fixedrange=True, zeroline=False, showgrid=False),

@@ -119,10 +119,10 @@ def scales_figure(ins: WeightInspection, font_size: int = 12) -> go.Figure:
                  marker=dict(color=QUANT_COLORS["scales"], line=dict(width=0)),
                  hovertemplate="scale %{x:.4g}: %{y:,}<extra></extra>")]
     lo, hi = ins.scale_range
-    title = (f"Scales per {per} ({ins.scales.total:,}): {lo:.3g} to {hi:.3g} · "
+    title = (f"Scales per {per} ({ins.scales.total:,}): {lo:.3g} to {hi:.3g}<br>"  # two lines: fits half a 1080p screen
              f"{mode_label(ins.mode, ins.scheme, ins.group_size)} · layer {ins.layer} · {ins.matrix}")
     layout = dict(title=dict(text=title, font=dict(size=font_size + 3)), font=dict(size=font_size), height=300,
-                  plot_bgcolor="white", bargap=0, margin=dict(l=10, r=10, t=60, b=50),
+                  plot_bgcolor="white", bargap=0, margin=dict(l=10, r=10, t=80, b=50),
                   xaxis=dict(title=dict(text=f"scale (weight units per code step{'' if ins.scheme != 'fp8' else ' x e4m3 value'})")),
                   yaxis=dict(title=dict(text="count")))
     return figure(data, layout)
