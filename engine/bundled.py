@@ -40,7 +40,7 @@ BUNDLES: tuple[Bundle, ...] = (
     Bundle("spec-copy", requests=3, max_tokens=40),
     Bundle("pipeline", requests=4, max_tokens=12),
     Bundle("mixed-lengths", requests=4, max_tokens=16),
-    Bundle("memory-pressure", requests=5, max_tokens=36),
+    Bundle("memory-pressure", requests=6, max_tokens=40),  # 6 x 40 outgrows the 40-block pool: a preemption
     Bundle("shared-prefix", requests=6, max_tokens=12),
 )
 

@@ -259,6 +259,24 @@ def test_a_bundled_recording_loads_and_replays_to_the_end_drawing_its_pages(name
                 draw(replay.view(at))
 
 
+# What each bundled recording must show for its page to make its point on stage.
+SHOWS = {
+    "memory-pressure": ("a preemption", lambda t: bool(t.preempted)),
+    "shared-prefix": ("a prefix-cache hit", lambda t: t.prefix.num_cached_tokens > 0),
+    "spec-copy": ("an accepted draft", lambda t: any(v.num_accepted > 0 for v in t.spec)),
+    "pipeline": ("work on pipeline workers", lambda t: t.pipeline is not None),
+    "mixed-lengths": ("a step mixing prefill and decode", lambda t: t.num_prefill_tokens > 0 < t.num_decode_tokens),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHOWS))
+def test_a_bundled_recording_shows_its_pages_idea(name: str) -> None:
+    """The trimmed run still does what its page explains (the first trim of memory-pressure,
+    5 requests x 36 tokens, fitted the 40-block pool and never preempted)."""
+    what, seen = SHOWS[name]
+    assert any(seen(t) for t in load_bundled(name).traces), f"the {name} recording shows no {what}"
+
+
 def test_a_bundled_name_cannot_leave_the_folder() -> None:
     for bad in ("../scenarios/chat-burst", "/etc/passwd", "", "spec-copy.json"):
         with pytest.raises(ValueError, match="recording"):
