@@ -202,7 +202,14 @@ SMOL_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(SMOL_CASES))
+# SmolLM2 once per path in `make test`: the batch queue with tensor shards on each stage, and GPipe
+# with micro-batches over an uneven layer split; the other two (every path also on tiny-random
+# above) run with the sweeps.
+SMOL_COVERING = ("p2xt2-batch_queue", "p2-gpipe-m2-split20x10")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c in SMOL_COVERING else pytest.mark.sweep)
+                                  for c in SMOL_CASES])
 def test_smollm2_is_exact(case: str) -> None:
     with LLMEngine("smollm2-135m", **SMOL_KNOBS, **SMOL_CASES[case]) as engine:
         layout = engine.runner.layout
