@@ -23,7 +23,7 @@ $(STAMP): requirements.txt pyproject.toml
 model: $(MODEL_STAMP)
 
 $(MODEL_STAMP): $(STAMP)
-	$(PY) -m engine.models.convert smollm2-135m
+	$(PY) -m engine.model.convert smollm2-135m
 	touch $(MODEL_STAMP)
 
 # Debian's Chromium for the browser tests (Playwright cannot download browsers here), and an

@@ -23,12 +23,12 @@ from streamlit.errors import StreamlitAPIException
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from app import session_reaper, step_queue, timing
-from engine.config import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, EngineConfig
-from engine.parallel_layout import ModelDims, front_heavy_split, parse_layer_split
-from engine.recording import Recording, from_json, record, to_json
-from engine.run import (LiveRun, PolicyRun, ReplayRun, RunView, compare_policies, compare_prefix_caching,
+from engine.core.config import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, EngineConfig
+from engine.parallel.layout import ModelDims, front_heavy_split, parse_layer_split
+from engine.replay.recording import Recording, from_json, record, to_json
+from engine.replay.run import (LiveRun, PolicyRun, ReplayRun, RunView, compare_policies, compare_prefix_caching,
                         compare_speculation)
-from engine.scenario import Scenario, list_scenarios, load_scenario, with_knobs
+from engine.replay.scenario import Scenario, list_scenarios, load_scenario, with_knobs
 
 MODELS = ("smollm2-135m", "tiny-random")
 VIEWS_FRAGMENT = "views"  # @st.fragment key of the live views (app/live.py)
@@ -117,7 +117,7 @@ def shared_model(name: str, quantization: str | None = None, quantization_group_
     """Weights + tokenizer, loaded once per process and precision; read-only, so sessions may
     share them. A quantization knob the model cannot take (an int4 group size that does not
     divide one of its dimensions) is the engine's ValueError naming the knob."""
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     configure_torch()
     model = get_shared_model(name, quantization=quantization, quantization_group_size=quantization_group_size,
@@ -312,7 +312,7 @@ def layer_split(model: str, p: Any) -> tuple[int, ...] | str | None:
 def model_hf_config(name: str) -> dict[str, Any]:
     """The model's Hugging Face config.json as a dict (no weights loaded)."""
     if name == "tiny-random":
-        from engine.models.loader import TINY_RANDOM_CONFIG
+        from engine.model.loader import TINY_RANDOM_CONFIG
 
         return dict(TINY_RANDOM_CONFIG)
     from engine.sizing import model_preset_config
@@ -479,7 +479,7 @@ class WorkerProgress:
                           "the model (SmolLM2: about 10 s)…")
 
     def say(self, message: object) -> None:
-        """engine.executor's start-up messages ("worker k of n ready" moves the bar)."""
+        """engine.parallel.executor's start-up messages ("worker k of n ready" moves the bar)."""
         text = str(message)
         words = text.split()
         ready = int(words[1]) if len(words) > 1 and words[0] == "worker" and words[1].isdigit() else 0
@@ -547,7 +547,7 @@ def step(n: int = 1) -> list:
 def is_worker_error(e: BaseException) -> bool:
     """``e`` is engine.executor's WorkerError (imported only once a parallel engine exists, so
     the app does not load torch for this check)."""
-    module = sys.modules.get("engine.executor")
+    module = sys.modules.get("engine.parallel.executor")
     return module is not None and isinstance(e, module.WorkerError)
 
 
@@ -752,9 +752,9 @@ def start_replay(recording: Recording) -> None:
 
 
 def page_recording() -> str | None:
-    """The bundled recording (engine.bundled) of the page's scenario, else of the session's
+    """The bundled recording (engine.replay.bundled) of the page's scenario, else of the session's
     scenario; None when there is none."""
-    from engine.bundled import bundled_names
+    from engine.replay.bundled import bundled_names
 
     name = page_scenario() or st.session_state.get(K.scenario)
     return name if name in bundled_names() else None
@@ -762,7 +762,7 @@ def page_recording() -> str | None:
 
 def replay_bundled(name: str) -> None:
     """Widget callback: bundled recording ``name`` becomes the session's run (replay mode)."""
-    from engine.bundled import load_bundled
+    from engine.replay.bundled import load_bundled
 
     try:
         start_replay(load_bundled(name))
@@ -799,7 +799,7 @@ def apply_deep_link() -> str | None:
     name, raw = st.query_params.get(RECORDING_PARAM), st.query_params.get(STEP_PARAM)
     try:
         if name is not None:
-            from engine.bundled import load_bundled
+            from engine.replay.bundled import load_bundled
 
             start_replay(load_bundled(name))
         if raw is not None:
@@ -847,7 +847,7 @@ def run_comparison(progress: Callable[[str, int], None] | None = None) -> None:
 
 
 # -- side-by-side comparisons kept per set-up: prefix caching on vs off, speculation on vs off ----
-# Not part of a recording (engine/recording.py accepts only the two scheduling policies as
+# Not part of a recording (engine/replay/recording.py accepts only the two scheduling policies as
 # comparison runs), so a replay has none; a change of model, scenario or knob drops them.
 
 Compare = Callable[..., dict[str, PolicyRun]]  # engine.run.compare_*(scenario, model, on_step=...)
@@ -936,7 +936,7 @@ def set_generate_result(result: dict) -> None:
 def fp32_model(name: str):
     """The model as loaded from disk: fp32 weights by Hugging Face name (what every scheme
     quantizes) and its config."""
-    from engine.models.loader import load_model as load_weights
+    from engine.model.loader import load_model as load_weights
 
     if name not in MODELS:
         raise ValueError(f"model: choose one of {MODELS}, got {name!r}")
@@ -959,14 +959,14 @@ def num_layers(name: str) -> int:
 
 @st.cache_resource(show_spinner=False, max_entries=32)
 def weight_inspection(name: str, scheme: str, group_size: int, layer: int, matrix: str):
-    from engine.quant_inspect import inspect_weight
+    from engine.studies.quant_inspect import inspect_weight
 
     return inspect_weight(fp32_weights(name), scheme, layer, matrix, group_size=group_size)
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def error_grid(name: str, scheme: str, group_size: int):
-    from engine.quant_inspect import error_grid as grid
+    from engine.studies.quant_inspect import error_grid as grid
 
     return grid(fp32_weights(name), scheme, group_size)
 
@@ -974,7 +974,7 @@ def error_grid(name: str, scheme: str, group_size: int):
 @st.cache_resource(show_spinner=False, max_entries=4)
 def smoothing(name: str, strength: float):
     """SmoothQuant's record for ``strength`` (calibration prompts on the fp32 model)."""
-    from engine.engine import calibrated_smoothing
+    from engine.model.shared import calibrated_smoothing
 
     configure_torch()
     return calibrated_smoothing(name, strength, dict(fp32_weights(name)))[1]
@@ -982,7 +982,7 @@ def smoothing(name: str, strength: float):
 
 @st.cache_resource(show_spinner=False, max_entries=2)
 def kv_tradeoff(name: str):
-    from engine.quant_tradeoff import kv_tradeoff as measure
+    from engine.studies.quant_tradeoff import kv_tradeoff as measure
 
     configure_torch()
     return measure(name)
@@ -1000,7 +1000,7 @@ def tradeoff_result(name: str):
 
 def measure_tradeoffs(name: str, progress: Callable[[str, float], None]) -> None:
     """Measure every scheme on this machine (the page's quick settings); kept for every session."""
-    from engine.quant_tradeoff import PAGE, measure_tradeoffs as measure
+    from engine.studies.quant_tradeoff import PAGE, measure_tradeoffs as measure
 
     configure_torch()
     try:
@@ -1038,9 +1038,9 @@ def sweep_points(model: str, p: int, t: int) -> list | None:
 
 
 def measure_sweep(model: str, p: int, t: int, progress: Callable[[str, float], None]) -> None:
-    """Measure the bubble over m (engine.run.measure_bubble_sweep: one fresh engine per m) and
+    """Measure the bubble over m (engine.replay.run.measure_bubble_sweep: one fresh engine per m) and
     keep it in the session; a failure is a message."""
-    from engine.run import measure_bubble_sweep
+    from engine.replay.run import measure_bubble_sweep
 
     ss = st.session_state
     try:

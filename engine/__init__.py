@@ -7,23 +7,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.config import EngineConfig, SamplingParams
+from engine.core.config import EngineConfig, SamplingParams
 
 if TYPE_CHECKING:
-    from engine.engine import LLM, LLMEngine, RequestOutput
-    from engine.evaluation import perplexity
+    from engine.serving.engine import LLM, LLMEngine, RequestOutput
+    from engine.studies.evaluation import perplexity
 
 _LAZY = {"LLM", "LLMEngine", "RequestOutput", "CompletionOutput", "get_shared_model", "SharedModel"}
 
 
 def __getattr__(name: str) -> Any:
     if name == "perplexity":
-        from engine.evaluation import perplexity
+        from engine.studies.evaluation import perplexity
 
         return perplexity
     if name in _LAZY:
-        from engine import engine as _engine
-
+        from engine.serving import engine as _engine
         return getattr(_engine, name)
     raise AttributeError(f"module 'engine' has no attribute {name!r}")
 

@@ -20,8 +20,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.state import DEFAULT_SCENARIO, K
-from engine.recording import record, to_json
-from engine.scenario import load_scenario
+from engine.replay.recording import record, to_json
+from engine.replay.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "app" / "main.py"

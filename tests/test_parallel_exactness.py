@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from engine import LLMEngine
-from engine.config import SamplingParams
-from engine.engine import get_shared_model
-from engine.parallel_layout import build_layout
-from engine.trace import PipelineTimeline, StepTrace
+from engine.core.config import SamplingParams
+from engine.model.shared import get_shared_model
+from engine.parallel.layout import build_layout
+from engine.core.trace import PipelineTimeline, StepTrace
 from tests.parity import PROMPTS, assert_matches_hf, run_engine
 
 MAX_TOKENS = 12

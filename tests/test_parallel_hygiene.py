@@ -23,9 +23,9 @@ from collections.abc import Iterator
 import pytest
 
 from engine import LLM, LLMEngine, SamplingParams
-from engine.executor import STOP_GRACE_S, WorkerError
-from engine.model_runner import BatchInputs
-from engine.worker import RunStep, Unit, clock_ns
+from engine.parallel.executor import STOP_GRACE_S, WorkerError
+from engine.model.runner import BatchInputs
+from engine.parallel.worker import RunStep, Unit, clock_ns
 from tests.parity import PROMPTS, assert_matches_hf, run_engine
 from tests.test_robustness import engine_state
 

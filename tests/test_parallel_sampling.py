@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import SamplingParams
-from engine.engine import LLM, LLMEngine
-from engine.trace import StepTrace
+from engine.core.config import SamplingParams
+from engine.serving.engine import LLM, LLMEngine
+from engine.core.trace import StepTrace
 from tests.conftest import run_to_completion
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

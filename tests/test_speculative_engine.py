@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 
 import pytest
-import engine.scheduler as scheduler_module
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import LLM, LLMEngine
+import engine.core.scheduler as scheduler_module
+from engine.core.config import EngineConfig, SamplingParams
+from engine.serving.engine import LLM, LLMEngine
 from tests.conftest import run_to_completion
 from tests.parity import PROMPTS, assert_matches_hf, hf_greedy, run_engine
 
@@ -202,10 +202,10 @@ def test_config_validation_and_replay(tiny):
     """speculative_config reaches EngineConfig from LLM / LLMEngine; bad values name the field;
     n > 1 is refused naming n; a bad draft vocabulary names speculative_config.model; a
     speculative recording replays through from_json(to_json(record(run)))."""
-    from engine.recording import from_json, record, to_json
+    from engine.replay.recording import from_json, record, to_json
     from dataclasses import asdict
 
-    from engine.run import LiveRun, RunMeta
+    from engine.replay.run import LiveRun, RunMeta
 
     llm = LLM("tiny-random", speculative_config=NGRAM, block_size=4, num_blocks=64)
     assert llm.llm_engine.config.speculative_config.num_speculative_tokens == 4

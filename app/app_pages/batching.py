@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import live, state
-from engine.run import RunView
+from engine.replay.run import RunView
 from visualizers import batching as vb
 from visualizers import comparison as vc
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import live, state
-from engine import generation
+from engine.serving import generation
 from visualizers.steps import step_table, step_table_csv
 from visualizers.text import escape_markdown
 

@@ -8,8 +8,8 @@ import streamlit as st
 
 from app import live, state
 from app.state import K
-from engine.pipeline_stats import merge_timelines, pipeline_stats
-from engine.run import RunView
+from engine.parallel.stats import merge_timelines, pipeline_stats
+from engine.replay.run import RunView
 from visualizers import pipeline as pv
 from visualizers.events import step_events
 from visualizers.steps import step_number

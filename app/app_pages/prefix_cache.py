@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import live, state
-from engine.run import RunView
+from engine.replay.run import RunView
 from visualizers import prefix_stats as ps
 from visualizers import prefix_tree as pt
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import live, state
-from engine.run import RunView, speculation_label
+from engine.replay.run import RunView, speculation_label
 from visualizers import speculative as sv
 from visualizers.theme import request_label, request_sort_key
 
