@@ -37,12 +37,14 @@ browser:
 run: setup model
 	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --browser.gatherUsageStats false
 
-# Strict mypy over engine/ (settings in pyproject.toml), then the whole suite.
+# Strict mypy over engine/ and the import contracts (settings in pyproject.toml; the suite runs
+# lint-imports again in tests/test_architecture.py), then the whole suite.
 test: setup model browser typecheck
 	$(PY) -m pytest -q
 
 typecheck: setup
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 test-fast: setup model
 	$(PY) -m pytest -q -m "not browser"

@@ -24,7 +24,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from engine.core.config import SamplingParams
-from engine.serving.engine import LLM, LLMEngine
+from engine.serving.llm import LLM
+from engine.serving.engine import LLMEngine
 from engine.model.shared import SharedModel
 from engine.core.kv_cache import cdiv
 from tests.test_scheduler_properties import CI, check_trace, expected_tokens, reference_tokens

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from engine.core.config import SamplingParams
-from engine.serving.engine import LLM, LLMEngine
+from engine.serving.llm import LLM
+from engine.serving.engine import LLMEngine
 from engine.core.trace import StepTrace
 from tests.conftest import run_to_completion
 

@@ -158,7 +158,7 @@ def test_split_microbatches_examples() -> None:
     assert names(split_microbatches(_scheduled([5, 5, 5]), 1)) == [["r0", "r1", "r2"]]
 
 
-# -- the batch queue's scheduling (LLMEngine._fill_batch_queue / _retire_oldest) ------------------
+# -- the batch queue's scheduling (engine/parallel/batch_queue.py BatchQueue) ------------------
 
 
 @settings(max_examples=150, **CI)

@@ -87,7 +87,7 @@ def test_from_engine_import_perplexity_is_the_function() -> None:
     import engine.studies.evaluation
     from engine import perplexity as p
 
-    assert p is engine.evaluation.perplexity
+    assert p is engine.studies.evaluation.perplexity
     assert p(LLM("tiny-random"), TEXT[:500], window=16, stride=8).ppl > 1.0
 
 

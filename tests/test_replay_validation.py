@@ -53,7 +53,7 @@ def test_status_is_the_engines_enum() -> None:
     import engine.core.request
     from engine.core.trace import RequestState, RequestStatus
 
-    assert engine.request.RequestStatus is RequestStatus
+    assert engine.core.request.RequestStatus is RequestStatus
     assert typing.get_type_hints(RequestState)["status"] is RequestStatus
     loaded = from_json(record_json(steps=3))
     assert all(type(r.status) is RequestStatus for s in loaded.snapshots for r in s.requests)

@@ -14,7 +14,9 @@ import torch
 import engine.serving.limits as limits_module
 import engine.core.sampling as sampling_module
 from engine.core.config import (MAX_NUM_BLOCKS, MAX_TOKENS, SAMPLING_EPS, EngineConfig, SamplingParams)
-from engine.serving.engine import LLM, MAX_ARRIVAL_HORIZON, LLMEngine
+from engine.serving.llm import LLM
+from engine.serving.limits import MAX_ARRIVAL_HORIZON
+from engine.serving.engine import LLMEngine
 from engine.core.request import RequestStatus
 from engine.core.sampling import apply_top_k_top_p
 from tests.conftest import run_to_completion

@@ -10,7 +10,8 @@ import random
 import pytest
 import engine.core.scheduler as scheduler_module
 from engine.core.config import EngineConfig, SamplingParams
-from engine.serving.engine import LLM, LLMEngine
+from engine.serving.llm import LLM
+from engine.serving.engine import LLMEngine
 from tests.conftest import run_to_completion
 from tests.parity import PROMPTS, assert_matches_hf, hf_greedy, run_engine
 
@@ -61,7 +62,7 @@ def test_greedy_speculation_is_token_identical(tiny, baseline, method, k):
     engine = LLMEngine(tiny, speculative_config=spec(method, k), **knobs)
     outputs, traces = run_engine(engine, PROMPTS, MAX_TOKENS)
     assert outputs == baseline(**knobs), (method, k, name)
-    assert engine.kv.pool.num_used == 0 and engine.drafter.num_used_blocks == 0
+    assert engine.kv.pool.num_used == 0 and engine.speculator.drafter.num_used_blocks == 0
     verified = [v for t in traces for v in t.spec]
     if method != "ngram":
         assert verified, "a model drafter verified nothing"
@@ -114,7 +115,7 @@ def test_random_speculative_runs_keep_every_invariant(tiny, seed):
         if steps == 6:
             engine.abort_request(ids[0])
             engine.check_integrity()
-    assert engine.kv.pool.num_used == 0 and engine.drafter.num_used_blocks == 0
+    assert engine.kv.pool.num_used == 0 and engine.speculator.drafter.num_used_blocks == 0
     for rid in ids[1:]:
         out = engine.get_output(rid).outputs[0]
         assert out.finish_reason in ("stop", "length") and len(out.token_ids) <= engine.requests[rid].sampling_params.max_tokens
@@ -125,7 +126,7 @@ def engine_state(engine: LLMEngine) -> tuple:
                  r.num_draft_tokens, r.num_accepted_tokens, tuple(engine.kv.block_tables.get(rid, ())))
            for rid, r in engine.requests.items()}
     return (engine.snapshot(), req, engine.step_count, list(engine.kv.pool.free_queue),
-            engine.drafter.checkpoint())
+            engine.speculator.drafter.checkpoint())
 
 
 @pytest.mark.parametrize("where", ["execute", "update"])

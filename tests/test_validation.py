@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.core.config import EngineConfig, SamplingParams
-from engine.serving.engine import LLM, LLMEngine
+from engine.serving.llm import LLM
+from engine.serving.engine import LLMEngine
 from tests.conftest import run_to_completion
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

@@ -9,7 +9,7 @@ import difflib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from engine.core.hf_config import ENGINE_DTYPES
 
@@ -123,6 +123,9 @@ def _stop_strings(stop: object) -> tuple[str, ...]:
     return tuple(stop)
 
 
+MAX_NAME_CHARS = 40  # runner / attention_backend names
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine knobs (vLLM names where vLLM has one).
@@ -157,7 +160,7 @@ class EngineConfig:
                             "num_speculative_tokens": 4, ...}; parsed by parse_speculative_config,
                             a bad key or value is a ValueError naming speculative_config.<key>).
                             Requests with SamplingParams(n > 1) are refused while it is set
-                            (ValueError naming n). See engine/speculative.py.
+                            (ValueError naming n). See engine/speculative/.
     pipeline_parallel_size  p: the layers split into p contiguous stages, each a worker process
                             (engine/parallel/executor.py); 1 = no pipeline (vLLM's name)
     tensor_parallel_size    t: every stage's attention heads and MLP columns split across t
@@ -177,6 +180,11 @@ class EngineConfig:
     seed                    seeds requests that carry no seed of their own
     enable_prefix_caching   share the KV of common prompt prefixes through a radix tree (on by
                             default, as in vLLM)
+    runner                  what runs the model (engine/serving/runners.py RUNNERS): "auto" (this
+                            process, or worker processes when p * t > 1), "in_process", "workers",
+                            or another registered name; an unknown one is a ValueError at start
+    attention_backend       the attention kernels of the forward (engine/model/attention.py
+                            ATTENTION_BACKENDS): "torch" (the reference); checked at start
     """
 
     block_size: int = 16
@@ -202,9 +210,15 @@ class EngineConfig:
     num_microbatches: int = 1
     pipeline_layer_split: tuple[int, ...] | None = None
     worker_timeout_s: float = 60.0
+    runner: str = "auto"
+    attention_backend: str = "torch"
 
     def __post_init__(self) -> None:
         """Every knob an int in its range (hard caps above); memory is checked by the engine."""
+        for name in ("runner", "attention_backend"):  # which ones exist is the registries' to say
+            value = getattr(self, name)
+            if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_CHARS:
+                raise ValueError(f"{name}: must be a name (1 to {MAX_NAME_CHARS} characters), got {_short(value)}")
         object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
         _require_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         _require_int("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
@@ -500,3 +514,17 @@ def parse_speculative_config(d: object) -> SpeculativeConfig | None:
         if key not in d:
             raise ValueError(f"speculative_config.{key}: required")
     return SpeculativeConfig(**{str(k): v for k, v in d.items()})
+
+
+def engine_config(config: EngineConfig | None, knobs: Mapping[str, Any]) -> EngineConfig:
+    """An engine's config from either an EngineConfig or keyword knobs (not both); an unknown knob
+    is a ValueError naming it."""
+    if config is not None and not isinstance(config, EngineConfig):
+        raise ValueError(f"config: must be an EngineConfig (or pass knobs as keywords), got "
+                         f"{type(config).__name__}")
+    if config is not None and knobs:
+        raise ValueError("pass either config or keyword knobs, not both")
+    unknown = set(knobs) - set(EngineConfig.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"{sorted(unknown)[0]}: unknown engine option")
+    return config or EngineConfig(**knobs)

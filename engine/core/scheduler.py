@@ -110,20 +110,22 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def queues(self) -> tuple[tuple[Request, ...], tuple[Request, ...]]:
-        """(waiting, running) as they are now, for a step's rollback."""
+    def checkpoint(self) -> object:
+        """(waiting, running) as they are now, for a step's rollback (engine/core/checkpoint.py)."""
         return tuple(self.waiting), tuple(self.running)
 
-    def restore_queues(self, queues: tuple[tuple[Request, ...], tuple[Request, ...]]) -> None:
-        self.waiting = deque(queues[0])
-        self.running = list(queues[1])
+    def restore(self, state: object) -> None:
+        assert isinstance(state, tuple)
+        waiting, running = state
+        self.waiting = deque(waiting)
+        self.running = list(running)
 
     # -- the algorithm ------------------------------------------------------------------
     def schedule(self, exclude: frozenset[str] = frozenset(), max_requests: int | None = None,
                  may_admit: bool = True) -> SchedulerOutput:
         """Decide this step's tokens per request.
 
-        Pipeline batch queue (LLMEngine._fill_batch_queue): ``exclude`` holds the running
+        Pipeline batch queue (engine/parallel/batch_queue.py): ``exclude`` holds the running
         requests of batches still in flight, which are neither scheduled nor preempted (a
         request is never in two in-flight batches); ``max_requests`` caps the batch's requests;
         ``may_admit=False`` admits no waiting request (an earlier batch of the step preempted).

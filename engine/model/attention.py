@@ -1,4 +1,11 @@
-"""Paged attention over a flattened mixed batch: the torch reference (CPU; the oracle).
+"""Paged attention over a flattened mixed batch: the attention-backend seam and its torch
+backend, the reference (CPU; the oracle).
+
+The seam: ``AttentionBackend`` is the one call per layer the Llama forward makes (write this
+step's K/V into their slots, then attend); ``attention_backend(name)`` picks one by
+``EngineConfig.attention_backend`` from ``ATTENTION_BACKENDS``. A new backend (e.g. Triton) is
+one module with a class of these two methods, plus one entry in ``ATTENTION_BACKENDS``
+(docs/architecture.md). The rest of this docstring is the torch backend's.
 
 Each layer's cache is ``[num_blocks, block_size, kv_heads, head_dim]``; viewed as rows it is
 ``[num_slots, kv_heads * head_dim]`` and a token's K/V live at its slot (see kv_cache.py).
@@ -32,6 +39,9 @@ token-head): ``write_kv`` quantizes, ``gather_kv`` dequantizes into the compute 
 attention below runs on exactly the values the cache holds.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -116,3 +126,48 @@ def paged_attention(q: torch.Tensor, k_cache: KVCache, v_cache: KVCache,
         o = decode_group_attention(q.index_select(0, group.rows), k_rows, v_rows, group, scale)
         out.index_copy_(0, group.rows, o)
     return out
+
+
+class AttentionBackend(Protocol):
+    """One layer's attention over a flattened batch, with that layer's paged K/V cache."""
+
+    name: str
+
+    def write_kv(self, k_cache: KVCache, v_cache: KVCache, k: torch.Tensor, v: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        """Scatter this step's K/V [T, kv_heads, head_dim] into their slots."""
+        ...
+
+    def attention(self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache, batch: ForwardBatch,
+                  scale: float) -> torch.Tensor:
+        """q [T, heads, head_dim] -> [T, heads, head_dim]; each row attends to its own request's
+        positions 0..p (K/V of this step already written)."""
+        ...
+
+
+class TorchAttention:
+    """The reference backend: ``write_kv`` and ``paged_attention`` above."""
+
+    name = "torch"
+
+    def write_kv(self, k_cache: KVCache, v_cache: KVCache, k: torch.Tensor, v: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        write_kv(k_cache, v_cache, k, v, slot_mapping)
+
+    def attention(self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache, batch: ForwardBatch,
+                  scale: float) -> torch.Tensor:
+        return paged_attention(q, k_cache, v_cache, batch, scale)
+
+
+TORCH_ATTENTION = TorchAttention()
+
+#: EngineConfig.attention_backend -> the backend's constructor.
+ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {"torch": TorchAttention}
+
+
+def attention_backend(name: str) -> AttentionBackend:
+    """The backend registered as ``name``; an unknown one is a ValueError naming the knob."""
+    factory = ATTENTION_BACKENDS.get(name) if isinstance(name, str) else None
+    if factory is None:
+        raise ValueError(f"attention_backend: must be one of {sorted(ATTENTION_BACKENDS)}, got {str(name)[:40]!r}")
+    return factory()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from engine.model.attention import paged_attention, write_kv
+from engine.model.attention import TORCH_ATTENTION, AttentionBackend
 from engine.model.kv_quant import KVCache
 from engine.model.forward_batch import ForwardBatch
 from engine.model.quant_cache import cached_quantize
@@ -179,7 +179,8 @@ class LlamaModel:
 
     def run_layers(self, hidden: torch.Tensor, batch: ForwardBatch,
                    kv_caches: list[tuple[KVCache, KVCache]],
-                   start: int = 0, end: int | None = None, observer: Observer | None = None) -> torch.Tensor:
+                   start: int = 0, end: int | None = None, observer: Observer | None = None,
+                   attention: AttentionBackend = TORCH_ATTENTION) -> torch.Tensor:
         """Layers [start, end) over the batch; ``self.layers`` and ``kv_caches`` hold layers
         first_layer .. (all of them, except in a pipeline stage's shard).
 
@@ -189,6 +190,7 @@ class LlamaModel:
 
         ``observer`` (see ``Observer``) sees the input of every linear call just before it;
         when it is None nothing extra is computed, and either way the output is bit-identical.
+        ``attention`` is the attention backend (engine/model/attention.py; the torch one by default).
         """
         c = self.config
         end = c.num_hidden_layers if end is None else end
@@ -209,8 +211,8 @@ class LlamaModel:
             v = v.view(T, nkv, d)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-            attn = paged_attention(q, k_cache, v_cache, batch, scale)  # [T, nq, d]
+            attention.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+            attn = attention.attention(q, k_cache, v_cache, batch, scale)  # [T, nq, d]
             a = attn.reshape(T, nq * d)
             if observer is not None:
                 observer(i, "o", a)
@@ -234,8 +236,8 @@ class LlamaModel:
         return linear(h, self.lm_head).float()
 
     def forward(self, batch: ForwardBatch, kv_caches: list[tuple[KVCache, KVCache]],
-                observer: Observer | None = None) -> torch.Tensor:
-        hidden = self.run_layers(self.embed(batch), batch, kv_caches, observer=observer)
+                observer: Observer | None = None, attention: AttentionBackend = TORCH_ATTENTION) -> torch.Tensor:
+        hidden = self.run_layers(self.embed(batch), batch, kv_caches, observer=observer, attention=attention)
         return self.compute_logits(hidden, batch)
 
     @property

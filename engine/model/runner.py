@@ -12,7 +12,9 @@ from typing import NamedTuple
 
 import torch
 
+from engine.core.batch import BatchStage, SingleBatch
 from engine.model import kv_quant
+from engine.model.attention import TORCH_ATTENTION, AttentionBackend
 from engine.model.forward_batch import ForwardBatch, build_forward_batch
 from engine.core.hf_config import ENGINE_DTYPES
 from engine.core.kv_cache import KVCacheManager
@@ -78,9 +80,13 @@ def batch_inputs(scheduled: Sequence[ScheduledRequest], requests: dict[str, Requ
 
 
 class ModelRunner:
+    """The in-process Runner (engine/serving/runners.py): the whole model and its KV cache in
+    this process, one forward per step."""
+
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
-                 kv_cache_dtype: str | torch.dtype) -> None:
+                 kv_cache_dtype: str | torch.dtype, attention: AttentionBackend = TORCH_ATTENTION) -> None:
         self.model = model
+        self.attention = attention
         c = model.config
         name = kv_dtype_name(kv_cache_dtype)
         shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
@@ -94,6 +100,14 @@ class ModelRunner:
         self.observer: Observer | None = None
         self.layout: ParallelLayout | None = None  # one process: no split
         self.timeline: PipelineTimeline | None = None  # one process: no workers to time
+
+    def batch_stage(self) -> BatchStage:
+        """One batch per step, done within the step."""
+        return SingleBatch(self.forward)
+
+    def set_observer(self, observer: Observer | None) -> None:
+        """Let ``observer`` see every linear input of every later step (None: stop)."""
+        self.observer = observer
 
     def shutdown(self) -> None:
         """Nothing to stop: the model runs in this process."""
@@ -139,7 +153,7 @@ class ModelRunner:
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
         """-> logits [S, V] fp32 for the rows in batch.logits_indices (k + 1 consecutive rows for
         a request verifying k drafts)."""
-        return self.model.forward(batch, self.kv_caches, self.observer)
+        return self.model.forward(batch, self.kv_caches, self.observer, self.attention)
 
 
 def _nbytes(cache: KVCache) -> int:

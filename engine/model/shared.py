@@ -21,7 +21,8 @@ from engine.model.runner import DTYPES
 from engine.model.smoothing import Smoothing, smooth_weights
 from engine.model.sparsity import check_sparsity, sparsified_weights
 
-__all__ = ["SharedModel", "calibrated_smoothing", "calibration_stats", "clear_shared_models", "get_shared_model"]
+__all__ = ["SharedModel", "calibrated_smoothing", "calibration_stats", "clear_shared_models", "get_shared_model",
+           "shared_model_for"]
 
 
 @dataclass(frozen=True)
@@ -95,3 +96,25 @@ def calibration_stats(model: str) -> ActivationStats:
     shared = _shared_model(model, "float32")
     return model_activation_stats(shared.model, shared.tokenizer, shared.model.config.max_position_embeddings,
                                   EngineConfig().block_size, "float32")
+
+
+def shared_model_for(model: str | SharedModel, c: EngineConfig) -> SharedModel:
+    """The weights an engine with config ``c`` runs: loaded (and cached) by name, or a
+    SharedModel passed in, which must have been loaded with ``c``'s sparsity and quantization."""
+    if not isinstance(model, (str, SharedModel)):
+        raise ValueError(f"model: must be a model name (a string), got {type(model).__name__}")
+    shared = model if isinstance(model, SharedModel) else get_shared_model(
+        model, c.dtype, c.quantization, c.quantization_group_size, c.quantization_outlier_threshold,
+        c.quantization_smoothing_strength, c.sparsity)
+    if shared.sparsity != c.sparsity:
+        raise ValueError(f"sparsity: the SharedModel passed was loaded with sparsity={shared.sparsity!r}, "
+                         f"not {c.sparsity!r}; pass the model name, or get_shared_model(..., sparsity=...)")
+    quant = shared.model.quantization
+    if c.quantization is not None and (quant is None or (quant.scheme, quant.group_size, quant.outlier_threshold,
+                                                         quant.smoothing_strength)
+                                       != (c.quantization, c.quantization_group_size,
+                                           c.quantization_outlier_threshold, c.quantization_smoothing_strength)):
+        raise ValueError(f"quantization: the SharedModel passed was loaded with {quant}, not "
+                         f"quantization={c.quantization!r}; pass the model name, or get_shared_model(..., "
+                         f"quantization=...)")
+    return shared

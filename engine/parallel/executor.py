@@ -50,10 +50,12 @@ from typing import Any, NoReturn
 
 import torch
 
+from engine.core.batch import BatchStage, SingleBatch
 from engine.core.config import EngineConfig
 from engine.core.kv_cache import KVCacheManager
 from engine.model.runner import batch_inputs, kv_cache_bytes_per_token
-from engine.model.llama import LlamaModel
+from engine.model.llama import LlamaModel, Observer
+from engine.parallel.batch_queue import BatchQueue, InFlightBatch
 from engine.parallel.layout import build_layout
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
@@ -505,20 +507,6 @@ def _stop(processes: list[WorkerProcess], channels: list[_Channel], grace_s: flo
         channel.close()
 
 
-@dataclass(frozen=True)
-class InFlightBatch:
-    """A batch sent to the workers and not yet taken back (its step's ``SchedulerOutput``)."""
-
-    batch_id: int
-    output: SchedulerOutput
-    units: tuple[PipelineUnit, ...]
-    t0_ns: int
-
-    @property
-    def request_ids(self) -> frozenset[str]:
-        return frozenset(s.request_id for s in self.output.scheduled)
-
-
 class ParallelRunner:
     """The engine's model runner over worker processes (same ``forward`` as ModelRunner)."""
 
@@ -551,6 +539,18 @@ class ParallelRunner:
     def max_batches(self) -> int:
         """Batches in flight at once: p for "batch_queue", else one per step."""
         return self.layout.pipeline_parallel_size if self.layout.schedule == "batch_queue" else 1
+
+    def batch_stage(self) -> BatchStage:
+        """How steps feed the workers: the batch queue for "batch_queue" (p batches in flight), else
+        one batch per step; either way the workers drop stale results when a step commits."""
+        if self.max_batches > 1:
+            return BatchQueue(self)
+        return SingleBatch(self.forward, lambda: self.retain(()))
+
+    def set_observer(self, observer: Observer | None) -> None:
+        raise ValueError("activations: this run's model is split over worker processes (pipeline/tensor "
+                         "parallel); activation statistics need the single-process engine "
+                         "(pipeline_parallel_size = tensor_parallel_size = 1)")
 
     def forward(self, output: SchedulerOutput, requests: dict[str, Request], kv: KVCacheManager) -> torch.Tensor:
         """The "gpipe" step: the step's batch, cut into micro-batches, through the pipeline and

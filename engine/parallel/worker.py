@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from engine.core.config import EngineConfig
 from engine.model.forward_batch import build_forward_batch
+from engine.model.attention import attention_backend
 from engine.model.runner import BatchInputs, ModelRunner
 from engine.model.shared import clear_shared_models, get_shared_model
 from engine.parallel.shard import shard_model
@@ -208,7 +209,8 @@ class _Worker:
                 self._event("all_reduce", a)
                 return x
             self.model.all_reduce = all_reduce
-        self.runner = ModelRunner(self.model, c.num_blocks, c.block_size, c.cache_dtype)
+        self.attention = attention_backend(c.attention_backend)
+        self.runner = ModelRunner(self.model, c.num_blocks, c.block_size, c.cache_dtype, self.attention)
 
     def _event(self, kind: WorkKind, start_ns: int) -> None:
         end = clock_ns()
@@ -233,7 +235,8 @@ class _Worker:
                     dist.recv(hidden, src=self.rank - self.t)
                     self._event("recv", r)
                     a = clock_ns()
-                hidden = self.model.run_layers(hidden, batch, self.runner.kv_caches, self.start, self.end)
+                hidden = self.model.run_layers(hidden, batch, self.runner.kv_caches, self.start, self.end,
+                                               attention=self.attention)
                 if last and self.tp_rank == 0:
                     logits.append(self.model.compute_logits(hidden, batch).numpy())
                 self._event("forward", a)

@@ -266,7 +266,8 @@ class LiveRun:
                         if r.num_computed_tokens > 0]
                 if done:
                     observe_prefill(runner.model, self.engine.config.block_size, runner.kv_cache_dtype, done, recorder)
-                runner.observer = self._recorder = recorder
+                runner.set_observer(recorder)
+                self._recorder = recorder
             return self._recorder
 
 

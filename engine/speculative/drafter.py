@@ -4,7 +4,7 @@
 
 A drafter runs before the scheduler, for running requests in decode (engine.LLMEngine). Its
 drafts go to ``Request.spec_token_ids``; the target verifies them in the same flattened
-forward as everything else (engine.core.scheduler, engine.spec_decode.rejection_sample). What a
+forward as everything else (engine.core.scheduler, engine.speculative.spec_decode.rejection_sample). What a
 drafter must also support, so that a step stays all-or-nothing and nothing leaks:
 
     rewind(request, n)    after verification: only positions < n are verified, so draft state

@@ -37,7 +37,8 @@ import torch
 from engine.model.activations import DEFAULT_BINS, DEFAULT_THRESHOLD, ActivationStats, Prompt, model_activation_stats
 from engine.model.llama import LlamaModel
 from engine.model.private_prefill import PrivatePrefill
-from engine.serving.engine import LLM, LLMEngine
+from engine.serving.llm import LLM
+from engine.serving.engine import LLMEngine
 
 __all__ = ["PerplexityResult", "PerplexityWindow", "activation_stats", "perplexity", "strided_windows"]
 

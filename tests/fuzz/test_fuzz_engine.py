@@ -19,7 +19,9 @@ import engine.core.sampling as sampling_module
 import engine.core.scheduler as scheduler_module
 from engine.core.config import (MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_N, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS,
                            MAX_NUM_SEQS, MAX_SEED, MAX_TOKENS, EngineConfig, SamplingParams)
-from engine.serving.engine import LLM, MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS, LLMEngine
+from engine.serving.llm import LLM
+from engine.serving.limits import MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS
+from engine.serving.engine import LLMEngine
 from tests.conftest import run_to_completion
 from tests.fuzz.harness import expect_accepted, expect_rejected
 
@@ -468,7 +470,7 @@ FAILURES = {
     "stop check RuntimeError": (lambda e: (scheduler_module, "check_stop"), RuntimeError("stop boom"), "stop boom"),
     # after the radix tree took this step's full blocks (insert, then lock the new node)
     "prefix lock RuntimeError": (lambda e: (e.kv.prefix_cache, "lock"), RuntimeError("lock boom"), "lock boom"),
-    "trace RuntimeError": (lambda e: (e, "_build_trace"), RuntimeError("trace boom"), "trace boom"),
+    "trace RuntimeError": (lambda e: (e.tracer, "step_trace"), RuntimeError("trace boom"), "trace boom"),
 }
 
 
