@@ -44,7 +44,6 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, NoReturn
 

@@ -1,11 +1,13 @@
-"""The engine loop and the offline API: LLMEngine.step and LLM.generate.
+"""The engine loop and the offline API: LLMEngine.step and LLM.generate (docs/architecture.md).
 
-    engine.py      LLMEngine: schedule -> propose drafts -> run the batch -> sample and verify ->
-                   postprocess -> trace
+    engine.py      LLMEngine: arrivals -> propose drafts -> schedule and run the batch ->
+                   sample and verify -> postprocess -> trace
     llm.py         LLM: offline batch generation (vLLM's LLM)
     intake.py      request intake: validation, tokenization, ids, the pending queue
-    runners.py     the Runner protocol and the registry that picks one from the config
-    outputs.py     RequestOutput / CompletionOutput and request metrics
+    sampler.py     the sample-and-verify stage
+    runners.py     the Runner protocol and RUNNERS, the one place a runner is chosen
+    outputs.py     RequestOutput / CompletionOutput
+    progress.py    the no-progress backstop
     limits.py      memory and size limits checked before anything is allocated
     generation.py  one prompt through a fresh engine, streamed (the Generate page)
 """

@@ -153,6 +153,8 @@ class LLMEngine:
             return trace
 
     def _step(self, cp: StepCheckpoint) -> StepTrace:
+        """arrivals -> propose drafts -> schedule and run the batch -> sample and verify ->
+        postprocess -> trace (module doc); the timings split the step between the stages."""
         t0 = time.perf_counter()
         arrived = self.intake.admit_arrivals(self.step_count, self.scheduler, time.perf_counter())
         drafts = self.speculator.propose(self.scheduler.running, cp)
@@ -169,9 +171,9 @@ class LLMEngine:
         t_done = time.perf_counter()
         timings = StepTimings((t_drafted - t0) * 1e3, (ran.scheduled_at - t_drafted) * 1e3,
                               (t_ran - ran.scheduled_at) * 1e3, (t_done - t_ran) * 1e3)
-        trace = self.tracer.step_trace(StepRecord(self.step_count, ran.output, arrived, finished, appended,
-                                                  samples.forked, samples.spec, timings, self.runner.timeline),
-                                       len(self.intake.pending))
+        record = StepRecord(self.step_count, ran.output, arrived, finished, appended, samples.forked,
+                            samples.spec, timings, self.runner.timeline)
+        trace = self.tracer.step_trace(record, len(self.intake.pending))
         self.trace_seconds += time.perf_counter() - t_done
         self.step_count += 1
         return trace

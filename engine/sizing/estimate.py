@@ -7,9 +7,8 @@ Fields marked ``contract=False`` are for the text answer and the page only.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from fractions import Fraction as F
-from typing import Any
 
 from .advice import format_alternatives, format_suggestions, serve_command, serve_len_note, serve_target
 from .arch import ModelSpec
