@@ -23,7 +23,7 @@ $(STAMP): requirements.txt pyproject.toml
 model: $(MODEL_STAMP)
 
 $(MODEL_STAMP): $(STAMP)
-	$(PY) -m engine.models.convert smollm2-135m
+	$(PY) -m engine.model.convert smollm2-135m
 	touch $(MODEL_STAMP)
 
 # Debian's Chromium for the browser tests (Playwright cannot download browsers here), and an
@@ -37,13 +37,15 @@ browser:
 run: setup model
 	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --browser.gatherUsageStats false
 
-# Strict mypy over engine/, app/ and visualizers/ (settings in pyproject.toml), then the suite: every
-# path, each sweep by its covering part (`make bench` runs the sweeps whole).
+# Strict mypy over engine/, app/ and visualizers/ and the import contracts (settings in pyproject.toml;
+# tests/test_architecture.py runs lint-imports again), then the suite: every path, each sweep by its
+# covering part (`make bench` runs the sweeps whole).
 test: setup model browser typecheck
 	$(PY) -m pytest -q -m "not sweep"
 
 typecheck: setup
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 test-fast: setup model
 	$(PY) -m pytest -q -m "not browser and not sweep"

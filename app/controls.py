@@ -20,9 +20,9 @@ from streamlit.delta_generator import DeltaGenerator
 
 from app import current_run, models, playback, presentation, replay, scenarios, session, step_queue
 from app.session import K
-from engine.config import (INT4_GROUP_SIZES, MAX_BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS, MAX_NUM_SEQS,
+from engine.core.config import (INT4_GROUP_SIZES, MAX_BLOCK_SIZE, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS, MAX_NUM_SEQS,
                            SCHEMES)
-from engine.run import RunView
+from engine.replay.run import RunView
 
 KNOB_LABELS = {
     "block_size": ("Block size (tokens)", f"Tokens per KV block (1 to {MAX_BLOCK_SIZE})."),
@@ -32,7 +32,7 @@ KNOB_LABELS = {
                                                         f"(1 to {MAX_NUM_BATCHED_TOKENS:,})."),
     "max_num_seqs": ("Max running requests", f"max_num_seqs: most requests in one batch (1 to {MAX_NUM_SEQS:,})."),
 }
-# The widgets' upper bounds are the engine's hard caps (engine.config), so the browser never
+# The widgets' upper bounds are the engine's hard caps (engine.core.config), so the browser never
 # sends a value the engine would take minutes to refuse; below them, the engine checks the
 # memory the knobs need and its ValueError is shown as a message (current_run.build_run). The lower
 # bound stays 0 so that a 0 reaches the engine and its message names the knob.

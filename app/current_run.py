@@ -15,7 +15,7 @@ from streamlit.delta_generator import DeltaGenerator
 from app import knobs, session, session_reaper
 from app.models import shared_model
 from app.scenarios import spec_scenario
-from engine.run import LiveRun, ReplayRun
+from engine.replay.run import LiveRun, ReplayRun
 
 
 def run() -> LiveRun | ReplayRun | None:
@@ -113,7 +113,7 @@ def restart_workers() -> None:
 def is_worker_error(e: BaseException) -> bool:
     """``e`` is engine.executor's WorkerError (imported only once a parallel engine exists, so
     the app does not load torch for this check)."""
-    module = sys.modules.get("engine.executor")
+    module = sys.modules.get("engine.parallel.executor")
     return module is not None and isinstance(e, module.WorkerError)
 
 
@@ -146,7 +146,7 @@ class WorkerProgress:
                           "the model (SmolLM2: about 10 s)…")
 
     def say(self, message: object) -> None:
-        """engine.executor's start-up messages ("worker k of n ready" moves the bar)."""
+        """engine.parallel.executor's start-up messages ("worker k of n ready" moves the bar)."""
         text = str(message)
         words = text.split()
         ready = int(words[1]) if len(words) > 1 and words[0] == "worker" and words[1].isdigit() else 0

@@ -13,9 +13,9 @@ from typing import Any
 
 from app import session
 from app.models import model_dims
-from engine.config import DEFAULT_GROUP_SIZE, EngineConfig
-from engine.parallel_layout import front_heavy_split, parse_layer_split
-from engine.scenario import Scenario
+from engine.core.config import DEFAULT_GROUP_SIZE, EngineConfig
+from engine.parallel.layout import front_heavy_split, parse_layer_split
+from engine.replay.scenario import Scenario
 
 KNOBS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "policy",
          "enable_prefix_caching", "quantization", "quantization_group_size", "kv_cache_dtype",

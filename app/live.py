@@ -16,8 +16,8 @@ import streamlit as st
 
 from app import charts, current_run, playback, presentation, timing
 from app import controls as shared_controls  # (page() has a parameter named controls)
-from engine.run import RunView, speculation_label
-from engine.trace import RequestStatus
+from engine.replay.run import RunView, speculation_label
+from engine.core.trace import RequestStatus
 from visualizers.steps import step_table_csv
 from visualizers.text import escape_markdown
 

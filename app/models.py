@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from engine.config import EngineConfig
-from engine.parallel_layout import ModelDims
+from engine.core.config import EngineConfig
+from engine.parallel.layout import ModelDims
 
 if TYPE_CHECKING:
     import torch
 
-    from engine.engine import SharedModel
-    from engine.models.llama import LlamaModel
-    from engine.models.loader import LoadedModel
+    from engine.model.shared import SharedModel
+    from engine.model.llama import LlamaModel
+    from engine.model.loader import LoadedModel
 
 MODELS = ("smollm2-135m", "tiny-random")
 
@@ -63,7 +63,7 @@ def shared_model(name: str, config: EngineConfig | None = None) -> SharedModel:
     GGUF; the first quantization of a model takes seconds, then its weights come from the disk
     cache). A quantization knob the model cannot take (an int4 group size that does not divide
     one of its dimensions) is the engine's ValueError naming the knob."""
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     check_model(name)
     configure_torch()
@@ -92,7 +92,7 @@ def shared_model(name: str, config: EngineConfig | None = None) -> SharedModel:
 def fp32_model(name: str) -> LoadedModel:
     """The model as loaded from disk: fp32 weights by Hugging Face name (what every scheme
     quantizes) and its config."""
-    from engine.models.loader import load_model as load_weights
+    from engine.model.loader import load_model as load_weights
 
     check_model(name)
     configure_torch()
@@ -107,7 +107,7 @@ def fp32_weights(name: str) -> dict[str, torch.Tensor]:
 def model_hf_config(name: str) -> dict[str, Any]:
     """The model's Hugging Face config.json as a dict (no weights loaded)."""
     if name == "tiny-random":
-        from engine.models.loader import TINY_RANDOM_CONFIG
+        from engine.model.loader import TINY_RANDOM_CONFIG
 
         return dict(TINY_RANDOM_CONFIG)
     from engine.sizing import model_preset_config

@@ -15,8 +15,8 @@ from streamlit.errors import StreamlitAPIException
 
 from app import session, step_queue, timing
 from app.current_run import close_run, is_worker_error, run
-from engine.run import LiveRun, ReplayRun, RunView
-from engine.trace import StepTrace
+from engine.replay.run import LiveRun, ReplayRun, RunView
+from engine.core.trace import StepTrace
 
 VIEWS_FRAGMENT = "views"  # @st.fragment key of the live views (app/live.py)
 

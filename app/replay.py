@@ -11,8 +11,8 @@ from streamlit.delta_generator import DeltaGenerator
 from app import session
 from app.current_run import close_run
 from app.scenarios import page_scenario
-from engine.recording import Recording, from_json, record, to_json
-from engine.run import LiveRun, ReplayRun
+from engine.replay.recording import Recording, from_json, record, to_json
+from engine.replay.run import LiveRun, ReplayRun
 
 STEP_PARAM = "step"  # ?step=12: open at step 12
 RECORDING_PARAM = "recording"  # ?recording=spec-copy: replay that bundled recording
@@ -62,9 +62,9 @@ def leave_replay() -> None:
 
 
 def page_recording() -> str | None:
-    """The bundled recording (engine.bundled) of the page's scenario, else of the session's
+    """The bundled recording (engine.replay.bundled) of the page's scenario, else of the session's
     scenario; None when there is none."""
-    from engine.bundled import bundled_names
+    from engine.replay.bundled import bundled_names
 
     name = page_scenario() or session.scenario.get()
     return name if name in bundled_names() else None
@@ -72,7 +72,7 @@ def page_recording() -> str | None:
 
 def replay_bundled(name: str) -> None:
     """Widget callback: bundled recording ``name`` becomes the session's run (replay mode)."""
-    from engine.bundled import load_bundled
+    from engine.replay.bundled import load_bundled
 
     try:
         start_replay(load_bundled(name))
@@ -101,7 +101,7 @@ def apply_deep_link() -> str | None:
     name, raw = st.query_params.get(RECORDING_PARAM), st.query_params.get(STEP_PARAM)
     try:
         if name is not None:
-            from engine.bundled import load_bundled
+            from engine.replay.bundled import load_bundled
 
             start_replay(load_bundled(name))
         if raw is not None:

@@ -11,8 +11,8 @@ import streamlit as st
 
 from app import knobs, session
 from app.models import MODELS
-from engine.run import ReplayRun
-from engine.scenario import Scenario, list_scenarios, load_scenario, with_knobs
+from engine.replay.run import ReplayRun
+from engine.replay.scenario import Scenario, list_scenarios, load_scenario, with_knobs
 
 DEFAULT_SCENARIO = "chat-burst"
 # Each live page opens on the scenario that shows its idea in a few steps.

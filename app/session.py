@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from streamlit.runtime.uploaded_file_manager import UploadedFile
 
     from app.knobs import RunSpec
-    from engine.generation import GenerateResult
-    from engine.run import LiveRun, PolicyRun, ReplayRun, SweepPoint
+    from engine.serving.generation import GenerateResult
+    from engine.replay.run import LiveRun, PolicyRun, ReplayRun, SweepPoint
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.run import LiveRun
+from engine.replay.run import LiveRun
 
 SESSION_GRACE_S = float(os.environ.get("INFERSCOPE_SESSION_GRACE_S", "30"))
 POLL_S = 1.0

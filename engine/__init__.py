@@ -7,24 +7,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.config import EngineConfig, SamplingParams
+from engine.core.config import EngineConfig, SamplingParams
 
 if TYPE_CHECKING:
-    from engine.engine import LLM, LLMEngine, RequestOutput
-    from engine.evaluation import perplexity
+    from engine.serving.llm import LLM
+    from engine.serving.engine import LLMEngine
+    from engine.serving.outputs import RequestOutput
+    from engine.studies.evaluation import perplexity
 
-_LAZY = {"LLM", "LLMEngine", "RequestOutput", "CompletionOutput", "get_shared_model", "SharedModel"}
+# The public names and the module each lives in (imported on first use: torch loads then).
+_LAZY = {"LLM": "engine.serving.llm", "LLMEngine": "engine.serving.engine", "RequestOutput": "engine.serving.outputs",
+         "CompletionOutput": "engine.serving.outputs", "get_shared_model": "engine.model.shared",
+         "SharedModel": "engine.model.shared", "perplexity": "engine.studies.evaluation"}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "perplexity":
-        from engine.evaluation import perplexity
-
-        return perplexity
     if name in _LAZY:
-        from engine import engine as _engine
+        import importlib
 
-        return getattr(_engine, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 

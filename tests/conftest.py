@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from engine.engine import LLMEngine, SharedModel
+    from engine.serving.engine import LLMEngine
+    from engine.model.shared import SharedModel
 
 
 @pytest.fixture(scope="session")
 def tiny() -> "SharedModel":
     """2 layers, hidden 64, byte tokenizer, seeded random weights: instant on CPU."""
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     return get_shared_model("tiny-random")
 

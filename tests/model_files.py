@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.models.loader import TINY_RANDOM_CONFIG, _bytes_to_unicode, byte_tokenizer, tiny_random_weights
+from engine.model.loader import TINY_RANDOM_CONFIG, _bytes_to_unicode, byte_tokenizer, tiny_random_weights
 
 _GGUF_LAYER = {
     "input_layernorm": "attn_norm",

@@ -6,13 +6,13 @@ from functools import lru_cache
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.engine import get_shared_model
-from engine.models.loader import load_model
-from engine.quant_tradeoff import AGREEMENT_LONG_INDEX, agreement_prompts
-from engine.trace import StepTrace
+from engine.model.shared import get_shared_model
+from engine.model.loader import load_model
+from engine.studies.quant_tradeoff import AGREEMENT_LONG_INDEX, agreement_prompts
+from engine.core.trace import StepTrace
 
 # The prompts live in presets/parity_prompts.json (one list for these tests and the engine's
-# quantization trade-off, engine/quant_tradeoff.py); LONG is the long one among them.
+# quantization trade-off, engine/studies/quant_tradeoff.py); LONG is the long one among them.
 PROMPTS = list(agreement_prompts())
 LONG = PROMPTS[AGREEMENT_LONG_INDEX]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from engine.trace import (BlockState, PrefixCacheEvents, PrefixNode, RequestState, Snapshot, StepTrace)
+from engine.core.trace import (BlockState, PrefixCacheEvents, PrefixNode, RequestState, Snapshot, StepTrace)
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64
@@ -61,7 +61,7 @@ def snapshot(nodes: Sequence[PrefixNode], requests: Sequence[Req] = (), step: in
 
 def trace(step: int = 0, events: PrefixCacheEvents = PrefixCacheEvents(), prefill: int = 0,
           cached_blocks: int = 0, evictable_blocks: int = 0) -> StepTrace:
-    from engine.trace import ScheduledChunk
+    from engine.core.trace import ScheduledChunk
 
     scheduled = (ScheduledChunk("0", prefill, "prefill", 0),) if prefill else ()
     return StepTrace(step=step, scheduled=scheduled, token_budget=max(prefill, 1), num_batched_tokens=prefill,

@@ -1,4 +1,4 @@
-"""The live activation recorder (engine/activations.py ActivationRecorder on ModelRunner.observer):
+"""The live activation recorder (engine/model/activations.py ActivationRecorder on ModelRunner.observer):
 exact range-doubling histograms, statistics equal to one prefill of the same tokens, and a run's
 tokens unchanged by watching it."""
 from __future__ import annotations
@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.activations import LINEARS, ActivationRecorder, activation_stats
-from engine.engine import get_shared_model
-from engine.run import LiveRun
-from engine.scenario import load_scenario
+from engine.model.activations import LINEARS, ActivationRecorder
+from engine.studies.evaluation import activation_stats
+from engine.model.shared import get_shared_model
+from engine.replay.run import LiveRun
+from engine.replay.scenario import load_scenario
 
 TINY = "tiny-random"
 

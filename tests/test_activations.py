@@ -1,4 +1,4 @@
-"""Activation statistics (engine/activations.py) and the observer seam of LlamaModel.run_layers."""
+"""Activation statistics (engine/model/activations.py) and the observer seam of LlamaModel.run_layers."""
 from __future__ import annotations
 
 import pytest
@@ -6,11 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from engine import LLM
-from engine.activations import LINEARS, activation_stats, calibration_prompts
-from engine.engine import get_shared_model
-from engine.forward_batch import build_forward_batch
-from engine.model_runner import ModelRunner
-from engine.models.loader import load_model
+from engine.model.activations import LINEARS, calibration_prompts
+from engine.studies.evaluation import activation_stats
+from engine.model.shared import get_shared_model
+from engine.model.forward_batch import build_forward_batch
+from engine.model.runner import ModelRunner
+from engine.model.loader import load_model
 from tests.parity import PROMPTS
 
 TINY = "tiny-random"

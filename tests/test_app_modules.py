@@ -76,8 +76,8 @@ def test_the_app_and_the_engine_share_one_copy_of_the_weights() -> None:
     """app/models.py keeps no cache of its own over the engine's: a session's run gets the very
     copy the engine's own loads get (a draft model, the quantization measurements)."""
     from app import models
-    from engine.config import EngineConfig
-    from engine.engine import get_shared_model
+    from engine.core.config import EngineConfig
+    from engine.model.shared import get_shared_model
 
     assert models.shared_model("tiny-random") is get_shared_model("tiny-random")
     int8 = models.shared_model("tiny-random", EngineConfig(quantization="int8"))

@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 
-from engine.attention import paged_attention, write_kv
-from engine.forward_batch import GROUP_OVERHEAD_SLOTS, ForwardBatch, build_forward_batch, group_decodes
+from engine.model.attention import paged_attention, write_kv
+from engine.model.forward_batch import GROUP_OVERHEAD_SLOTS, ForwardBatch, build_forward_batch, group_decodes
 
 Request = tuple[int, int]  # (start = cached positions before the step, new tokens this step)
 

@@ -23,9 +23,11 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from engine.config import SamplingParams
-from engine.engine import LLM, LLMEngine, SharedModel
-from engine.kv_cache import cdiv
+from engine.core.config import SamplingParams
+from engine.serving.llm import LLM
+from engine.serving.engine import LLMEngine
+from engine.model.shared import SharedModel
+from engine.core.kv_cache import cdiv
 from tests.test_scheduler_properties import CI, check_trace, expected_tokens, reference_tokens
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

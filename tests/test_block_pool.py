@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_pool import BlockPool
-from engine.config import SamplingParams
-from engine.kv_cache import KVCacheManager, cdiv
-from engine.request import Request, RequestStatus
+from engine.core.block_pool import BlockPool
+from engine.core.config import SamplingParams
+from engine.core.kv_cache import KVCacheManager, cdiv
+from engine.core.request import Request, RequestStatus
 
 
 def make_request(rid: str, num_prompt: int, status: RequestStatus = RequestStatus.RUNNING) -> Request:

@@ -1,4 +1,4 @@
-"""The shared Hugging Face config readers (engine/hf_config.py): one set of rules, each caller's
+"""The shared Hugging Face config readers (engine/core/hf_config.py): one set of rules, each caller's
 own error. The engine's ModelConfig and the calculator's model_from_config refuse the same bad
 values, the engine with ``model: <file>: <field> ...``, the calculator with SizingError."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from engine.hf_config import MISSING, Fields, config_dtype, dtype_key
-from engine.models.model_config import ModelConfig
+from engine.core.hf_config import MISSING, Fields, config_dtype, dtype_key
+from engine.model.model_config import ModelConfig
 from engine.sizing.arch import model_from_config
 from engine.sizing.formats import SizingError
 

@@ -1,5 +1,5 @@
 """Issue #9, the KV part: ``kv_cache_dtype`` "int8" / "fp8" (e4m3) with fp32 per-token-per-head
-scales stored beside the cache (engine/kv_quant.py).
+scales stored beside the cache (engine/model/kv_quant.py).
 
 Holds: the round trip is within its bound; the paged attention over a quantized cache equals
 attention over the dequantized values (it reads exactly what it wrote); copy-on-write copies the
@@ -14,13 +14,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import kv_quant
-from engine.attention import paged_attention, write_kv
-from engine.config import SamplingParams
-from engine.engine import LLMEngine
-from engine.forward_batch import build_forward_batch
-from engine.kv_quant import QuantizedKV
-from engine.model_runner import ModelRunner, kv_cache_bytes_per_token
+from engine.model import kv_quant
+from engine.model.attention import paged_attention, write_kv
+from engine.core.config import SamplingParams
+from engine.serving.engine import LLMEngine
+from engine.model.forward_batch import build_forward_batch
+from engine.model.kv_quant import QuantizedKV
+from engine.model.runner import ModelRunner, kv_cache_bytes_per_token
 from tests.conftest import run_to_completion
 from tests.parity import PROMPTS, run_engine
 
@@ -209,7 +209,7 @@ def test_pool_holds_more_tokens_for_the_same_bytes(tiny) -> None:
     """Same byte budget: int8 KV holds 46,080 / 12,240 = 3.76x the tokens of fp32 KV on SmolLM2
     (fp8 the same, it stores the same fp32 scales); the engine's memory estimate charges the
     pool by the same bytes per token."""
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
     mc = get_shared_model("smollm2-135m").model.config
     fp32, int8, fp8 = (kv_cache_bytes_per_token(mc, n) for n in ("float32", "int8", "fp8"))
     assert (fp32, int8, fp8) == (46_080, 12_240, 12_240)

@@ -21,8 +21,8 @@ from streamlit.testing.v1 import AppTest
 
 from app.scenarios import DEFAULT_SCENARIO
 from app.session import K
-from engine.recording import record, to_json
-from engine.scenario import load_scenario
+from engine.replay.recording import record, to_json
+from engine.replay.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "app" / "main.py"

@@ -19,9 +19,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from engine.run import LiveRun, PolicyRun, RunView, compare_policies
-from engine.scenario import load_scenario
-from engine.trace import BlockState, RequestState, RequestStatus, Snapshot, StepTrace
+from engine.replay.run import LiveRun, PolicyRun, RunView, compare_policies
+from engine.replay.scenario import load_scenario
+from engine.core.trace import BlockState, RequestState, RequestStatus, Snapshot, StepTrace
 from visualizers import batching as vb
 from visualizers import comparison as vc
 from visualizers import kv_blocks as vk
@@ -31,7 +31,7 @@ from visualizers.theme import (BLOCK_STATE_COLORS, CHUNK_KIND_COLORS, CHUNK_OPAC
                                QUEUE_COLORS, REQUEST_COLORS, request_color, request_label, request_sort_key)
 
 if TYPE_CHECKING:
-    from engine.engine import SharedModel
+    from engine.model.shared import SharedModel
 
 FADED = 0.12  # opacity of requests other than the focused one (kv_blocks)
 
@@ -739,7 +739,7 @@ def test_figures_of_an_empty_run_validate(tiny: "SharedModel", torch_single_thre
 
 def test_every_scenario_gets_one_colour_per_request() -> None:
     """The palette has no repeats, no block-state colour, and covers every preset scenario."""
-    from engine.scenario import list_scenarios, load_scenario
+    from engine.replay.scenario import list_scenarios, load_scenario
     from visualizers.theme import BLOCK_STATE_COLORS
 
     assert len(set(REQUEST_COLORS)) == len(REQUEST_COLORS)

@@ -282,8 +282,7 @@ def test_fit_page_escapes_url_values() -> None:
 
 def test_generate_page_escapes_model_output(monkeypatch: pytest.MonkeyPatch) -> None:
     """Model output - streamed, and shown again from the session on the next run - is text."""
-    from engine import generation
-
+    from engine.serving import generation
     output = "\n".join(PAYLOADS)
     real_start = generation.start
 
@@ -313,8 +312,7 @@ def test_generate_page_escapes_model_output(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_generate_page_escapes_an_error_quoting_the_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine import generation
-
+    from engine.serving import generation
     def refuse(shared: Any, request: Any) -> Any:
         raise ValueError(f"prompt: cannot use {request.prompt!r}")
 
@@ -340,7 +338,7 @@ def test_a_badge_label_is_escaped_once(text: str) -> None:
 def test_figures_show_a_replays_ids_as_text(nasty_recording: bytes) -> None:
     """Plotly renders <a href>, <b>, <span style> in trace names, ticks and hovers: ids from a
     recording reach the figures HTML-escaped (and display as typed: Plotly decodes entities)."""
-    from engine.recording import from_json
+    from engine.replay.recording import from_json
     from visualizers import batching as vb
     from visualizers import comparison as vc
     from visualizers import kv_blocks as kv
@@ -368,10 +366,10 @@ def test_patterns_found_in_text_are_broken_invisibly() -> None:
 def test_speculative_page_escapes_a_replays_tokens_and_ids() -> None:
     """A speculative recording whose request ids and every token piece (sampled, drafts and
     residual entries) are the payloads: the marked output text and the request picker escape them."""
-    from engine.engine import get_shared_model
-    from engine.recording import record, to_json
-    from engine.run import LiveRun
-    from engine.scenario import load_scenario
+    from engine.model.shared import get_shared_model
+    from engine.replay.recording import record, to_json
+    from engine.replay.run import LiveRun
+    from engine.replay.scenario import load_scenario
 
     run = LiveRun.from_scenario(load_scenario("chat-burst"), get_shared_model("tiny-random"),
                                 speculative_config={"method": "early_exit", "num_layers": 1,

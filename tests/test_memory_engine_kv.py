@@ -29,7 +29,7 @@ def test_engine_kv_pool_matches_calculator():
 
 def test_calculator_counts_quantized_kv_scales():
     # int8 / fp8 with one fp32 scale per token, KV head and K|V: 2 x 30 x 3 x (64 x 1 + 4)
-    from engine.kv_quant import SIZING_KV_DTYPES
+    from engine.model.kv_quant import SIZING_KV_DTYPES
 
     assert kv_bytes_per_token("smollm2-135m", SIZING_KV_DTYPES["int8"]) == 2 * 30 * 3 * (64 + 4) == 12240
     assert kv_bytes_per_token("smollm2-135m", SIZING_KV_DTYPES["fp8"]) == 12240
@@ -42,7 +42,7 @@ def test_engine_kv_pool_matches_calculator_per_dtype(kv):
     """The engine's bytes per token (which also sizes its memory estimate) equals the calculator's
     for the same dtype, and the allocated pool (scales included) is exactly that per slot."""
     from engine import LLMEngine
-    from engine.kv_quant import SIZING_KV_DTYPES
+    from engine.model.kv_quant import SIZING_KV_DTYPES
 
     engine = LLMEngine("smollm2-135m", kv_cache_dtype=kv, num_blocks=8, block_size=16)
     predicted = kv_bytes_per_token("smollm2-135m", SIZING_KV_DTYPES[kv])

@@ -15,7 +15,7 @@ import pytest
 
 from engine.memory import (GiB, MiB, SizingError, Workload, custom_hardware, estimate, get_hardware, hardware_from_dict,
                            hardware_info, hardware_presets)
-from engine.sizing.hardware import _norm, preset_aliases, resolve_hardware_name, suggest_hardware
+from engine.sizing.hardware import norm_name, preset_aliases, resolve_hardware_name, suggest_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 NVIDIA = [k for k in hardware_presets() if hardware_info(k).get("vendor") == "NVIDIA"]
@@ -73,7 +73,7 @@ def test_aliases_are_unique_and_never_shadow_another_preset() -> None:
     owner: dict[str, str] = {}
     for key in hardware_presets():
         for name in [key, hardware_info(key).get("name", key), *preset_aliases(key)]:
-            n = _norm(name)
+            n = norm_name(name)
             assert owner.setdefault(n, key) == key, f"{name!r} claimed by {owner[n]} and {key}"
     for key in hardware_presets():
         assert resolve_hardware_name(key) == (key, "")

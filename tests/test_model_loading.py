@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.models import cache, convert
-from engine.models.loader import TINY_RANDOM_CONFIG, load_model, tiny_random_weights
+from engine.model import cache, convert
+from engine.model.loader import TINY_RANDOM_CONFIG, load_model, tiny_random_weights
 from tests.model_files import write_folder, write_gguf
 
 
@@ -274,7 +274,7 @@ def test_directory_without_config(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("label,name,part", BAD_NAMES, ids=[b[0] for b in BAD_NAMES])
 def test_get_shared_model_bad_names(label: str, name: object, part: str) -> None:
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     with pytest.raises(ValueError, match="model") as info:
         get_shared_model(name)  # type: ignore[arg-type]
@@ -282,7 +282,7 @@ def test_get_shared_model_bad_names(label: str, name: object, part: str) -> None
 
 
 def test_get_shared_model_bad_dtype() -> None:
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     with pytest.raises(ValueError, match="dtype"):
         get_shared_model("tiny-random", ["float32"])  # type: ignore[arg-type]
@@ -336,7 +336,7 @@ def test_process_killed_mid_conversion_leaves_no_entry(tmp_path: Path, private_c
     script = (
         "import os, signal, sys\n"
         "from pathlib import Path\n"
-        "from engine.models import convert\n"
+        "from engine.model import convert\n"
         "convert._write_tokenizer = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
         "convert.cached_folder(Path(sys.argv[1]), 'm')\n")
     done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, timeout=120,

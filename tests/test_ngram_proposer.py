@@ -1,4 +1,4 @@
-"""Prompt-lookup drafts (engine.spec_decode.ngram_propose): vLLM's NgramProposer rule -- the
+"""Prompt-lookup drafts (engine.speculative.spec_decode.ngram_propose): vLLM's NgramProposer rule -- the
 longest suffix n-gram (n in [min, max]) with an earlier occurrence, its EARLIEST occurrence, and
 up to k tokens that followed it -- by hand and against a brute-force reference."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine.spec_decode import ngram_propose
+from engine.speculative.spec_decode import ngram_propose
 
 
 def reference(tokens: list[int], k: int, lo: int, hi: int) -> list[int]:

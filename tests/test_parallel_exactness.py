@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from engine import LLMEngine
-from engine.config import SamplingParams
-from engine.engine import get_shared_model
-from engine.parallel_layout import build_layout
-from engine.trace import PipelineTimeline, StepTrace
+from engine.core.config import SamplingParams
+from engine.model.shared import get_shared_model
+from engine.parallel.layout import build_layout
+from engine.core.trace import PipelineTimeline, StepTrace
 from tests.parity import PROMPTS, assert_matches_hf, run_engine
 
 MAX_TOKENS = 12
@@ -165,7 +165,7 @@ def test_tiny_abort_while_in_flight_leaves_the_others_exact(tiny_engine: LLMEngi
     for _ in range(3):
         engine.step()
         engine.check_integrity()
-    in_flight = sorted(rid for b in engine.in_flight for rid in b.request_ids)
+    in_flight = sorted(engine.batches.in_flight_ids())
     if engine.config.pipeline_schedule == "batch_queue":
         assert in_flight, "nothing in flight between steps"
     victim = in_flight[0] if in_flight else ids[0]

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 import pytest
 
 from engine import LLM, LLMEngine, SamplingParams
-from engine.executor import STOP_GRACE_S, WorkerError
-from engine.model_runner import BatchInputs
-from engine.worker import RunStep, Unit, clock_ns
+from engine.parallel.executor import STOP_GRACE_S, WorkerError
+from engine.model.runner import BatchInputs
+from engine.parallel.worker import RunStep, Unit, clock_ns
 from tests.parity import PROMPTS, assert_matches_hf, run_engine
 from tests.test_robustness import engine_state
 
@@ -170,7 +170,7 @@ def test_dropping_the_last_reference_ends_every_worker(baseline: set[int]) -> No
         for prompt in PROMPTS[:3]:
             engine.add_request(prompt, GREEDY)
         engine.step()
-        assert engine.in_flight
+        assert engine.batches.in_flight
         del engine
         assert_no_workers(pids, baseline)
     finally:
@@ -251,11 +251,11 @@ def test_an_interrupt_in_the_driver_mid_step_rolls_back_and_the_workers_keep_wor
             # and then the step would not wait. So: read its results (the executor keeps them),
             # pause the last stage, and let one step retire it and send the next, which the
             # paused stage cannot finish: the interrupted step must wait for that one.
-            engine.runner.executor.receive(engine.in_flight[0].batch_id)
+            engine.runner.executor.receive(engine.batches.in_flight[0].batch_id)
             _pause(pids[1])
             engine.step()
             engine.check_integrity()
-            assert engine.in_flight, "nothing in flight before the interrupted step"
+            assert engine.batches.in_flight, "nothing in flight before the interrupted step"
         else:
             _pause(pids[1])
         before = engine_state(engine)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import SamplingParams
-from engine.engine import LLM, LLMEngine
-from engine.trace import StepTrace
+from engine.core.config import SamplingParams
+from engine.serving.llm import LLM
+from engine.serving.engine import LLMEngine
+from engine.core.trace import StepTrace
 from tests.conftest import run_to_completion
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import EngineConfig, SamplingParams
-from engine.parallel_layout import build_layout, even_ranges, stage_layouts, tensor_shards, theory_bubble
-from engine.pipeline_stats import merge_timelines, pipeline_stats
-from engine.request import Request
-from engine.scheduler import ScheduledRequest, SchedulerOutput
-from engine.trace import PipelineTimeline, PipelineUnit, StageLayout, TensorShard, WorkEvent
+from engine.core.config import EngineConfig, SamplingParams
+from engine.parallel.layout import build_layout, even_ranges, stage_layouts, tensor_shards, theory_bubble
+from engine.parallel.stats import merge_timelines, pipeline_stats
+from engine.core.request import Request
+from engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from engine.core.trace import PipelineTimeline, PipelineUnit, StageLayout, TensorShard, WorkEvent
 from tests.test_scheduler_properties import CI, ControlPlane, admissible, knobs, specs
 
 # -- parallel_layout -----------------------------------------------------------------------
@@ -132,7 +132,7 @@ def _scheduled(tokens: list[int]) -> list[ScheduledRequest]:
 @settings(max_examples=200, **CI)
 @given(tokens=st.lists(st.integers(1, 64), max_size=12), m=st.integers(1, 8))
 def test_split_microbatches_keeps_order_and_balances(tokens: list[int], m: int) -> None:
-    from engine.executor import split_microbatches
+    from engine.parallel.executor import split_microbatches
 
     scheduled = _scheduled(tokens)
     groups = split_microbatches(scheduled, m)
@@ -148,7 +148,7 @@ def test_split_microbatches_keeps_order_and_balances(tokens: list[int], m: int) 
 
 
 def test_split_microbatches_examples() -> None:
-    from engine.executor import split_microbatches
+    from engine.parallel.executor import split_microbatches
 
     names = lambda gs: [[s.request_id for s in g] for g in gs]  # noqa: E731
     assert split_microbatches([], 4) == []
@@ -158,7 +158,7 @@ def test_split_microbatches_examples() -> None:
     assert names(split_microbatches(_scheduled([5, 5, 5]), 1)) == [["r0", "r1", "r2"]]
 
 
-# -- the batch queue's scheduling (LLMEngine._fill_batch_queue / _retire_oldest) ------------------
+# -- the batch queue's scheduling (engine/parallel/batch_queue.py BatchQueue) ------------------
 
 
 @settings(max_examples=150, **CI)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from engine import LLMEngine
-from engine.engine import get_shared_model
-from engine.forward_batch import build_forward_batch
-from engine.model_runner import ModelRunner
+from engine.model.shared import get_shared_model
+from engine.model.forward_batch import build_forward_batch
+from engine.model.runner import ModelRunner
 from tests.parity import PROMPTS, assert_matches_hf, hf_model, run_engine
 
 MODELS = ["tiny-random", "smollm2-135m"]

@@ -1,4 +1,4 @@
-"""Perplexity (engine/evaluation.py) against Hugging Face's strided loop on the same weights."""
+"""Perplexity (engine/studies/evaluation.py) against Hugging Face's strided loop on the same weights."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import LLM, LLMEngine, perplexity
-from engine.evaluation import PerplexityResult, strided_windows
+from engine.studies.evaluation import PerplexityResult, strided_windows
 from tests.parity import hf_model
 
 TEXT = (Path(__file__).resolve().parents[1] / "presets" / "texts" / "sqlite3_h_comments.txt").read_text("utf-8")
@@ -84,10 +84,10 @@ def test_windows_score_each_token_once(num_tokens: int, window: int, stride: int
 
 
 def test_from_engine_import_perplexity_is_the_function() -> None:
-    import engine.evaluation
+    import engine.studies.evaluation
     from engine import perplexity as p
 
-    assert p is engine.evaluation.perplexity
+    assert p is engine.studies.evaluation.perplexity
     assert p(LLM("tiny-random"), TEXT[:500], window=16, stride=8).ppl > 1.0
 
 

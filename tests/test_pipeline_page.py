@@ -17,8 +17,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.session import K
-from engine.recording import from_json, record, to_json
-from engine.run import LiveRun
+from engine.replay.recording import from_json, record, to_json
+from engine.replay.run import LiveRun
 from tests.test_live_app import badges, chart, charts, click, errors, ok, open_app, run_n
 
 PIPELINE = "app_pages/pipeline.py"

@@ -6,15 +6,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.config import SamplingParams
-from engine.engine import LLMEngine
-from engine.models.loader import TINY_RANDOM_CONFIG
-from engine.parallel_layout import (ModelDims, build_layout, comm_bytes_per_token, front_heavy_split,
+from engine.core.config import SamplingParams
+from engine.serving.engine import LLMEngine
+from engine.model.loader import TINY_RANDOM_CONFIG
+from engine.parallel.layout import (ModelDims, build_layout, comm_bytes_per_token, front_heavy_split,
                                     parse_layer_split, worker_bytes)
-from engine.pipeline_stats import pipeline_stats
-from engine.run import SweepPoint
+from engine.parallel.stats import pipeline_stats
+from engine.replay.run import SweepPoint
 from engine.sizing import Settings, SizingError, estimate
-from engine.trace import StepTrace
+from engine.core.trace import StepTrace
 from visualizers import pipeline as pv
 
 SMOLLM2 = ModelDims(num_layers=30, hidden=576, intermediate=1536, num_heads=9, num_kv_heads=3, head_dim=64,

@@ -11,7 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.session import K
-from engine.recording import record, to_json
+from engine.replay.recording import record, to_json
 from tests.test_live_app import KV_CACHE, TIMEOUT, badges, chart, charts, click, errors, metric, ok, open_app, run_n, \
     steps_done
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.engine import get_shared_model
-from engine.trace import StepTrace
+from engine.model.shared import get_shared_model
+from engine.core.trace import StepTrace
 from tests.conftest import run_to_completion
 from tests.parity import hf_model
 

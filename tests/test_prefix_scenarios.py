@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from engine.scenario import build_engine, load_scenario
+from engine.replay.scenario import build_engine, load_scenario
 from tests.conftest import run_to_completion
 
 if TYPE_CHECKING:
-    from engine.engine import SharedModel
+    from engine.model.shared import SharedModel
 
 PREFIX_SCENARIOS = ("shared-prefix", "multi-turn", "rag", "parallel-sampling", "cache-pressure")
 
@@ -71,7 +71,7 @@ def test_rag_prompts_share_exactly_their_common_leading_documents() -> None:
 def test_cache_pressure_on_smollm2_keeps_north_and_evicts_the_others() -> None:
     """On the bundled model: every NORTH question after the first hits its cached list; SOUTH and
     EAST are evicted and prefilled again each time; the evicted nodes hold their lists."""
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     sc = load_scenario("cache-pressure")
     engine = build_engine(sc, get_shared_model("smollm2-135m"))

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import plotly.graph_objects as go
 import pytest
 
-from engine.recording import from_json, record, to_json
-from engine.run import LiveRun, ReplayRun, compare_prefix_caching
-from engine.scenario import load_scenario
-from engine.trace import BlockCopy, PrefixCacheEvents, PrefixLookup
+from engine.replay.recording import from_json, record, to_json
+from engine.replay.run import LiveRun, ReplayRun, compare_prefix_caching
+from engine.replay.scenario import load_scenario
+from engine.core.trace import BlockCopy, PrefixCacheEvents, PrefixLookup
 from tests.prefix_records import BLOCK_SIZE, Req, Tree, node, root, snapshot, trace
 from visualizers import kv_blocks as vk
 from visualizers import prefix_stats as ps
@@ -29,7 +29,7 @@ from visualizers.figures import validated
 from visualizers.theme import BLOCK_STATE_COLORS, PREFIX_NODE_COLORS, PREFIX_NODE_LABELS, request_color, request_label
 
 if TYPE_CHECKING:
-    from engine.engine import SharedModel
+    from engine.model.shared import SharedModel
 
 NASTY = "<img src=x onerror=alert(1)> & <b>bold</b>\nline two"
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM
-from engine.activations import LINEARS, activation_stats
-from engine.engine import calibrated_smoothing
-from engine.smoothing import SMOOTHED_LINEARS
+from engine.model.activations import LINEARS
+from engine.studies.evaluation import activation_stats
+from engine.model.shared import calibrated_smoothing
+from engine.model.smoothing import SMOOTHED_LINEARS
 from tests.parity import PROMPTS
 from visualizers import quant_activations as qa
 from visualizers.figures import validated

@@ -1,4 +1,4 @@
-"""The disk cache of quantized weights (engine/models/quant_cache.py): a warm load gives exactly
+"""The disk cache of quantized weights (engine/model/quant_cache.py): a warm load gives exactly
 the tensors a cold one built, and a truncated or corrupted file is detected and rebuilt."""
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models.llama import PROJECTIONS, LlamaModel
-from engine.models.loader import load_model
-from engine.models.quant_cache import TENSORS, entry_key, entry_path, weights_digest
-from engine.quantization import QuantConfig, QuantizedLinear
+from engine.model.llama import PROJECTIONS, LlamaModel
+from engine.model.loader import load_model
+from engine.model.quant_cache import TENSORS, entry_key, entry_path, weights_digest
+from engine.model.quantization import QuantConfig, QuantizedLinear
 
 
 @pytest.fixture
 def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("INFERSCOPE_CACHE", str(tmp_path))  # the cache root (engine/models/cache.py)
+    monkeypatch.setenv("INFERSCOPE_CACHE", str(tmp_path))  # the cache root (engine/model/cache.py)
     monkeypatch.delenv("INFERSCOPE_NO_QUANT_CACHE", raising=False)
     return tmp_path
 
@@ -39,7 +39,7 @@ def _assert_identical(a: LlamaModel, b: LlamaModel) -> None:
     assert isinstance(a.lm_head, QuantizedLinear) and isinstance(b.lm_head, QuantizedLinear)
     assert _same(a.lm_head, b.lm_head)
     x = torch.randn(3, a.config.hidden_size, generator=torch.Generator().manual_seed(0)).bfloat16()
-    from engine.quantization import linear
+    from engine.model.quantization import linear
     for la, lb in zip(a.layers, b.layers):  # the same outputs, bit for bit
         assert torch.equal(linear(x, la.qkv).view(torch.int16), linear(x, lb.qkv).view(torch.int16))
 

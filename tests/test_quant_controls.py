@@ -18,9 +18,9 @@ from streamlit.testing.v1 import AppTest
 
 from app.knobs import NONE_WORDS, engine_value, scenario_knobs, widget_value
 from app.session import K
-from engine.recording import from_json, record, to_json
-from engine.run import LiveRun, precision_label
-from engine.scenario import load_scenario, parse_scenario
+from engine.replay.recording import from_json, record, to_json
+from engine.replay.run import LiveRun, precision_label
+from engine.replay.scenario import load_scenario, parse_scenario
 from tests.fuzz.recordings import dumps, set_path
 from visualizers.kv_blocks import pool_summary
 
@@ -228,7 +228,7 @@ def test_precision_label() -> None:
 @pytest.fixture(scope="module")
 def quantized_recording() -> str:
     """Three steps of chat-burst on tiny-random with int8 weights and an fp8 KV cache."""
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     model = get_shared_model("tiny-random", quantization="int8")
     run = LiveRun.from_scenario(load_scenario("chat-burst"), model, quantization="int8", kv_cache_dtype="fp8")

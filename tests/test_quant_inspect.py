@@ -1,4 +1,4 @@
-"""Weight-quantization inspection (engine/quant_inspect.py) and its views
+"""Weight-quantization inspection (engine/studies/quant_inspect.py) and its views
 (visualizers/quant_weights.py), checked on real weights: tiny-random for every path (all its
 input dimensions, 64 and 128, are multiples of 32, so int4 g32 runs on it), one SmolLM2 case.
 
@@ -18,10 +18,10 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from engine.models.loader import load_model
-from engine.quant_inspect import (MATRICES, ErrorGrid, WeightInspection, error_grid, fp8_grid, inspect_weight,
+from engine.model.loader import load_model
+from engine.studies.quant_inspect import (MATRICES, ErrorGrid, WeightInspection, error_grid, fp8_grid, inspect_weight,
                                   weight_name)
-from engine.quantization import QuantConfig, quantize_fp8, quantize_int4, quantize_int8, quantize_table
+from engine.model.quantization import QuantConfig, quantize_fp8, quantize_int4, quantize_int8, quantize_table
 from visualizers import quant_weights as qw
 from visualizers.figures import validated
 
@@ -151,7 +151,7 @@ def test_error_grid_is_the_quantizers_error(scheme: str) -> None:
 
 
 def QuantError_of(grid: ErrorGrid, layer: int, matrix: str) -> object:
-    from engine.quantization import QuantError
+    from engine.model.quantization import QuantError
 
     j = grid.matrices.index(matrix)
     return QuantError(grid.relative[layer][j], grid.max_abs[layer][j])

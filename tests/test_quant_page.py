@@ -11,7 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.session import K
-from engine.recording import record, to_json
+from engine.replay.recording import record, to_json
 from tests.test_live_app import badges, chart, charts, click, errors, ok, open_app, run_n
 
 QUANT = "app_pages/quantization.py"

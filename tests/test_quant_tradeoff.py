@@ -1,4 +1,4 @@
-"""The quantization trade-off (engine/quant_tradeoff.py) and its views (visualizers/quant_tradeoff.py)
+"""The quantization trade-off (engine/studies/quant_tradeoff.py) and its views (visualizers/quant_tradeoff.py)
 on tiny-random with the TINY settings (one decode step, a few perplexity tokens): one run of
 every scheme and one KV-dtype sweep, shared by the tests below. (smollm2-135m: ``make bench``'s
 bench_quant runs the same code.)
@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine import kv_quant
-from engine.model_runner import kv_cache_bytes_per_token
-from engine.models.loader import load_model
-from engine.quant_tradeoff import (MODES, TINY, KVTradeoffRow, TradeoffResult, agreement_prompts, decode_read_bytes,
+from engine.model import kv_quant
+from engine.model.runner import kv_cache_bytes_per_token
+from engine.model.loader import load_model
+from engine.studies.quant_tradeoff import (MODES, TINY, KVTradeoffRow, TradeoffResult, agreement_prompts, decode_read_bytes,
                                    kv_tradeoff, measure_tradeoffs)
 from engine.sizing import kv_bytes_per_token as calculator_kv_bytes
 from engine.sizing.arch import model_from_config
@@ -93,7 +93,7 @@ def test_progress_is_reported_and_ends_at_one(run) -> None:
 
 
 def test_decode_read_bytes_counts_quantized_codes_and_scales() -> None:
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     shared = get_shared_model(MODEL, "bfloat16", "int8")
     assert decode_read_bytes(shared.model) < decode_read_bytes(get_shared_model(MODEL, "bfloat16").model)
@@ -151,7 +151,8 @@ def test_kv_error_is_the_round_trip_of_the_written_cache() -> None:
     """The K error recomputed by hand from the engine's own float32 cache after the prompt and one
     greedy token (what kv_tradeoff prefills with gen_tokens=1): the int8 round trip's error."""
     from engine import SamplingParams
-    from engine.engine import LLMEngine, get_shared_model
+    from engine.serving.engine import LLMEngine
+    from engine.model.shared import get_shared_model
 
     prompt = "The lighthouse keeper climbed the stairs."
     e = LLMEngine(get_shared_model(MODEL, "float32"), num_blocks=8, block_size=16)

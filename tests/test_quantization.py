@@ -2,7 +2,7 @@
 CPU kernels compute what the dequantized weights say, and a quantized engine matches Hugging
 Face run on the dequantized weights in bfloat16.
 
-Conventions under test (engine/quantization.py): int8 symmetric per output channel, s = absmax /
+Conventions under test (engine/model/quantization.py): int8 symmetric per output channel, s = absmax /
 127 rounded up to bf16; int4 group-wise along K, W ~= (q - 8) * scale + zero (torch's int4pack
 zero point: zero is the value at code 8); fp8 e4m3 per output channel, s = absmax / 448 rounded
 up to bf16.
@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from engine import LLMEngine
-from engine.config import EngineConfig
-from engine.engine import get_shared_model
-from engine.forward_batch import build_forward_batch
-from engine.model_runner import ModelRunner
-from engine.models.loader import load_model
-from engine.quantization import (FP8_CHUNK_CODES, QuantConfig, QuantizedLinear, dequantize, dequantized_weights,
+from engine.core.config import EngineConfig
+from engine.model.shared import get_shared_model
+from engine.model.forward_batch import build_forward_batch
+from engine.model.runner import ModelRunner
+from engine.model.loader import load_model
+from engine.model.quantization import (FP8_CHUNK_CODES, QuantConfig, QuantizedLinear, dequantize, dequantized_weights,
                                  fp8_to_bf16, linear, quantize_fp8, quantize_int4, quantize_int8, quantize_weight)
 from tests.parity import PROMPTS, hf_from_weights, hf_outputs, run_engine
 

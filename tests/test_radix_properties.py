@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.block_pool import BlockPool
-from engine.config import SamplingParams
-from engine.engine import LLMEngine
-from engine.prefix_cache import RadixCache, RadixNode
+from engine.core.block_pool import BlockPool
+from engine.core.config import SamplingParams
+from engine.serving.engine import LLMEngine
+from engine.core.prefix_cache import RadixCache, RadixNode
 from tests.conftest import run_to_completion
 
 # -- (a) the radix tree and the pool, directly ------------------------------------------------
@@ -383,8 +383,8 @@ def test_rollback_keeps_a_node_that_a_restored_sequence_locks() -> None:
     then hit ``_remove``'s assertion (a locked node) and the rollback itself raised, hiding the
     step's error and leaving the engine half restored. The node stays (V's table holds its
     blocks exactly as before the step) and the tree is restored exactly."""
-    from engine.kv_cache import KVCacheManager
-    from engine.request import Request, RequestStatus
+    from engine.core.kv_cache import KVCacheManager
+    from engine.core.request import Request, RequestStatus
 
     def request(rid: str, tokens: list[int]) -> Request:
         r = Request(rid, None, tokens, SamplingParams(temperature=0))

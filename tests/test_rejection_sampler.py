@@ -1,4 +1,4 @@
-"""Exact rejection sampling (engine.spec_decode.rejection_sample): the emitted tokens follow the
+"""Exact rejection sampling (engine.speculative.spec_decode.rejection_sample): the emitted tokens follow the
 target's distribution whatever the draft's, plus the edge cases, greedy rules and validation.
 
 Statistical tests use Pearson's chi-square goodness of fit against the exact target law. Each
@@ -23,9 +23,9 @@ import math
 import pytest
 import torch
 
-from engine.config import SamplingParams
-from engine.sampling import sample_one, sampling_probs
-from engine.spec_decode import (
+from engine.core.config import SamplingParams
+from engine.core.sampling import sample_one, sampling_probs
+from engine.speculative.spec_decode import (
     RESIDUAL_TOP,
     RejectionResult,
     _draw,
@@ -385,7 +385,7 @@ def test_greedy_rules():
 
 def test_greedy_ties_take_the_lowest_index_like_the_engine_sampler():
     """Tied logits: probs_from_logits(T=0) is one-hot at torch.argmax (lowest index), the token
-    engine/sampling.py's greedy path emits; a draft of the higher tied index is rejected."""
+    engine/core/sampling.py's greedy path emits; a draft of the higher tied index is rejected."""
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0], [2.0, 2.0, 0.0, 0.0]])
     p = probs_from_logits(logits, 0.0, 0, 1.0)
     greedy = SamplingParams(temperature=0.0)

@@ -43,9 +43,9 @@ from typing import Any
 
 import pytest
 
-from engine.recording import Recording, from_data, from_json, to_json
-from engine.run import RunMeta
-from engine.trace import TAGGED, to_dict
+from engine.replay.recording import Recording, from_data, from_json, to_json
+from engine.replay.run import RunMeta
+from engine.core.trace import TAGGED, to_dict
 from tests.fuzz.recordings import DELETE, dumps, get_path, set_path
 
 CLASSES = {c.__name__: c for c in (*TAGGED, RunMeta)}
@@ -96,10 +96,10 @@ class Mutation:
 def _record(scenario: str, steps: int, **knobs: Any) -> str:
     import torch
 
-    from engine.engine import get_shared_model
-    from engine.recording import record
-    from engine.run import LiveRun
-    from engine.scenario import load_scenario
+    from engine.model.shared import get_shared_model
+    from engine.replay.recording import record
+    from engine.replay.run import LiveRun
+    from engine.replay.scenario import load_scenario
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -298,7 +298,7 @@ def mutations(data: dict) -> list[Mutation]:
 def draw_every_page(rec: Recording, at: Iterable[int] | None = None) -> None:
     """Every visualizer a page calls for a replayed run (app/app_pages/*.py), at the page's step
     slider positions ``at`` (snapshot indices; default every step)."""
-    from engine.pipeline_stats import merge_timelines, pipeline_stats
+    from engine.parallel.stats import merge_timelines, pipeline_stats
     from visualizers import batching as vb
     from visualizers import comparison as vc
     from visualizers import kv_blocks as kv

@@ -20,8 +20,8 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app.session import K
-from engine.recording import MAX_BYTES, MAX_DEPTH, from_json, to_json
-from engine.schema import Range, SchemaError, decode
+from engine.replay.recording import MAX_BYTES, MAX_DEPTH, from_json, to_json
+from engine.core.schema import Range, SchemaError, decode
 from tests.fuzz.recordings import DELETE, dumps, record_json, set_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,10 +50,10 @@ def test_a_complete_run_loads_back_identically(scenario: str, steps: int) -> Non
 
 def test_status_is_the_engines_enum() -> None:
     """One vocabulary: the engine's RequestStatus is the records' (a replay loads members, not strings)."""
-    import engine.request
-    from engine.trace import RequestState, RequestStatus
+    import engine.core.request
+    from engine.core.trace import RequestState, RequestStatus
 
-    assert engine.request.RequestStatus is RequestStatus
+    assert engine.core.request.RequestStatus is RequestStatus
     assert typing.get_type_hints(RequestState)["status"] is RequestStatus
     loaded = from_json(record_json(steps=3))
     assert all(type(r.status) is RequestStatus for s in loaded.snapshots for r in s.requests)
@@ -152,7 +152,7 @@ class Outer:
 
 
 def test_schema_decodes_by_annotation() -> None:
-    """engine.schema: the rules its docstring states, on small dataclasses of its own."""
+    """engine.core.schema: the rules its docstring states, on small dataclasses of its own."""
     out = decode(Outer, {"items": [{"n": 2, "x": 3}], "name": None, "flags": {"on": True}})
     assert out == Outer((Inner(2, 3.0),), None, {"on": True}) and isinstance(out.items[0].x, float)
     cases = [

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import pytest
 
-import engine.scheduler as scheduler_module
+import engine.core.scheduler as scheduler_module
 import torch
 
-import engine.limits as limits_module
-import engine.sampling as sampling_module
-from engine.config import (MAX_NUM_BLOCKS, MAX_TOKENS, SAMPLING_EPS, EngineConfig, SamplingParams)
-from engine.engine import LLM, MAX_ARRIVAL_HORIZON, LLMEngine
-from engine.request import RequestStatus
-from engine.sampling import apply_top_k_top_p
+import engine.serving.limits as limits_module
+import engine.core.sampling as sampling_module
+from engine.core.config import (MAX_NUM_BLOCKS, MAX_TOKENS, SAMPLING_EPS, EngineConfig, SamplingParams)
+from engine.serving.llm import LLM
+from engine.serving.limits import MAX_ARRIVAL_HORIZON
+from engine.serving.engine import LLMEngine
+from engine.core.request import RequestStatus
+from engine.core.sampling import apply_top_k_top_p
 from tests.conftest import run_to_completion
 from tests.fuzz.harness import time_limit
 from tests.test_validation import GOOD_PARAMS, GOOD_PROMPT, assert_rejected_cleanly, clean_tokens
@@ -107,7 +109,7 @@ def test_a_failed_step_leaves_every_request_as_before(tiny, monkeypatch, where, 
 def test_block_pool_rollback_restores_ref_counts_and_free_queue_order():
     """allocate / cache / touch (reviving an evictable cached block, as a prefix hit does) /
     evict / free, then rollback: ref counts, cached flags and the free queue's order as before."""
-    from engine.block_pool import BlockPool
+    from engine.core.block_pool import BlockPool
 
     pool = BlockPool(8)
     held = pool.allocate(4)

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from engine.config import SamplingParams
-from engine.engine import LLMEngine
-from engine.sampling import apply_top_k_top_p, sample, sample_one
+from engine.core.config import SamplingParams
+from engine.serving.engine import LLMEngine
+from engine.core.sampling import apply_top_k_top_p, sample, sample_one
 from tests.conftest import run_to_completion
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

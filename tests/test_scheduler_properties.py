@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import LLMEngine
-from engine.kv_cache import KVCacheManager, cdiv
-from engine.request import Request, RequestStatus
-from engine.scheduler import Scheduler
+from engine.core.config import EngineConfig, SamplingParams
+from engine.serving.engine import LLMEngine
+from engine.core.kv_cache import KVCacheManager, cdiv
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
 from tests.conftest import run_to_completion
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

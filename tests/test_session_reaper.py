@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from app import session_reaper
-from engine.executor import WorkerError
-from engine.run import LiveRun
-from engine.scenario import load_scenario, with_knobs
+from engine.parallel.executor import WorkerError
+from engine.replay.run import LiveRun
+from engine.replay.scenario import load_scenario, with_knobs
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""SmoothQuant for w8a8 (engine/smoothing.py, knob ``quantization_smoothing_strength``).
+"""SmoothQuant for w8a8 (engine/model/smoothing.py, knob ``quantization_smoothing_strength``).
 
 Under test: the fold leaves the fp32 model's function unchanged (logits to fp32 rounding); the
 scales follow s_j = max|X_j|^a / max|W_j|^(1-a) and the records say what moved; on SmolLM2 the
@@ -15,15 +15,15 @@ import pytest
 import torch
 
 from engine import LLMEngine
-from engine.activations import activation_stats
-from engine.config import EngineConfig
-from engine.engine import SharedModel, get_shared_model
-from engine.forward_batch import build_forward_batch
-from engine.model_runner import ModelRunner
-from engine.models.llama import LlamaModel
-from engine.models.loader import load_model
-from engine.quantization import QuantConfig, dequantized_weights
-from engine.smoothing import apply_smoothing, smoothing_scales
+from engine.studies.evaluation import activation_stats
+from engine.core.config import EngineConfig
+from engine.model.shared import SharedModel, get_shared_model
+from engine.model.forward_batch import build_forward_batch
+from engine.model.runner import ModelRunner
+from engine.model.llama import LlamaModel
+from engine.model.loader import load_model
+from engine.model.quantization import QuantConfig, dequantized_weights
+from engine.model.smoothing import apply_smoothing, smoothing_scales
 from tests.parity import PROMPTS, hf_from_weights, hf_outputs, run_engine
 
 ALPHA = 0.5
@@ -115,7 +115,7 @@ def test_calibration_is_deterministic_and_alpha_is_part_of_the_cache_key() -> No
     assert a.model.quantization == QuantConfig("w8a8", smoothing_strength=0.5)
     assert a.model.smoothing is not None and b.model.smoothing is not None
     assert a.model.smoothing.of(0, "qkv").scales != b.model.smoothing.of(0, "qkv").scales
-    from engine.engine import calibrated_smoothing
+    from engine.model.shared import calibrated_smoothing
 
     _, again = calibrated_smoothing("tiny-random", 0.5)
     assert again == a.model.smoothing  # frozen records of plain floats: equal means bit-equal

@@ -1,4 +1,4 @@
-"""2:4 sparsity (engine/sparsity.py): the pattern, the magnitude rule, and exact greedy parity in
+"""2:4 sparsity (engine/model/sparsity.py): the pattern, the magnitude rule, and exact greedy parity in
 fp32 with Hugging Face LlamaForCausalLM loaded with the same pruned weights."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from engine import LLMEngine
-from engine.config import EngineConfig
-from engine.engine import get_shared_model
-from engine.models.loader import load_model
-from engine.sparsity import prune_2_4, sparsified_weights
+from engine.core.config import EngineConfig
+from engine.model.shared import get_shared_model
+from engine.model.loader import load_model
+from engine.model.sparsity import prune_2_4, sparsified_weights
 from tests.parity import PROMPTS, hf_from_weights, hf_outputs, run_engine
 
 
@@ -74,7 +74,7 @@ def test_fp32_greedy_parity_with_hf_on_pruned_weights(name: str, n_prompts: int,
 
 def test_sparse_then_quantized_runs_and_differs_from_dense() -> None:
     """Prune first, then quantize: the quantized projections' dequantized weights keep the zeros."""
-    from engine.quantization import dequantize_linear, QuantizedLinear
+    from engine.model.quantization import dequantize_linear, QuantizedLinear
     shared = get_shared_model("tiny-random", quantization="int8", sparsity="2:4")
     qkv = shared.model.layers[0].qkv
     assert isinstance(qkv, QuantizedLinear)

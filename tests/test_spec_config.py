@@ -1,13 +1,13 @@
-"""speculative_config parsing (engine.config.SpeculativeConfig) and the speculation cost model
-(engine.spec_decode: expected_tokens_per_step, expected_speedup, best_k)."""
+"""speculative_config parsing (engine.core.config.SpeculativeConfig) and the speculation cost model
+(engine.speculative.spec_decode: expected_tokens_per_step, expected_speedup, best_k)."""
 from __future__ import annotations
 
 import re
 
 import pytest
 
-from engine.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig, parse_speculative_config
-from engine.spec_theory import best_k, expected_speedup, expected_tokens_per_step
+from engine.core.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig, parse_speculative_config
+from engine.speculative.theory import best_k, expected_speedup, expected_tokens_per_step
 
 
 # -- config -------------------------------------------------------------------------------------

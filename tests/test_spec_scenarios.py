@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from engine.config import SpeculativeConfig
-from engine.run import SPECULATION_RUNS, compare_speculation
-from engine.scenario import load_scenario, parse_scenario, without_speculation
+from engine.core.config import SpeculativeConfig
+from engine.replay.run import SPECULATION_RUNS, compare_speculation
+from engine.replay.scenario import load_scenario, parse_scenario, without_speculation
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -106,7 +106,7 @@ def test_compare_speculation_spec_copy_smollm2():
     """SmolLM2 on the copy-heavy scenario's spelling-fix request (ngram, k 4): the corrected
     paragraph is the prompt's own text, so prompt lookup drafts most of it — identical text,
     far fewer target steps."""
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     sc = load_scenario("spec-copy")
     sc = replace(sc, requests=sc.requests[:1])

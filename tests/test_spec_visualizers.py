@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from engine import LLMEngine, SamplingParams
-from engine.engine import get_shared_model
-from engine.spec_theory import best_k, expected_speedup, expected_tokens_per_step
+from engine.model.shared import get_shared_model
+from engine.speculative.theory import best_k, expected_speedup, expected_tokens_per_step
 from visualizers import speculative as sv
 from visualizers.figures import validated
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import random
 
 import pytest
-import engine.scheduler as scheduler_module
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import LLM, LLMEngine
+import engine.core.scheduler as scheduler_module
+from engine.core.config import EngineConfig, SamplingParams
+from engine.serving.llm import LLM
+from engine.serving.engine import LLMEngine
 from tests.conftest import run_to_completion
 from tests.parity import PROMPTS, assert_matches_hf, hf_greedy, run_engine
 
@@ -61,7 +62,7 @@ def test_greedy_speculation_is_token_identical(tiny, baseline, method, k):
     engine = LLMEngine(tiny, speculative_config=spec(method, k), **knobs)
     outputs, traces = run_engine(engine, PROMPTS, MAX_TOKENS)
     assert outputs == baseline(**knobs), (method, k, name)
-    assert engine.kv.pool.num_used == 0 and engine.drafter.num_used_blocks == 0
+    assert engine.kv.pool.num_used == 0 and engine.speculator.drafter.num_used_blocks == 0
     verified = [v for t in traces for v in t.spec]
     if method != "ngram":
         assert verified, "a model drafter verified nothing"
@@ -114,7 +115,7 @@ def test_random_speculative_runs_keep_every_invariant(tiny, seed):
         if steps == 6:
             engine.abort_request(ids[0])
             engine.check_integrity()
-    assert engine.kv.pool.num_used == 0 and engine.drafter.num_used_blocks == 0
+    assert engine.kv.pool.num_used == 0 and engine.speculator.drafter.num_used_blocks == 0
     for rid in ids[1:]:
         out = engine.get_output(rid).outputs[0]
         assert out.finish_reason in ("stop", "length") and len(out.token_ids) <= engine.requests[rid].sampling_params.max_tokens
@@ -125,7 +126,7 @@ def engine_state(engine: LLMEngine) -> tuple:
                  r.num_draft_tokens, r.num_accepted_tokens, tuple(engine.kv.block_tables.get(rid, ())))
            for rid, r in engine.requests.items()}
     return (engine.snapshot(), req, engine.step_count, list(engine.kv.pool.free_queue),
-            engine.drafter.checkpoint())
+            engine.speculator.drafter.checkpoint())
 
 
 @pytest.mark.parametrize("where", ["execute", "update"])
@@ -202,10 +203,10 @@ def test_config_validation_and_replay(tiny):
     """speculative_config reaches EngineConfig from LLM / LLMEngine; bad values name the field;
     n > 1 is refused naming n; a bad draft vocabulary names speculative_config.model; a
     speculative recording replays through from_json(to_json(record(run)))."""
-    from engine.recording import from_json, record, to_json
+    from engine.replay.recording import from_json, record, to_json
     from dataclasses import asdict
 
-    from engine.run import LiveRun, RunMeta
+    from engine.replay.run import LiveRun, RunMeta
 
     llm = LLM("tiny-random", speculative_config=NGRAM, block_size=4, num_blocks=64)
     assert llm.llm_engine.config.speculative_config.num_speculative_tokens == 4

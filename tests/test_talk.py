@@ -13,9 +13,9 @@ from streamlit.testing.v1 import AppTest
 
 from app.scenarios import PAGE_SCENARIOS
 from app.session import K
-from engine.bundled import BUNDLES, RECORDING_DIR, MAX_FILE_BYTES, bundled_names, bundled_path, load_bundled
-from engine.pipeline_stats import merge_timelines, pipeline_stats
-from engine.run import ReplayRun, RunView
+from engine.replay.bundled import BUNDLES, RECORDING_DIR, MAX_FILE_BYTES, bundled_names, bundled_path, load_bundled
+from engine.parallel.stats import merge_timelines, pipeline_stats
+from engine.replay.run import ReplayRun, RunView
 from tests.test_live_app import (KV_CACHE, MAIN, MODEL, TIMEOUT, badges, chart_step, click, errors, metric, ok,
                                  open_app, run_n, steps_done)
 from visualizers import batching as vb

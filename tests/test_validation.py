@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import LLM, LLMEngine
+from engine.core.config import EngineConfig, SamplingParams
+from engine.serving.llm import LLM
+from engine.serving.engine import LLMEngine
 from tests.conftest import run_to_completion
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")

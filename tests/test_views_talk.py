@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 import plotly.graph_objects as go
 import pytest
 
-from engine.run import LiveRun, PolicyRun, RunView, compare_prefix_caching, compare_speculation
-from engine.scenario import load_scenario
-from engine.trace import StepTrace
+from engine.replay.run import LiveRun, PolicyRun, RunView, compare_prefix_caching, compare_speculation
+from engine.replay.scenario import load_scenario
+from engine.core.trace import StepTrace
 from visualizers import batching as vb
 from visualizers import events as ve
 from visualizers import kv_blocks as vk
@@ -34,7 +34,7 @@ from visualizers import theme
 from visualizers.figures import validated
 
 if TYPE_CHECKING:
-    from engine.engine import SharedModel
+    from engine.model.shared import SharedModel
 
 EARLY_EXIT = {"method": "early_exit", "num_layers": 1, "num_speculative_tokens": 4}
 PRESENT, NORMAL = 19, 12  # app/live.py Style: presentation mode and the default
@@ -126,7 +126,7 @@ def test_prefill_accounts_on_smollm2_mid_run(torch_single_thread: None) -> None:
     """SmolLM2 (its real tokenizer, whole-block hits on a shared few-shot prefix), 8 steps in:
     the per-request accounts add up to the step records, and every request that has its first
     token had its whole prompt either computed or served from the cache."""
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     view = stepped(get_shared_model("smollm2-135m"), "shared-prefix", 8)
     run = PolicyRun("continuous", view.traces, view.snapshot)
@@ -427,7 +427,7 @@ def _axes(fig: go.Figure) -> dict[str, Any]:
 def test_pipeline_and_sweep_axes_have_titles(tiny: "SharedModel", torch_single_thread: None) -> None:
     """#19: the Gantt chart and the sweep had no axis titles (given as strings, which plotly.js
     3+ ignores in an unvalidated figure). Every axis carries {"text": ...} and automargin."""
-    from engine.run import SweepPoint
+    from engine.replay.run import SweepPoint
 
     view = stepped(tiny, "pipeline", 1)
     trace = view.traces[-1]

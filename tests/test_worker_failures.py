@@ -28,9 +28,9 @@ from collections.abc import Iterator
 import pytest
 
 from engine import LLMEngine, SamplingParams
-from engine.executor import ParallelExecutor, WorkerError
-from engine.model_runner import BatchInputs
-from engine.worker import RunStep, StepDone, Unit, clock_ns
+from engine.parallel.executor import ParallelExecutor, WorkerError
+from engine.model.runner import BatchInputs
+from engine.parallel.worker import RunStep, StepDone, Unit, clock_ns
 from tests.parity import PROMPTS, assert_matches_hf, run_engine
 from tests.test_parallel_hygiene import _cmdline, _ctrl_c_after, _pause, _stat, children, exists
 from tests.test_robustness import engine_state

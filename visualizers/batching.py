@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.trace import Snapshot, StepTrace
+from engine.core.trace import Snapshot, StepTrace
 from visualizers.events import EventKind, notes, step_events
 from visualizers.figures import Panel, figure, hline, live_layout, stack
 from visualizers.steps import step_number

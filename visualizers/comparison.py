@@ -10,7 +10,7 @@ from typing import Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.run import PolicyRun
+from engine.replay.run import PolicyRun
 from visualizers.batching import lane_heatmap, lanes, request_chips, state_legend
 from visualizers.figures import figure, legend_below
 from visualizers.theme import POLICY_COLORS, plot_label, request_sort_key

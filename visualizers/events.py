@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
-from engine.pipeline_stats import pipeline_stats
-from engine.trace import StepTrace
+from engine.parallel.stats import pipeline_stats
+from engine.core.trace import StepTrace
 from visualizers.steps import step_number
 from visualizers.text import escape_plotly
 from visualizers.theme import request_label

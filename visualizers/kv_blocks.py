@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 
-from engine.trace import BlockState, RequestState, Snapshot, StepTrace
+from engine.core.trace import BlockState, RequestState, Snapshot, StepTrace
 from visualizers.events import caption, grouped, note, step_events
 from visualizers.figures import Panel, legend_below, live_layout, stack, vline
 from visualizers.text import escape_markdown

@@ -18,11 +18,11 @@ from typing import Any, NamedTuple
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.parallel_layout import (CommBytes, ModelDims, WorkerBytes, comm_bytes_per_token, theory_bubble,
+from engine.parallel.layout import (CommBytes, ModelDims, WorkerBytes, comm_bytes_per_token, theory_bubble,
                                     worker_bytes)
-from engine.pipeline_stats import PipelineStats, pipeline_stats
-from engine.run import SweepPoint
-from engine.trace import ParallelLayout, PipelineTimeline, PipelineUnit, StepTrace, WorkEvent
+from engine.parallel.stats import PipelineStats, pipeline_stats
+from engine.replay.run import SweepPoint
+from engine.core.trace import ParallelLayout, PipelineTimeline, PipelineUnit, StepTrace, WorkEvent
 from visualizers.events import Event, note
 from visualizers.figures import figure, legend_below, live_layout
 from visualizers.steps import step_number
@@ -156,7 +156,7 @@ def gantt_figure(timeline: PipelineTimeline, layout: ParallelLayout | None, font
 
 def stats_frame(traces: Sequence[StepTrace]) -> pd.DataFrame:
     """One row per step that ran on workers: units, tokens, the driver's span, and the shares of
-    lanes x window that were compute, communication and bubble (engine/pipeline_stats.py)."""
+    lanes x window that were compute, communication and bubble (engine/parallel/stats.py)."""
     rows = []
     for t, line in timed_steps(traces):
         s = pipeline_stats(line)

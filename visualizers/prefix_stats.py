@@ -6,7 +6,7 @@
 * ``cache_figure``: the block pool (cached blocks drawn as such) above the hit rate, prefill
   tokens computed vs served from the cache, and cached blocks with evictions, on one step axis;
 * ``caching_summary`` / ``caching_requests_frame`` / ``caching_comparison_figure``: the same
-  scenario run to the end twice (``engine.run.compare_prefix_caching``): prefill tokens
+  scenario run to the end twice (``engine.replay.run.compare_prefix_caching``): prefill tokens
   computed and time to first token, in steps and in ms, per run and per request.
 
 Pure functions of StepTraces, Snapshots and PolicyRuns.
@@ -19,8 +19,8 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.run import PolicyRun
-from engine.trace import Snapshot, StepTrace
+from engine.replay.run import PolicyRun
+from engine.core.trace import Snapshot, StepTrace
 from visualizers.events import notes, step_events
 from visualizers.figures import Panel, legend_below, live_layout, stack
 from visualizers.kv_blocks import CACHED_IN_USE, STATE_TRACES, grid_panel

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.trace import PrefixNode, Snapshot, StepTrace
+from engine.core.trace import PrefixNode, Snapshot, StepTrace
 from visualizers.figures import figure, legend_below, live_layout
 from visualizers.text import escape_markdown, escape_plotly
 from visualizers.theme import (BLOCK_STATE_COLORS, PREFIX_NODE_COLORS, PREFIX_NODE_LABELS, PREFIX_NODE_STATES,

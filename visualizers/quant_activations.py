@@ -20,8 +20,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from engine.activations import DEFAULT_THRESHOLD, LINEARS, ActivationHistogram, ActivationStats
-from engine.smoothing import Smoothing
+from engine.model.activations import DEFAULT_THRESHOLD, LINEARS, ActivationHistogram, ActivationStats
+from engine.model.smoothing import Smoothing
 from visualizers.figures import Panel, figure, legend_below, live_layout, stack
 
 LINEAR_LABELS = {"qkv": "qkv (input: RMSNorm(h))", "o": "o (input: attention output)",

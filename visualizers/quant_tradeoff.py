@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine.quant_tradeoff import KVTradeoffRow, TradeoffResult
+from engine.studies.quant_tradeoff import KVTradeoffRow, TradeoffResult
 from visualizers.figures import legend_below
 from visualizers.text import escape_plotly
 from visualizers.theme import QUANT_COLORS

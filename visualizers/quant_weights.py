@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.quant_inspect import ErrorGrid, Histogram, WeightInspection
+from engine.studies.quant_inspect import ErrorGrid, Histogram, WeightInspection
 from visualizers.figures import Panel, figure, legend_below, stack
 from visualizers.theme import QUANT_COLORS
 

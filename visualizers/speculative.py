@@ -14,7 +14,7 @@
 * ``spec_text_markdown``: a request's output with accepted drafts, bonus and recovered tokens
   marked (every piece escaped).
 
-Pure functions of records (engine.trace); no engine state.
+Pure functions of records (engine.core.trace); no engine state.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from typing import Any, Mapping
 import pandas as pd
 import plotly.graph_objects as go
 
-from engine.spec_theory import best_k, expected_speedup, expected_tokens_per_step
-from engine.run import SPECULATION_RUNS, PolicyRun
-from engine.trace import SpecVerification, StepTrace
+from engine.speculative.theory import best_k, expected_speedup, expected_tokens_per_step
+from engine.replay.run import SPECULATION_RUNS, PolicyRun
+from engine.core.trace import SpecVerification, StepTrace
 from visualizers.events import notes, step_events
 from visualizers.figures import Panel, figure, legend_below, live_layout, stack
 from visualizers.steps import step_number
@@ -284,7 +284,7 @@ def spec_text_markdown(traces: Sequence[StepTrace], request_id: str) -> str:
     return "".join(parts) or "No output yet."
 
 
-# -- with vs without speculation (engine.run.compare_speculation) ------------------------------
+# -- with vs without speculation (engine.replay.run.compare_speculation) ------------------------------
 
 SPEC_RUN, PLAIN_RUN = SPECULATION_RUNS  # engine.run.compare_speculation's keys
 RUN_COLORS = {SPEC_RUN: "#228833", PLAIN_RUN: "#BBBBBB"}

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from engine.trace import StepTrace
+from engine.core.trace import StepTrace
 from visualizers.theme import request_label
 
 STEP_COLUMNS = ["step", "requests", "prefill tokens", "decode tokens", "batched tokens", "token budget",

@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import live
 from app.studies import comparisons
-from engine.run import RunView
+from engine.replay.run import RunView
 from visualizers import batching as vb
 from visualizers import comparison as vc
 

@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import live, presentation
 from app.session import K
-from engine.run import RunView
+from engine.replay.run import RunView
 from visualizers import kv_blocks as kv
 from visualizers.text import escape_markdown
 from visualizers.theme import request_label

@@ -10,8 +10,8 @@ from app import current_run, knobs, live, models, session
 from app.session import K
 from app.studies import pipeline as pipeline_study
 from app.studies import sizing
-from engine.pipeline_stats import merge_timelines, pipeline_stats
-from engine.run import RunView
+from engine.parallel.stats import merge_timelines, pipeline_stats
+from engine.replay.run import RunView
 from visualizers import pipeline as pv
 from visualizers.events import step_events
 from visualizers.steps import step_number

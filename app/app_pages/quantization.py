@@ -7,9 +7,9 @@ import streamlit as st
 
 from app import live
 from app.studies import activations, quant
-from engine.activations import DEFAULT_THRESHOLD, LINEARS
-from engine.quant_inspect import MATRICES
-from engine.run import RunView
+from engine.model.activations import DEFAULT_THRESHOLD, LINEARS
+from engine.studies.quant_inspect import MATRICES
+from engine.replay.run import RunView
 from visualizers import quant_activations as qa
 from visualizers import quant_tradeoff as qt
 from visualizers import quant_weights as qw

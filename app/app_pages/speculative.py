@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import live
 from app.studies import comparisons
-from engine.run import RunView, speculation_label
+from engine.replay.run import RunView, speculation_label
 from visualizers import speculative as sv
 from visualizers.theme import request_label, request_sort_key
 

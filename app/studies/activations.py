@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from app.current_run import live_run
 
 if TYPE_CHECKING:
-    from engine.activations import ActivationStats
+    from engine.model.activations import ActivationStats
 
 
 def run_activation_stats(linear: str, threshold: float, layer: int | None = None) -> ActivationStats | None:

@@ -12,7 +12,7 @@ from app import session
 from app.current_run import is_replay, live_run, run
 from app.models import shared_model
 from app.scenarios import spec_scenario
-from engine.run import PolicyRun, compare_policies, compare_prefix_caching, compare_speculation
+from engine.replay.run import PolicyRun, compare_policies, compare_prefix_caching, compare_speculation
 
 Progress = Callable[[str, int], None]  # (run name, steps done)
 Compare = Callable[..., dict[str, PolicyRun]]  # engine.run.compare_*(scenario, model, on_step=...)

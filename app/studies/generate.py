@@ -7,12 +7,12 @@ from app import session
 from app.models import shared_model
 
 if TYPE_CHECKING:
-    from engine.generation import GenerateRequest, GenerateResult, GenerationSession
+    from engine.serving.generation import GenerateRequest, GenerateResult, GenerationSession
 
 
 def requested(prompt: str) -> GenerateRequest:
     """``prompt`` with the page's other widgets as a request; ValueError names a bad value."""
-    from engine.generation import GenerateRequest
+    from engine.serving.generation import GenerateRequest
 
     return GenerateRequest(prompt=prompt, model=session.gen_model.get(),
                            max_tokens=int(session.gen_max_tokens.get()),
@@ -22,7 +22,7 @@ def requested(prompt: str) -> GenerateRequest:
 
 def start(request: GenerateRequest) -> GenerationSession:
     """A streaming generation of ``request`` on the process-wide weights."""
-    from engine import generation
+    from engine.serving import generation
 
     return generation.start(shared_model(request.model), request)
 

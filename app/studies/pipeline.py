@@ -7,7 +7,7 @@ from typing import Callable
 from app import session
 from app.models import shared_model
 from app.scenarios import choose_scenario
-from engine.run import SweepPoint
+from engine.replay.run import SweepPoint
 
 PIPELINE_SCENARIO = "pipeline"
 
@@ -28,7 +28,7 @@ def sweep_points(model: str, p: int, t: int) -> list[SweepPoint] | None:
 def measure_sweep(model: str, p: int, t: int, progress: Callable[[str, float], None]) -> None:
     """Measure the bubble over m (engine.run.measure_bubble_sweep) and keep it in the session;
     a failure is a message."""
-    from engine.run import measure_bubble_sweep
+    from engine.replay.run import measure_bubble_sweep
 
     try:
         points = measure_bubble_sweep(shared_model(model), p, t, progress=progress)

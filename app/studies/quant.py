@@ -15,9 +15,9 @@ from app.current_run import live_run
 from app.models import configure_torch, fp32_model, fp32_weights
 
 if TYPE_CHECKING:
-    from engine.quant_inspect import ErrorGrid, WeightInspection
-    from engine.quant_tradeoff import KVTradeoffRow, TradeoffResult
-    from engine.smoothing import Smoothing
+    from engine.studies.quant_inspect import ErrorGrid, WeightInspection
+    from engine.studies.quant_tradeoff import KVTradeoffRow, TradeoffResult
+    from engine.model.smoothing import Smoothing
 
 
 def num_layers(name: str) -> int:
@@ -31,14 +31,14 @@ def num_layers(name: str) -> int:
 
 @st.cache_resource(show_spinner=False, max_entries=32)
 def weight_inspection(name: str, scheme: str, group_size: int, layer: int, matrix: str) -> WeightInspection:
-    from engine.quant_inspect import inspect_weight
+    from engine.studies.quant_inspect import inspect_weight
 
     return inspect_weight(fp32_weights(name), scheme, layer, matrix, group_size=group_size)
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def error_grid(name: str, scheme: str, group_size: int) -> ErrorGrid:
-    from engine.quant_inspect import error_grid as grid
+    from engine.studies.quant_inspect import error_grid as grid
 
     return grid(fp32_weights(name), scheme, group_size)
 
@@ -46,7 +46,7 @@ def error_grid(name: str, scheme: str, group_size: int) -> ErrorGrid:
 @st.cache_resource(show_spinner=False, max_entries=4)
 def smoothing(name: str, strength: float) -> Smoothing:
     """SmoothQuant's record for ``strength`` (calibration prompts on the fp32 model)."""
-    from engine.engine import calibrated_smoothing
+    from engine.model.shared import calibrated_smoothing
 
     configure_torch()
     return calibrated_smoothing(name, strength, dict(fp32_weights(name)))[1]
@@ -54,7 +54,7 @@ def smoothing(name: str, strength: float) -> Smoothing:
 
 @st.cache_resource(show_spinner=False, max_entries=2)
 def kv_tradeoff(name: str) -> tuple[KVTradeoffRow, ...]:
-    from engine.quant_tradeoff import kv_tradeoff as measure
+    from engine.studies.quant_tradeoff import kv_tradeoff as measure
 
     configure_torch()
     return measure(name)
@@ -72,7 +72,7 @@ def tradeoff_result(name: str) -> TradeoffResult | None:
 
 def measure_tradeoffs(name: str, progress: Callable[[str, float], None]) -> None:
     """Measure every scheme on this machine (the page's quick settings); kept for every session."""
-    from engine.quant_tradeoff import PAGE, measure_tradeoffs as measure
+    from engine.studies.quant_tradeoff import PAGE, measure_tradeoffs as measure
 
     configure_torch()
     try:

@@ -5,33 +5,15 @@ which tool that line is for). The formulas with their numbers are in ``formulas`
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .budget import DEFAULT_UTIL, FRAMEWORK_LABELS
 from .formats import WEIGHT_FORMATS, SizingError, torch_dtype_name
 from .plan import Plan
+from .result import Estimate, FormatOption
 from .precision import sixteen_bit
 from .units import ceil_exact, gib
 
-if TYPE_CHECKING:
-    from .estimate import Estimate
-
-
-@dataclass(frozen=True)
-class FormatOption:
-    """One weight format tried on the same hardware and workload (a row of "Other formats")."""
-
-    format: str
-    label: str
-    weight_bytes: int
-    total_bytes_per_device: int
-    fits: bool
-    kv_room_tokens: int
-    decode_tokens_per_s: float
-    decode_tokens_per_s_roofline: float
-    prefill_seconds: float
-    support: str  # "supported", or what limits it here
-    current: bool
 
 
 @dataclass(frozen=True)
@@ -190,7 +172,7 @@ def serve_command(plan: Plan) -> str:
     return _vllm(plan, ascend=tool == "vllm-ascend")
 
 
-def _alternatives(plan: Plan) -> list[FormatOption]:
+def format_alternatives(plan: Plan) -> list[FormatOption]:
     """Each of ``_alt_formats`` sized on the same hardware and workload (re-running the plan)."""
     rows = []
     for key in _alt_formats(plan):
@@ -211,7 +193,7 @@ def _alternatives(plan: Plan) -> list[FormatOption]:
     return rows
 
 
-def _suggestions(plan: Plan, est: Estimate) -> list[str]:
+def format_suggestions(plan: Plan, est: Estimate) -> list[str]:
     """What would make it fit, each checked by re-running the plan: the largest smaller format
     that fits, more devices, a shorter context, fewer sequences, an FP8 KV cache."""
     if est.fits:

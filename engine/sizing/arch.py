@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..hf_config import MISSING, MISSING_RULE, Fields, config_dtype, got
+from ..core.hf_config import MISSING, MISSING_RULE, Fields, config_dtype, got
 from .formats import SizingError
 from .units import tokens as _n  # a count with thousands separators
 
@@ -217,7 +217,7 @@ def _default_max(name: str) -> int:
 
 
 def _fields(cfg: dict[str, Any], where: str = "") -> Fields:
-    """The shared readers (engine/hf_config.py) over ``cfg``, with the calculator's error and
+    """The shared readers (engine/core/hf_config.py) over ``cfg``, with the calculator's error and
     bounds; null reads as absent and 0 / 1 as false / true, as transformers reads them."""
     return Fields(cfg, _refuse, where, _default_max, null_is_absent=True, bool_ints=True)
 
@@ -295,7 +295,7 @@ def _side(cfg: dict[str, Any], name: str, default: int, where: str = "") -> int:
 def checkpoint_dtype(cfg: dict[str, Any], default: str = "bf16") -> str:
     """The checkpoint's storage dtype: ``quantization_config.quant_method == "fp8"`` -> fp8, else
     ``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) read through the one dtype
-    vocabulary (``engine.hf_config.config_dtype``), one of ``CHECKPOINT_DTYPES`` (fp32/bf16/fp16/fp8);
+    vocabulary (``engine.core.hf_config.config_dtype``), one of ``CHECKPOINT_DTYPES`` (fp32/bf16/fp16/fp8);
     ``default`` when neither is given. An unknown spelling is an error naming the field."""
     quant = _obj(cfg, "quantization_config") or {}
     key = config_dtype(_fields(cfg), default) or default

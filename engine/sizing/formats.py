@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction as F
 
-# The one dtype vocabulary lives with the shared HF-config readers (engine/hf_config.py, torch-free);
+# The one dtype vocabulary lives with the shared HF-config readers (engine/core/hf_config.py, torch-free);
 # the calculator's names for it are these.
-from ..hf_config import CHECKPOINT_DTYPES as CHECKPOINT_DTYPES
-from ..hf_config import DTYPE_ALIASES as DTYPE_ALIASES
-from ..hf_config import FLOAT_DTYPE_NAMES as FLOAT_DTYPE_NAMES
-from ..hf_config import dtype_key as dtype_key
-from ..hf_config import dtype_spellings as dtype_spellings
+from ..core.hf_config import CHECKPOINT_DTYPES as CHECKPOINT_DTYPES
+from ..core.hf_config import DTYPE_ALIASES as DTYPE_ALIASES
+from ..core.hf_config import FLOAT_DTYPE_NAMES as FLOAT_DTYPE_NAMES
+from ..core.hf_config import dtype_key as dtype_key
+from ..core.hf_config import dtype_spellings as dtype_spellings
 
 
 class SizingError(ValueError):
@@ -118,7 +118,7 @@ KV_DTYPES: dict[str, KVDtype] = {
         KVDtype("fp16", "FP16", F(2), 0, "auto", "auto"),
         KVDtype("fp8", "FP8", F(1), 0, "fp8", "fp8_e4m3"),
         KVDtype("int8", "INT8 (per-token-head scales)", F(1), 4, "int8", None),
-        # InferScope's own engine (engine/kv_quant.py): fp8 with an fp32 scale per token-head
+        # InferScope's own engine (engine/model/kv_quant.py): fp8 with an fp32 scale per token-head
         KVDtype("fp8_token", "FP8 E4M3 (per-token-head scales)", F(1), 4, None, None),
         KVDtype("int4", "INT4 (per-token-head scales)", F(1, 2), 4, None, None),
         KVDtype("q8_0", "GGUF Q8_0 (llama.cpp cache)", F(34, 32), 0, None, None),

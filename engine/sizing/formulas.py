@@ -4,15 +4,13 @@ One function per formula; ``formulas`` puts them together in the order they are 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from .budget import DEFAULT_UTIL, nccl_bytes
 from . import activations
 from .plan import Plan, Speed
+from .result import Estimate
 from .units import fmt_bytes, gib, rate, round_up
 
-if TYPE_CHECKING:
-    from .estimate import Estimate
 
 
 def _parameters(plan: Plan, est: Estimate) -> str:

@@ -404,7 +404,7 @@ def this_machine(d: dict[str, Any] | None = None, key: str = "this-machine") -> 
 # lookup: preset keys, display names and each preset's "aliases" (case and punctuation ignored)
 
 
-def _norm(name: str) -> str:
+def norm_name(name: str) -> str:
     """Lower case, letters and digits only: "RTX 4090" == "rtx-4090" == "rtx4090"."""
     return "".join(c for c in str(name).lower() if c.isalnum())
 
@@ -449,15 +449,15 @@ def _name_index() -> dict[str, str]:
         for key in _preset_files():
             names = {"key": [key], "name": [str(_preset_dict(key).get("name", ""))], "alias": preset_aliases(key)}[pass_]
             for n in names:
-                if _norm(n):
-                    index[_norm(n)] = key
+                if norm_name(n):
+                    index[norm_name(n)] = key
     return index
 
 
 def _family_note(text: str, key: str) -> str:
     """When a short family name (``a100``, ``h100``) picked one of several presets, say so."""
-    wanted = _norm(text)
-    siblings = [k for k in _preset_files() if k != key and _norm(k).startswith(wanted)]
+    wanted = norm_name(text)
+    siblings = [k for k in _preset_files() if k != key and norm_name(k).startswith(wanted)]
     if not siblings:
         return ""
     name = _preset_dict(key).get("name", key)
@@ -468,7 +468,7 @@ def _family_note(text: str, key: str) -> str:
 def suggest_hardware(text: str, limit: int = 3) -> list[str]:
     """Closest preset keys to a mistyped name (difflib over keys, names and aliases)."""
     index = _name_index()
-    wanted = _norm(text)
+    wanted = norm_name(text)
     close = difflib.get_close_matches(wanted, list(index), n=limit * 3, cutoff=0.5)
     close += [n for n in index if wanted and (n.startswith(wanted) or wanted in n)]
     keys: list[str] = []
@@ -507,7 +507,7 @@ def resolve_hardware_name(name: str) -> tuple[str, str]:
         raise SizingError("no hardware given; see --list-hardware")
     if text in _preset_files():
         return text, ""
-    key = _name_index().get(_norm(text))
+    key = _name_index().get(norm_name(text))
     if key is None:
         raise _unknown(text)
     return key, _family_note(text, key)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .arch import Checkpoint, ModelSpec, model_from_config
 from .formats import FLOAT_SAFETENSORS, SAFETENSORS_DTYPE_BYTES, SizingError
-from .hardware import PRESETS_DIR, _norm
+from .hardware import PRESETS_DIR, norm_name
 
 MAX_HEADER = 100 * 1024 * 1024
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # real config.json files are under 1 MB
@@ -183,10 +183,10 @@ def get_model(name: str) -> ModelSpec:
     files = _preset_files()
     if text in files:
         return model_from_config(_preset_dict(text), text)
-    wanted = _norm(text)
+    wanted = norm_name(text)
     for key in files:
         source = _preset_dict(key).get("_source", {})
-        if wanted in (_norm(key), _norm(source.get("display_name", "")), _norm(source.get("hf_id", ""))):
+        if wanted in (norm_name(key), norm_name(source.get("display_name", "")), norm_name(source.get("hf_id", ""))):
             return model_from_config(_preset_dict(key), key)
     shown = text if len(text) <= 200 else text[:200] + "..."
     if len(text) > MAX_NAME_CHARS:

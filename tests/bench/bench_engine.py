@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.engine import SharedModel, get_shared_model
-from engine.quant_tradeoff import decode_ready_engine, read_bandwidth
+from engine.model.shared import SharedModel, get_shared_model
+from engine.studies.quant_tradeoff import decode_ready_engine, read_bandwidth
 from tests.parity import LONG, hf_model
 
 MODEL = "smollm2-135m"
@@ -127,7 +127,7 @@ def batch1_decode_seconds(prompt: list[int], steps: int = 64, model: str | Share
 
 def _decode_ready_engine(prompts: list[list[int]], max_tokens: int, model: str | SharedModel = MODEL,
                          **knobs: Any) -> LLMEngine:
-    """An engine with every request past its prefill (engine.quant_tradeoff.decode_ready_engine)."""
+    """An engine with every request past its prefill (engine.studies.quant_tradeoff.decode_ready_engine)."""
     return decode_ready_engine(model, prompts, max_tokens, **knobs)
 
 

@@ -23,7 +23,7 @@ Configurations (one fresh engine each; the worker start-up time is reported too)
   * t = 2, and p = 2 x t = 2 gpipe m = 4: the all-reduce share
 
 Bubble fraction = 1 - (forward + send time of every worker) / (workers x window)
-(engine/pipeline_stats.py). "First step": window = that step's first forward start .. last
+(engine/parallel/stats.py). "First step": window = that step's first forward start .. last
 forward end. "Whole run": every step of the round on one axis (merge_timelines), so the
 workers' idle time between steps (the driver sampling and scheduling) counts too: GPipe fills
 and drains every step, the batch queue keeps the pipeline busy across steps. "Decode phase":
@@ -42,10 +42,11 @@ import sys
 import time
 from typing import Any
 
-from engine.config import SamplingParams
-from engine.engine import LLMEngine, get_shared_model
-from engine.pipeline_stats import merge_timelines, pipeline_stats
-from engine.parallel_layout import theory_bubble
+from engine.core.config import SamplingParams
+from engine.serving.engine import LLMEngine
+from engine.model.shared import get_shared_model
+from engine.parallel.stats import merge_timelines, pipeline_stats
+from engine.parallel.layout import theory_bubble
 
 MODEL = "smollm2-135m"
 BATCH = 8

@@ -54,9 +54,9 @@ from typing import Any
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.config import EngineConfig
-from engine.engine import get_shared_model
-from engine.trace import StepTrace
+from engine.core.config import EngineConfig
+from engine.model.shared import get_shared_model
+from engine.core.trace import StepTrace
 from tests.parity import LONG
 
 MODEL = "smollm2-135m"

@@ -23,7 +23,7 @@
     calculator                          engine.sizing.estimate for this machine (measured preset):
                                         its roofline and its expected decode tok/s for the format
 
-Every measurement but the 16-request throughput is engine/quant_tradeoff.py's (the page's
+Every measurement but the 16-request throughput is engine/studies/quant_tradeoff.py's (the page's
 "Measure on this machine" runs the same code with its PAGE settings); this module adds the
 throughput and the targets.
 
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.quant_tradeoff import (FULL, MODES, PPL_STRIDE, PPL_WINDOW, QUICK, LoadedMode, Settings, load_modes,
+from engine.studies.quant_tradeoff import (FULL, MODES, PPL_STRIDE, PPL_WINDOW, QUICK, LoadedMode, Settings, load_modes,
                                    measure_tradeoffs, step_round_robin)
 from tests.bench.bench_engine import MODEL, NUM_REQUESTS, workload
 

@@ -1,4 +1,4 @@
-"""SmoothQuant for w8a8 on SmolLM2 (engine/smoothing.py): perplexity with and without it.
+"""SmoothQuant for w8a8 on SmolLM2 (engine/model/smoothing.py): perplexity with and without it.
 
 Perplexity of the first 1,024 tokens of presets/texts/sqlite3_h_comments.txt, window 512 /
 stride 256 (the engine's own forward, ``from engine import perplexity``), for fp32, w8a8 and
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import LLM, perplexity
-from engine.engine import get_shared_model
+from engine.model.shared import get_shared_model
 
 MODEL = "smollm2-135m"
 TEXT = Path(__file__).resolve().parents[2] / "presets" / "texts" / "sqlite3_h_comments.txt"

@@ -51,11 +51,12 @@ from typing import Any
 
 import torch
 
-from engine.engine import LLMEngine, get_shared_model
-from engine.quant_tradeoff import step_round_robin
-from engine.scenario import Scenario, build_engine, load_scenario, without_speculation
-from engine.spec_theory import expected_speedup, expected_tokens_per_step
-from engine.trace import StepTrace
+from engine.serving.engine import LLMEngine
+from engine.model.shared import get_shared_model
+from engine.studies.quant_tradeoff import step_round_robin
+from engine.replay.scenario import Scenario, build_engine, load_scenario, without_speculation
+from engine.speculative.theory import expected_speedup, expected_tokens_per_step
+from engine.core.trace import StepTrace
 
 MODEL = "smollm2-135m"
 KS = (1, 2, 4, 8)

@@ -55,7 +55,7 @@ def server_pid(url: str) -> int:
 
 
 def worker_pids(root: int) -> set[int]:
-    """The engine workers under ``root`` (engine/worker.py names each in its command line)."""
+    """The engine workers under ``root`` (engine/parallel/worker.py names each in its command line)."""
     procs = _processes()
     found, frontier = set(), {root}
     while frontier:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.recording import from_json
+from engine.replay.recording import from_json
 from tests.browser.server import (assert_no_exception, click, load, metric, readability_problems, wait_for_app,
                                   wait_for_views_at_step)
 

@@ -1,5 +1,5 @@
 """A real recording to break: record a short `tiny-random` run once, then mutate its JSON at a
-field path written the way ``engine.recording.from_json`` names it in its errors
+field path written the way ``engine.replay.recording.from_json`` names it in its errors
 (``steps[3].trace.scheduled[0].num_tokens``), so a case's expected message is its own path.
 """
 from __future__ import annotations
@@ -19,10 +19,10 @@ def record_json(steps: int = STEPS, comparison: bool = True, scenario: str = "ch
     end for the comparison), as recording JSON."""
     import torch
 
-    from engine.engine import get_shared_model
-    from engine.recording import record, to_json
-    from engine.run import LiveRun, compare_policies
-    from engine.scenario import load_scenario
+    from engine.model.shared import get_shared_model
+    from engine.replay.recording import record, to_json
+    from engine.replay.run import LiveRun, compare_policies
+    from engine.replay.scenario import load_scenario
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)

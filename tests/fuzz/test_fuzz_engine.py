@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
-import engine.limits as limits_module
-import engine.sampling as sampling_module
-import engine.scheduler as scheduler_module
-from engine.config import (MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_N, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS,
+import engine.serving.limits as limits_module
+import engine.core.sampling as sampling_module
+import engine.core.scheduler as scheduler_module
+from engine.core.config import (MAX_BLOCK_SIZE, MAX_MODEL_LEN, MAX_N, MAX_NUM_BATCHED_TOKENS, MAX_NUM_BLOCKS,
                            MAX_NUM_SEQS, MAX_SEED, MAX_TOKENS, EngineConfig, SamplingParams)
-from engine.engine import LLM, MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS, LLMEngine
+from engine.serving.llm import LLM
+from engine.serving.limits import MAX_ARRIVAL_HORIZON, MAX_GENERATE_PROMPTS
+from engine.serving.engine import LLMEngine
 from tests.conftest import run_to_completion
 from tests.fuzz.harness import expect_accepted, expect_rejected
 
@@ -123,7 +125,7 @@ def test_int4_group_size_not_dividing_the_model_rejected_at_start(group_size: in
 @pytest.mark.parametrize("value", [1e-30, 1e30])
 def test_extreme_outlier_threshold_accepted(tiny, value: float) -> None:
     """A tiny threshold sends every column through the float path, a huge one none: both run."""
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     shared = get_shared_model("tiny-random", quantization="w8a8", quantization_outlier_threshold=value)
     llm = expect_accepted(lambda: LLM(shared, quantization="w8a8", quantization_outlier_threshold=value), seconds=10)
@@ -139,7 +141,7 @@ def test_sparsity_alone_or_with_a_scheme_runs(tiny, quantization: str | None) ->
     assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
 
 
-# SmoothQuant's alpha (engine/smoothing.py): a number in [0, 1], and only with w8a8.
+# SmoothQuant's alpha (engine/model/smoothing.py): a number in [0, 1], and only with w8a8.
 BAD_SMOOTHING = [(-0.1, "w8a8"), (1.0000001, "w8a8"), (NAN, "w8a8"), (INF, "w8a8"), (-INF, "w8a8"),
                  ("0.5", "w8a8"), (True, "w8a8"), ([0.5], "w8a8"), (10 ** 30, "w8a8"),
                  (0.5, "int8"), (0.5, "int4"), (0.5, "fp8"), (0.5, None), (0.0, None)]
@@ -164,7 +166,7 @@ def test_extreme_smoothing_strength_accepted(tiny, value: float) -> None:
 
 
 def test_sparsity_bad_value_rejected_by_get_shared_model() -> None:
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     expect_rejected(lambda: get_shared_model("tiny-random", sparsity="1:2"), "sparsity", seconds=2)
 
@@ -468,7 +470,7 @@ FAILURES = {
     "stop check RuntimeError": (lambda e: (scheduler_module, "check_stop"), RuntimeError("stop boom"), "stop boom"),
     # after the radix tree took this step's full blocks (insert, then lock the new node)
     "prefix lock RuntimeError": (lambda e: (e.kv.prefix_cache, "lock"), RuntimeError("lock boom"), "lock boom"),
-    "trace RuntimeError": (lambda e: (e, "_build_trace"), RuntimeError("trace boom"), "trace boom"),
+    "trace RuntimeError": (lambda e: (e.tracer, "step_trace"), RuntimeError("trace boom"), "trace boom"),
 }
 
 
@@ -523,7 +525,7 @@ def test_generate_after_a_failed_generate_works(tiny, monkeypatch, greedy_tokens
 
 def test_generate_that_cannot_progress_raises(tiny, monkeypatch) -> None:
     llm = LLM(tiny)
-    from engine.scheduler import SchedulerOutput
+    from engine.core.scheduler import SchedulerOutput
 
     monkeypatch.setattr(llm.llm_engine.scheduler, "schedule", lambda: SchedulerOutput((), (), 0))
     expect_rejected(lambda: llm.generate([PROMPT], GREEDY), "no progress", exc=RuntimeError, seconds=10)

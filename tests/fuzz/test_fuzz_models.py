@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.models.loader import TINY_RANDOM_CONFIG, load_model, tiny_random_weights
+from engine.model.loader import TINY_RANDOM_CONFIG, load_model, tiny_random_weights
 from tests.fuzz.harness import expect_rejected
 from tests.model_files import write_folder, write_gguf
 
@@ -306,6 +306,6 @@ NAME_IDS = [  # the labels of _names(), in order
 def test_model_name(tmp_path: Path, index: int) -> None:
     label, name, part = _names(tmp_path)[index]
     _reject_load(name, "model", part)
-    from engine.engine import get_shared_model
+    from engine.model.shared import get_shared_model
 
     expect_rejected(lambda: get_shared_model(name), "model", seconds=SECONDS)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app.session import K
-from engine.recording import MAX_BYTES
+from engine.replay.recording import MAX_BYTES
 from tests.fuzz.harness import expect_page_message
 from tests.fuzz.recordings import DELETE, dumps, record_json, set_path
 from visualizers.text import escape_markdown

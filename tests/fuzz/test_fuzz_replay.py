@@ -2,7 +2,7 @@
 run to the end), mutated at every kind of field path - wrong type, negative, zero, fractional,
 NaN/Infinity, huge, null, missing, an extra key, inconsistent values - and at the file level
 (truncated, empty, not UTF-8, too deep, too big, wrong format/version). Each must be the one
-ValueError of ``engine.recording.from_json`` naming the field's path, within the time limit;
+ValueError of ``engine.replay.recording.from_json`` naming the field's path, within the time limit;
 a few documented acceptances (integer timings, a default left out, brackets inside strings)
 must load.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine.recording import MAX_BYTES, MAX_DEPTH, from_json, to_json
+from engine.replay.recording import MAX_BYTES, MAX_DEPTH, from_json, to_json
 from tests.fuzz.harness import expect_accepted, expect_rejected
 from tests.fuzz.recordings import DELETE, dumps, get_path, set_path
 

@@ -1,0 +1,530 @@
+"""Frozen configuration records: engine knobs and per-request sampling parameters.
+
+Validation happens here, once, and raises ``ValueError`` naming the field and the allowed
+range, so a bad knob never reaches the engine's state.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from engine.core.hf_config import ENGINE_DTYPES
+
+Policy = Literal["continuous", "static"]
+DTYPES = ENGINE_DTYPES  # the one dtype vocabulary (engine/core/hf_config.py): float32, bfloat16, float16
+# KV-cache dtypes: the float ones, or quantized with per-token-head fp32 scales (engine/model/kv_quant.py)
+KV_CACHE_DTYPES: tuple[str, ...] = (*DTYPES, "int8", "fp8")
+
+# Hard caps that need no model (the model-dependent memory check is in LLMEngine.__init__).
+# They keep one engine small enough to build in about a second on a laptop CPU: the block pool
+# is pure Python (~230 B and ~10 us per block measured), and a demo never needs more.
+MAX_BLOCK_SIZE = 256
+MAX_NUM_BLOCKS = 1 << 17  # 131,072 blocks (x block_size tokens each)
+MAX_NUM_BATCHED_TOKENS = 1 << 20  # 1,048,576 tokens in one step
+MAX_NUM_SEQS = 1 << 14  # 16,384 running requests
+MAX_MODEL_LEN = 1 << 24  # 16,777,216 positions; the model's own limit usually binds first
+MAX_TOKENS = 1 << 24  # SamplingParams.max_tokens; the context limit usually binds first
+MAX_N = 64  # SamplingParams.n: parallel sequences of one request (each also counts in max_num_seqs)
+MAX_SEED = 2 ** 63 - 1  # seeds are 0 .. 2**63 - 1 (a torch.Generator seed, as vLLM)
+# vLLM's _SAMPLING_EPS: a temperature below it samples greedily (logits / t would overflow).
+SAMPLING_EPS = 1e-5
+
+
+# Quantization knobs (the schemes themselves are in engine/model/quantization.py; kept here so this
+# module stays torch-free).
+QuantScheme = Literal["int8", "int4", "fp8", "w8a8"]
+SCHEMES: tuple[str, ...] = ("int8", "int4", "fp8", "w8a8")
+INT4_GROUP_SIZES: tuple[int, ...] = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu accepts
+DEFAULT_GROUP_SIZE = 32
+DEFAULT_OUTLIER_THRESHOLD = 6.0
+
+
+def check_quant_knobs(quantization: object, group_size: object, outlier_threshold: object) -> None:
+    """The three knobs, each a ValueError naming the field (``quantization=None`` is off)."""
+    if quantization is not None and (not isinstance(quantization, str) or quantization not in SCHEMES):
+        raise ValueError(f"quantization: must be one of {SCHEMES} or None, got {str(quantization)[:40]!r}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"quantization_group_size: must be one of {INT4_GROUP_SIZES} (the int4 kernel's "
+                         f"group sizes), got {str(group_size)[:40]!r}")
+    if (isinstance(outlier_threshold, bool) or not isinstance(outlier_threshold, (int, float))
+            or not 0 < outlier_threshold < math.inf):
+        raise ValueError(f"quantization_outlier_threshold: must be a finite number > 0, got "
+                         f"{str(outlier_threshold)[:40]!r}")
+
+
+# Parallelism (engine/parallel/executor.py): worker processes, the two pipeline schedules.
+PipelineSchedule = Literal["gpipe", "batch_queue"]
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+MAX_WORKERS = 8
+MAX_MICROBATCHES = 64
+MAX_WORKER_TIMEOUT_S = 3600.0
+
+
+# Weight sparsity patterns (engine/model/sparsity.py): 2 nonzeros in every 4 consecutive input weights.
+SPARSITY_PATTERNS: tuple[str, ...] = ("2:4",)
+
+
+def check_sparsity(sparsity: object) -> None:
+    """``sparsity`` is None (dense) or one of SPARSITY_PATTERNS; anything else a ValueError."""
+    if sparsity is not None and (not isinstance(sparsity, str) or sparsity not in SPARSITY_PATTERNS):
+        raise ValueError(f"sparsity: must be None or one of {SPARSITY_PATTERNS}, got {str(sparsity)[:40]!r}")
+# SmoothQuant (engine/model/smoothing.py) applies to the scheme that quantizes activations.
+SMOOTHING_SCHEMES: tuple[str, ...] = ("w8a8",)
+
+
+def check_smoothing(quantization: object, strength: object) -> None:
+    """``quantization_smoothing_strength``: None (off) or a finite number in [0, 1] (SmoothQuant's
+    alpha), and only with a scheme in SMOOTHING_SCHEMES; ValueError naming the knob."""
+    if strength is None:
+        return
+    if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not (
+            math.isfinite(strength) and 0 <= strength <= 1):
+        raise ValueError(f"quantization_smoothing_strength: must be a number in [0, 1] or None, got "
+                         f"{str(strength)[:40]!r}")
+    if quantization not in SMOOTHING_SCHEMES:
+        raise ValueError(f"quantization_smoothing_strength: applies to quantization in {SMOOTHING_SCHEMES} "
+                         f"(the schemes that quantize activations), got quantization={str(quantization)[:40]!r}")
+
+
+def _is_number(value: object) -> bool:
+    """An int or a float, not a bool (True would pass as 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _require_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    """An int (not a bool) in [minimum, maximum]; ValueError naming ``name`` and the range."""
+    allowed = f">= {minimum}" if maximum is None else f"in {minimum} .. {maximum:,}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: must be an integer {allowed}, got {_short(value)}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(f"{name}: must be an integer {allowed}, got {value:,}")
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """repr() cut to ``limit`` characters, so a huge bad value cannot flood a message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    """None (no stop strings, as vLLM), one string, or a list/tuple of non-empty strings."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (list, tuple)):
+        raise ValueError(f"stop: must be None, a string or a list of non-empty strings, got "
+                         f"{type(stop).__name__}")
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise ValueError("stop: every stop string must be a non-empty string")
+    return tuple(stop)
+
+
+MAX_NAME_CHARS = 40  # runner / attention_backend names
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine knobs (vLLM names where vLLM has one).
+
+    block_size              tokens per KV block (1 .. 256)
+    num_blocks              physical KV blocks in the pool (per layer)
+    max_num_batched_tokens  the token budget of one step (all requests together)
+    max_num_seqs            most requests running at once
+    enable_chunked_prefill  a prompt may be split across steps to fit the budget
+    policy                  "continuous" (refill every step) or "static" (a fixed batch that
+                            waits for its longest member)
+    max_model_len           context limit; None = the model's own limit
+    dtype / kv_cache_dtype  weights and KV tensors; kv defaults to the weights' dtype; kv may also
+                            be "int8" or "fp8" (e4m3): quantized on write with one fp32 absmax
+                            scale per token and KV head, dequantized on read (engine/model/kv_quant.py).
+                            dtype "auto" (the default, vLLM's word) resolves at construction to
+                            "float32", or "bfloat16" when quantization is set (the quantized
+                            kernels have SIMD paths only for bf16 activations); an explicit
+                            "float32" / "float16" with a quantization is a ValueError
+    quantization            None, "int8", "int4", "fp8" or "w8a8" (engine/model/quantization.py)
+    quantization_group_size int4 group along the input dim: 32 (default), 64, 128 or 256, and it
+                            must divide the model's input dims (checked at engine start)
+    sparsity                None, or "2:4": the decoder layers' projections magnitude-pruned to 2
+                            nonzeros in every 4 input weights (engine/model/sparsity.py), before any
+                            quantization; dense storage, so no speedup on CPU
+    quantization_outlier_threshold  w8a8: input columns with |x| above it stay in floating
+                            point (LLM.int8(), default 6.0); a finite number > 0
+    quantization_smoothing_strength  w8a8 only: SmoothQuant's alpha in [0, 1] (llm-compressor's
+                            ``smoothing_strength``), None = off; scales from the calibration
+                            prompts folded into the weights before quantizing (engine/model/smoothing.py)
+    speculative_config      None (off), a SpeculativeConfig, or vLLM's dict ({"method": "ngram",
+                            "num_speculative_tokens": 4, ...}; parsed by parse_speculative_config,
+                            a bad key or value is a ValueError naming speculative_config.<key>).
+                            Requests with SamplingParams(n > 1) are refused while it is set
+                            (ValueError naming n). See engine/speculative/.
+    pipeline_parallel_size  p: the layers split into p contiguous stages, each a worker process
+                            (engine/parallel/executor.py); 1 = no pipeline (vLLM's name)
+    tensor_parallel_size    t: every stage's attention heads and MLP columns split across t
+                            worker processes joined by all-reduces (vLLM's name); p * t <= 8
+                            workers (p * t = 1 runs in this process). t > 1 refuses a weight
+                            quantization (its packed codes are not sliced)
+    pipeline_schedule       "gpipe": each step's batch split into num_microbatches micro-batches
+                            that fill and drain the pipeline within the step; "batch_queue"
+                            (vLLM's way): up to p independent batches, each scheduled over
+                            requests no other in-flight batch holds, in flight at once
+    num_microbatches        m for "gpipe" (1 .. 64; fewer when the batch has fewer requests);
+                            must be 1 for "batch_queue"
+    pipeline_layer_split    layers per stage, e.g. (20, 10); None = as even as possible; its
+                            length must be p and it must sum to the model's layer count
+    worker_timeout_s        a worker that does not answer within this many seconds is declared
+                            hung: the step raises and the workers are stopped
+    seed                    seeds requests that carry no seed of their own
+    enable_prefix_caching   share the KV of common prompt prefixes through a radix tree (on by
+                            default, as in vLLM)
+    runner                  what runs the model (engine/serving/runners.py RUNNERS): "auto" (this
+                            process, or worker processes when p * t > 1), "in_process", "workers",
+                            or another registered name; an unknown one is a ValueError at start
+    attention_backend       the attention kernels of the forward (engine/model/attention.py
+                            ATTENTION_BACKENDS): "torch" (the reference); checked at start
+    """
+
+    block_size: int = 16
+    num_blocks: int = 512
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 16
+    enable_chunked_prefill: bool = True
+    policy: Policy = "continuous"
+    max_model_len: int | None = None
+    dtype: str = "auto"
+    kv_cache_dtype: str | None = None
+    seed: int = 0
+    enable_prefix_caching: bool = True
+    quantization: str | None = None
+    quantization_group_size: int = DEFAULT_GROUP_SIZE
+    quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD
+    sparsity: str | None = None
+    quantization_smoothing_strength: float | None = None
+    speculative_config: SpeculativeConfig | None = None
+    pipeline_parallel_size: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_schedule: PipelineSchedule = "gpipe"
+    num_microbatches: int = 1
+    pipeline_layer_split: tuple[int, ...] | None = None
+    worker_timeout_s: float = 60.0
+    runner: str = "auto"
+    attention_backend: str = "torch"
+
+    def __post_init__(self) -> None:
+        """Every knob an int in its range (hard caps above); memory is checked by the engine."""
+        for name in ("runner", "attention_backend"):  # which ones exist is the registries' to say
+            value = getattr(self, name)
+            if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_CHARS:
+                raise ValueError(f"{name}: must be a name (1 to {MAX_NAME_CHARS} characters), got {_short(value)}")
+        object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
+        _require_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
+        _require_int("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
+        _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS)
+        _require_int("max_num_seqs", self.max_num_seqs, 1, MAX_NUM_SEQS)
+        if self.max_model_len is not None:
+            _require_int("max_model_len", self.max_model_len, 2, MAX_MODEL_LEN)
+        if not isinstance(self.policy, str) or self.policy not in ("continuous", "static"):
+            raise ValueError(f"policy: must be 'continuous' or 'static', got {_short(self.policy)}")
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise ValueError("enable_chunked_prefill: must be True or False")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError("enable_prefix_caching: must be True or False")
+        check_quant_knobs(self.quantization, self.quantization_group_size, self.quantization_outlier_threshold)
+        check_sparsity(self.sparsity)
+        check_smoothing(self.quantization, self.quantization_smoothing_strength)
+        if self.dtype == "auto":
+            object.__setattr__(self, "dtype", "float32" if self.quantization is None else "bfloat16")
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be 'auto' or one of {DTYPES}, got {_short(self.dtype)}")
+        if self.quantization is not None and self.dtype != "bfloat16":
+            raise ValueError(f"dtype: quantization={self.quantization!r} computes in 'bfloat16' (torch's "
+                             f"quantized CPU kernels have SIMD paths only for bf16 activations); pass "
+                             f"dtype='bfloat16' or 'auto', got {_short(self.dtype)}")
+        if self.kv_cache_dtype is not None and (not isinstance(self.kv_cache_dtype, str)
+                                                or self.kv_cache_dtype not in KV_CACHE_DTYPES):
+            raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES}, got {_short(self.kv_cache_dtype)}")
+        _require_int("seed", self.seed, 0, MAX_SEED)
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        """The parallel knobs: sizes, the schedule, the split's shape (its sum is checked against
+        the model at engine start) and what a multi-process engine does not run."""
+        _require_int("pipeline_parallel_size", self.pipeline_parallel_size, 1, MAX_WORKERS)
+        _require_int("tensor_parallel_size", self.tensor_parallel_size, 1, MAX_WORKERS)
+        if self.num_workers > MAX_WORKERS:
+            raise ValueError(f"tensor_parallel_size: pipeline_parallel_size x tensor_parallel_size must be <= "
+                             f"{MAX_WORKERS} worker processes, got {self.pipeline_parallel_size} x "
+                             f"{self.tensor_parallel_size}")
+        if not isinstance(self.pipeline_schedule, str) or self.pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise ValueError(f"pipeline_schedule: must be one of {PIPELINE_SCHEDULES}, got "
+                             f"{_short(self.pipeline_schedule)}")
+        _require_int("num_microbatches", self.num_microbatches, 1, MAX_MICROBATCHES)
+        if self.pipeline_schedule == "batch_queue" and self.num_microbatches != 1:
+            raise ValueError(f"num_microbatches: the 'batch_queue' schedule keeps up to pipeline_parallel_size "
+                             f"whole batches in flight and does not split them; must be 1, got "
+                             f"{self.num_microbatches}")
+        split = self.pipeline_layer_split
+        if split is not None:
+            if not isinstance(split, (list, tuple)) or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                                           for n in split):
+                raise ValueError(f"pipeline_layer_split: must be None or a list of layer counts >= 1, one per "
+                                 f"stage, got {_short(split)}")
+            if len(split) != self.pipeline_parallel_size:
+                raise ValueError(f"pipeline_layer_split: needs one layer count per stage "
+                                 f"({self.pipeline_parallel_size}), got {len(split)}")
+            object.__setattr__(self, "pipeline_layer_split", tuple(split))
+        if (not _is_number(self.worker_timeout_s) or not 0 < self.worker_timeout_s <= MAX_WORKER_TIMEOUT_S
+                or math.isnan(self.worker_timeout_s)):
+            raise ValueError(f"worker_timeout_s: must be a number of seconds in (0, {MAX_WORKER_TIMEOUT_S}], "
+                             f"got {_short(self.worker_timeout_s)}")
+        if self.num_workers == 1:
+            return
+        if self.speculative_config is not None:
+            raise ValueError("speculative_config: speculative decoding runs in a single process; set "
+                             "pipeline_parallel_size = tensor_parallel_size = 1 to use it")
+        if self.tensor_parallel_size > 1 and self.quantization is not None:
+            raise ValueError(f"quantization: tensor_parallel_size > 1 slices the weights by heads and columns, "
+                             f"which the packed {self.quantization!r} codes do not support; use "
+                             f"tensor_parallel_size = 1 (pipeline stages may be quantized)")
+
+    @property
+    def cache_dtype(self) -> str:
+        """The KV cache's dtype name: ``kv_cache_dtype``, or the weights' dtype when unset."""
+        return self.kv_cache_dtype or self.dtype
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes the engine starts: p x t (1 = none, the model runs in this process)."""
+        return self.pipeline_parallel_size * self.tensor_parallel_size
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+# vLLM SamplingParams keywords InferScope does not implement -> why, and what to use instead.
+# An explicit table: a keyword in neither it nor the fields is reported as unknown (a typo).
+UNSUPPORTED_SAMPLING_KEYWORDS: dict[str, str] = {
+    "best_of": "returning the best n of best_of sampled sequences is not supported; use n for n parallel "
+               "sequences (all returned)",
+    "use_beam_search": "beam search is not supported; use temperature=0 (greedy) or n > 1 (parallel sampling)",
+    "length_penalty": "beam search (and its length_penalty) is not supported",
+    "early_stopping": "beam search (and its early_stopping) is not supported",
+    "presence_penalty": "penalties are not supported",
+    "frequency_penalty": "penalties are not supported",
+    "repetition_penalty": "penalties are not supported",
+    "min_p": "min_p filtering is not supported; use top_p or top_k",
+    "min_tokens": "min_tokens is not supported; ignore_eos=True generates exactly max_tokens",
+    "stop_token_ids": "stop token ids are not supported; use stop (strings)",
+    "logprobs": "log probabilities are not returned",
+    "prompt_logprobs": "log probabilities are not returned",
+    "logit_bias": "logit bias is not supported",
+}
+
+
+def check_sampling_keywords(keywords: Mapping[str, object]) -> None:
+    """Keywords SamplingParams does not take: a ValueError naming the first, saying that
+    InferScope does not support it (a vLLM keyword in UNSUPPORTED_SAMPLING_KEYWORDS) or that it
+    is unknown, with the closest field when it looks like a typo."""
+    fields = SamplingParams.__dataclass_fields__
+    for key in keywords:
+        if key in fields:
+            continue
+        if key in UNSUPPORTED_SAMPLING_KEYWORDS:
+            raise ValueError(f"{key}: InferScope does not support vLLM's SamplingParams({key}=...): "
+                             f"{UNSUPPORTED_SAMPLING_KEYWORDS[key]}")
+        close = difflib.get_close_matches(key, list(fields), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ValueError(f"{key[:40]}: unknown SamplingParams field (fields: {', '.join(fields)}){hint}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples and when it stops.
+
+    temperature  a finite number >= 0; 0 is greedy (argmax, exact against Hugging Face
+                 ``generate``), and so is any 0 < t < SAMPLING_EPS (1e-5, as vLLM)
+    top_k        an int >= 0; 0 = off (vLLM's -1 is not accepted), k >= vocab keeps all
+    top_p        in (0, 1]; the top token is always kept, so a tiny top_p is greedy
+    max_tokens   an int in 1 .. MAX_TOKENS (the context limit may end a request sooner)
+    seed         None (derived from the engine's seed) or an int in 0 .. 2**63 - 1
+    stop         None or () = no stop strings, a string, or a list/tuple of non-empty strings
+    ignore_eos   a bool
+    n            parallel sequences sampled from one prompt, 1 .. MAX_N (vLLM's meaning): the
+                 prompt is prefilled once and its blocks shared; sequence i draws from a
+                 generator seeded with seed + i. n > 1 on an engine with speculative_config
+                 set is a ValueError naming n (add_request / generate)
+
+    With a seed, a request's random draws come from its own generator, so a run replays
+    identically. A keyword that is not a field is a ValueError naming it
+    (``check_sampling_keywords``: vLLM's best_of, use_beam_search, penalties ... are not
+    supported; anything else is unknown).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    max_tokens: int = 16
+    seed: int | None = None
+    stop: Sequence[str] | None = field(default_factory=tuple)  # stored as tuple[str, ...]
+    ignore_eos: bool = False
+    n: int = 1
+
+    def __new__(cls, *args: object, **kwargs: object) -> SamplingParams:
+        """Checks the keywords before the dataclass __init__ would refuse one with a TypeError."""
+        check_sampling_keywords(kwargs)
+        return super().__new__(cls)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature: must be a finite number >= 0, got {_short(self.temperature)}")
+        _require_int("max_tokens", self.max_tokens, 1, MAX_TOKENS)
+        _require_int("top_k", self.top_k, 0)
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: must be a number in (0, 1], got {_short(self.top_p)}")
+        if self.seed is not None:
+            _require_int("seed", self.seed, 0, MAX_SEED)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos: must be True or False, got {_short(self.ignore_eos)}")
+        _require_int("n", self.n, 1, MAX_N)
+
+    @property
+    def greedy(self) -> bool:
+        """Rule: temperature below SAMPLING_EPS (vLLM's _SAMPLING_EPS) samples greedily."""
+        return self.temperature < SAMPLING_EPS
+
+
+# Speculative decoding (issue #10; the algorithm is in engine/speculative/spec_decode.py). The config is in
+# vLLM's dict shape and kept here so this module stays torch-free.
+SpecMethod = Literal["ngram", "draft_model", "early_exit"]
+SPEC_METHODS: tuple[str, ...] = ("ngram", "draft_model", "early_exit")
+# k is capped at 16: the target verifies k + 1 query tokens per request per step (on this CPU
+# about 2x a decode step at small k, growing with k), lookahead KV slots are reserved for all k,
+# and the tokens one step can buy saturate at 1 / (1 - alpha) (10 at alpha = 0.9), so k > 16
+# only adds verification cost; best_k() searches the same range.
+MAX_SPECULATIVE_TOKENS = 16
+# prompt lookup n-gram length cap: ngram_propose costs O(len + c * n_max) per call.
+MAX_PROMPT_LOOKUP = 32
+DEFAULT_PROMPT_LOOKUP_MIN = 2
+DEFAULT_PROMPT_LOOKUP_MAX = 4
+_SPEC_KEYS: dict[str, tuple[str, ...]] = {
+    "ngram": ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"),
+    "draft_model": ("method", "num_speculative_tokens", "model", "quantization"),
+    "early_exit": ("method", "num_speculative_tokens", "num_layers"),
+}
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """One speculative-decoding setup, parsed from vLLM's ``speculative_config`` dict.
+
+    method                  "ngram" (prompt lookup, no model), "draft_model" (a second, cheaper
+                            model with the target's vocabulary) or "early_exit" (the target's
+                            first num_layers layers + final norm + LM head)
+    num_speculative_tokens  k, draft tokens proposed per step, 1 .. MAX_SPECULATIVE_TOKENS (16)
+    prompt_lookup_min/max   ngram only: n-gram lengths tried, 1 <= min <= max <= 32; both
+                            absent -> 2 and 4; one absent -> it takes the other's value (vLLM)
+    model / quantization    draft_model only: the draft model's name (required) and its weight
+                            quantization (None or one of SCHEMES)
+    num_layers              early_exit only: >= 1; the upper bound (< the target's layer count)
+                            needs the model: ``check_against_model``
+
+    Fields of the other methods are None. ``to_dict()`` gives back the vLLM-shaped dict.
+    """
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    model: str | None = None
+    quantization: str | None = None
+    num_layers: int | None = None
+
+    def __post_init__(self) -> None:
+        """Validates each field, naming it as ``speculative_config.<key>``."""
+        name = "speculative_config."
+        if not isinstance(self.method, str) or self.method not in SPEC_METHODS:
+            raise ValueError(f"{name}method: must be one of {SPEC_METHODS}, got {_short(self.method)}")
+        _require_int(name + "num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
+        own = _SPEC_KEYS[self.method]
+        for key in ("prompt_lookup_min", "prompt_lookup_max", "model", "quantization", "num_layers"):
+            if key not in own and getattr(self, key) is not None:
+                raise ValueError(f"{name}{key}: not a key of method {self.method!r} (its keys: "
+                                 f"{', '.join(own)}), got {_short(getattr(self, key))}")
+        if self.method == "ngram":
+            lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+            if lo is not None:
+                _require_int(name + "prompt_lookup_min", lo, 1, MAX_PROMPT_LOOKUP)
+            if hi is not None:
+                _require_int(name + "prompt_lookup_max", hi, 1, MAX_PROMPT_LOOKUP)
+            if lo is None and hi is None:
+                lo, hi = DEFAULT_PROMPT_LOOKUP_MIN, DEFAULT_PROMPT_LOOKUP_MAX
+            lo = hi if lo is None else lo
+            hi = lo if hi is None else hi
+            assert isinstance(lo, int) and isinstance(hi, int)
+            if lo > hi:
+                raise ValueError(f"{name}prompt_lookup_min: must be <= prompt_lookup_max ({hi}), got {lo}")
+            object.__setattr__(self, "prompt_lookup_min", lo)
+            object.__setattr__(self, "prompt_lookup_max", hi)
+        elif self.method == "draft_model":
+            if not isinstance(self.model, str) or not self.model.strip():
+                raise ValueError(f"{name}model: method 'draft_model' needs the draft model's name "
+                                 f"(e.g. 'smollm2-135m'), got {_short(self.model)}")
+            if self.quantization is not None and (not isinstance(self.quantization, str)
+                                                  or self.quantization not in SCHEMES):
+                raise ValueError(f"{name}quantization: must be None or one of {SCHEMES}, got "
+                                 f"{_short(self.quantization)}")
+        else:
+            if self.num_layers is None:
+                raise ValueError(f"{name}num_layers: method 'early_exit' needs num_layers (an integer >= 1)")
+            _require_int(name + "num_layers", self.num_layers, 1)
+
+    def check_against_model(self, num_hidden_layers: int) -> None:
+        """early_exit: num_layers must be below the target's layer count (all layers would be the
+        target itself, at the target's cost); ValueError naming the key. Other methods: no-op."""
+        if self.method == "early_exit" and self.num_layers is not None and self.num_layers >= num_hidden_layers:
+            raise ValueError(f"speculative_config.num_layers: must be in 1 .. {num_hidden_layers - 1} "
+                             f"(the target has {num_hidden_layers} layers), got {self.num_layers}")
+
+    def to_dict(self) -> dict[str, object]:
+        """The vLLM-shaped dict: the method's own keys only (parse_speculative_config inverts it)."""
+        return {key: getattr(self, key) for key in _SPEC_KEYS[self.method]}
+
+
+def parse_speculative_config(d: object) -> SpeculativeConfig | None:
+    """``speculative_config`` dict (or None: off) -> SpeculativeConfig.
+
+    Keys: "method" and "num_speculative_tokens" always; the method's own keys (see
+    SpeculativeConfig). An unknown key, a key of another method or a bad value is a ValueError
+    naming ``speculative_config.<key>``. A SpeculativeConfig passes through unchanged.
+    """
+    if d is None or isinstance(d, SpeculativeConfig):
+        return d
+    if not isinstance(d, Mapping):
+        raise ValueError(f"speculative_config: must be a dict or None, got {type(d).__name__}")
+    for key in d:
+        if not isinstance(key, str) or key not in SpeculativeConfig.__dataclass_fields__:
+            known = sorted({k for keys in _SPEC_KEYS.values() for k in keys})
+            raise ValueError(f"speculative_config.{str(key)[:40]}: unknown key (known: {', '.join(known)})")
+    for key in ("method", "num_speculative_tokens"):
+        if key not in d:
+            raise ValueError(f"speculative_config.{key}: required")
+    return SpeculativeConfig(**{str(k): v for k, v in d.items()})
+
+
+def engine_config(config: EngineConfig | None, knobs: Mapping[str, Any]) -> EngineConfig:
+    """An engine's config from either an EngineConfig or keyword knobs (not both); an unknown knob
+    is a ValueError naming it."""
+    if config is not None and not isinstance(config, EngineConfig):
+        raise ValueError(f"config: must be an EngineConfig (or pass knobs as keywords), got "
+                         f"{type(config).__name__}")
+    if config is not None and knobs:
+        raise ValueError("pass either config or keyword knobs, not both")
+    unknown = set(knobs) - set(EngineConfig.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"{sorted(unknown)[0]}: unknown engine option")
+    return config or EngineConfig(**knobs)
