@@ -105,6 +105,11 @@ def test_presentation_link_fits_one_1080p_screen(app_url: str, chromium, artifac
         page.keyboard.press("PageDown")
     page.wait_for_function("() => document.querySelector('[data-testid=\"stMain\"] .js-plotly-plot')",
                            timeout=60_000)
+    try:  # the mode's style arrives with the page's first run; on a loaded machine a moment later
+        page.wait_for_function("() => parseFloat(getComputedStyle(document.documentElement).fontSize) === 21",
+                               timeout=30_000)
+    except Exception:
+        pass  # the assertion below says what was shown
     page.wait_for_timeout(300)  # the chart's final size after the first draw
     shown = page.evaluate(FIRST_SCREEN_JS)
     page.screenshot(path=str(artifacts / f"present-{path}.png"))
@@ -202,11 +207,11 @@ def test_keys_work_after_sidebar_controls_and_do_what_the_map_says(app_url: str,
     wait_for_steps(page, 6)
 
     press(page, "P")  # Play, then Pause
-    expect(page.locator(".st-key-play").get_by_role("button", name="Pause")).to_be_visible()
+    expect(page.locator(".st-key-play").get_by_role("button", name="Pause")).to_be_visible(timeout=30_000)
     expect(page.get_by_test_id("stMetric").filter(has_text="Steps done").get_by_test_id("stMetricValue")) \
         .not_to_have_text("6", timeout=30_000)
     press(page, "P")
-    expect(page.locator(".st-key-play").get_by_role("button", name="Play")).to_be_visible()
+    expect(page.locator(".st-key-play").get_by_role("button", name="Play")).to_be_visible(timeout=30_000)
     press(page, "0")  # Reset
     wait_for_steps(page, 0)
 
