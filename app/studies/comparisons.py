@@ -26,17 +26,24 @@ def comparison() -> dict[str, PolicyRun]:
 
 def run_comparison(progress: Progress | None = None) -> None:
     """Run the current scenario to the end under both policies (live runs only)."""
-    current, spec = live_run(), session.run_spec.get()
-    if current is None or spec is None:
-        return
+    current = live_run()
+    if current is not None and (runs := _compare(compare_policies, progress)) is not None:
+        with current.lock:
+            current.comparison.update(runs)
+
+
+def _compare(compare: Compare, progress: Progress | None) -> dict[str, PolicyRun] | None:
+    """The session's live scenario run to the end both ways with ``compare``; None where there is
+    no live run, or it failed (then the failure is the session's message)."""
+    spec = session.run_spec.get()
+    if live_run() is None or spec is None:
+        return None
     try:
         sc = spec_scenario(spec)
-        runs = compare_policies(sc, shared_model(spec.model, sc.engine_config()), on_step=progress)
+        return compare(sc, shared_model(spec.model, sc.engine_config()), on_step=progress)
     except (ValueError, RuntimeError) as e:
         session.error.set(f"comparison failed: {e}")
-        return
-    with current.lock:
-        current.comparison.update(runs)
+        return None
 
 
 def _stored(slot: session.Slot[session.Comparison | None]) -> dict[str, PolicyRun]:
@@ -49,17 +56,10 @@ def _stored(slot: session.Slot[session.Comparison | None]) -> dict[str, PolicyRu
 
 def _run_stored(slot: session.Slot[session.Comparison | None], compare: Compare, progress: Progress | None) -> None:
     """Run the current scenario to the end both ways with ``compare`` and store the runs in
-    ``slot`` (live runs only); a failure is a message."""
+    ``slot`` for the set-up they ran (live runs only); a failure is a message."""
     spec = session.run_spec.get()
-    if live_run() is None or spec is None:
-        return
-    try:
-        sc = spec_scenario(spec)
-        runs = compare(sc, shared_model(spec.model, sc.engine_config()), on_step=progress)
-    except (ValueError, RuntimeError) as e:
-        session.error.set(f"comparison failed: {e}")
-        return
-    slot.set((spec, runs))
+    if spec is not None and (runs := _compare(compare, progress)) is not None:
+        slot.set((spec, runs))
 
 
 def caching_comparison() -> dict[str, PolicyRun]:
