@@ -565,11 +565,9 @@ def tree_figure(snapshot: Snapshot, trace: StepTrace | None = None, traces: Sequ
     """
     layout = tree_layout(snapshot, trace, traces, max_nodes, cold_steps, max_slots)
     boxes = layout.boxes
-    height = max(260, (layout.depth + 1) * level_px(font_size) + 130)
-    captions = True
-    if max_height is not None and height > max_height:
-        height = max_height
-        captions = (height - 130) / (layout.depth + 1) >= level_px(font_size)
+    needed = (layout.depth + 1) * level_px(font_size) + 130  # every level tall enough for three lines
+    height = max(260, needed) if max_height is None else min(max(260, needed), max_height)
+    captions = max_height is None or needed <= max_height
     data = [_edges(boxes, ghosts=False), _edges(boxes, ghosts=True)]
     for state in PREFIX_NODE_STATES[1:]:
         data.append(_state_trace(state, [b for b in boxes if b.state == state]))
