@@ -14,7 +14,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 from app import knobs, session, session_reaper
 from app.models import shared_model
-from app.scenarios import spec_scenario
+from app.scenarios import requested_spec, spec_scenario
 from engine.replay.run import LiveRun, ReplayRun
 
 
@@ -53,7 +53,7 @@ def ensure_run() -> None:
     """Build the session's live run if there is none or the controls changed (not in replay)."""
     if is_replay():
         return
-    spec = knobs.requested_spec()
+    spec = requested_spec()
     if run() is not None and session.run_spec.get() == spec:
         return
     if session.run_spec.get() == spec and error():
@@ -75,7 +75,8 @@ def build_run(spec: knobs.RunSpec) -> None:
     """A new live run for ``spec``; the old one's workers are stopped first. When workers stop
     or start, a progress bar shows it from the first moment (``WorkerProgress``)."""
     old = run()
-    progress = WorkerProgress.show(isinstance(old, LiveRun) and knobs.is_parallel(old.meta.config), spec.parallel)
+    stopping = isinstance(old, LiveRun) and old.meta.config.parallel_config.world_size > 1
+    progress = WorkerProgress.show(stopping, spec.parallel)
     close_run()
     session.run_spec.set(spec)
     session.error.set(None)
@@ -84,11 +85,12 @@ def build_run(spec: knobs.RunSpec) -> None:
     try:
         sc = spec_scenario(spec)
         config = sc.engine_config()
+        parallel = config.parallel_config
         model = shared_model(spec.model, config)
-        if config.num_workers == 1:
+        if parallel.world_size == 1:
             session.run.set(LiveRun.from_scenario(sc, model))
         else:
-            progress.starting(config.num_workers, config.pipeline_parallel_size, config.tensor_parallel_size)
+            progress.starting(parallel.world_size, parallel.pipeline_parallel_size, parallel.tensor_parallel_size)
             built = LiveRun.from_scenario(sc, model, progress=progress.say)
             session.run.set(built)
             session_reaper.adopt(session.session_id(), built)  # its workers end with the session
@@ -107,7 +109,7 @@ def build_run(spec: knobs.RunSpec) -> None:
 
 def restart_workers() -> None:
     """Widget callback after a WorkerError: a fresh live run (new workers) from the controls."""
-    build_run(knobs.requested_spec())
+    build_run(requested_spec())
 
 
 def is_worker_error(e: BaseException) -> bool:

@@ -8,7 +8,7 @@ and the int4 group size (counts only with int4).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from app import session
@@ -31,7 +31,7 @@ SPEC_METHOD_NONE = "none"
 
 def scenario_knobs(sc: Scenario) -> dict[str, Any]:
     """The scenario's knobs with EngineConfig defaults for the ones it leaves out."""
-    defaults = {f.name: f.default for f in fields(EngineConfig)}
+    defaults = EngineConfig().to_knobs()
     return {k: sc.knobs.get(k, defaults[k]) for k in KNOBS}
 
 
@@ -97,28 +97,25 @@ class SpecChoice:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What the controls ask for; a run is rebuilt whenever this changes."""
+    """What the controls ask for: the model, the scenario and the engine config of its knobs with
+    the controls' on top (``app.scenarios.requested_spec``); a run is rebuilt whenever this changes.
+    ``config`` is None when the engine refuses the knobs, and ``problem`` is its message."""
 
     model: str
     scenario: str
-    knobs: tuple[tuple[str, Any], ...]  # engine knob -> value, as with_knobs takes them
+    config: EngineConfig | None
+    problem: str = ""
 
     @property
     def parallel(self) -> bool:
-        """The knobs ask for worker processes (p or t above 1)."""
-        return is_parallel(dict(self.knobs))
+        """The config runs worker processes (p or t above 1)."""
+        return self.config is not None and self.config.parallel_config.world_size > 1
 
 
-def is_parallel(knobs: Mapping[str, Any]) -> bool:
-    """The knobs ask for worker processes (p or t above 1)."""
-    return any(isinstance(knobs.get(k), int) and knobs[k] > 1
-               for k in ("pipeline_parallel_size", "tensor_parallel_size"))
-
-
-def requested_spec() -> RunSpec:
-    """The controls as engine knobs. The int4 group size counts only with int4: any other scheme
-    gets the default, so its disabled widget neither rebuilds the run nor loads another copy."""
-    model = session.model.get()
+def requested_knobs(model: str) -> dict[str, Any]:
+    """The controls as flat engine knobs (``model``: the run's, for the draft model and the
+    layer split). The int4 group size counts only with int4: any other scheme gets the default,
+    so its disabled widget neither rebuilds the run nor loads another copy."""
     knobs = {k: engine_value(k, session.knob(k).get()) for k in KNOBS}
     if knobs["quantization"] != "int4":
         knobs["quantization_group_size"] = DEFAULT_GROUP_SIZE
@@ -126,7 +123,7 @@ def requested_spec() -> RunSpec:
     if knobs["pipeline_schedule"] == "batch_queue":  # whole batches in flight: m is GPipe's only
         knobs["num_microbatches"] = 1
     knobs["pipeline_layer_split"] = layer_split(model, knobs["pipeline_parallel_size"])
-    return RunSpec(model, session.scenario.get(), tuple(knobs.items()))
+    return knobs
 
 
 def layer_split(model: str, p: Any) -> tuple[int, ...] | str | None:

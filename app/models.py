@@ -63,7 +63,7 @@ def shared_model(name: str, config: EngineConfig | None = None) -> SharedModel:
     GGUF; the first quantization of a model takes seconds, then its weights come from the disk
     cache). A quantization knob the model cannot take (an int4 group size that does not divide
     one of its dimensions) is the engine's ValueError naming the knob."""
-    from engine.model.shared import get_shared_model
+    from engine.model.shared import get_shared_model, shared_model_for
 
     check_model(name)
     configure_torch()
@@ -74,11 +74,7 @@ def shared_model(name: str, config: EngineConfig | None = None) -> SharedModel:
         c = config
         with st.spinner(f"Loading {name} weights as {c.quantization or 'fp32'} (the first quantization takes "
                         f"seconds; it is then cached on disk)…"):
-            model = get_shared_model(name, quantization=c.quantization,
-                                     quantization_group_size=c.quantization_group_size,
-                                     quantization_outlier_threshold=c.quantization_outlier_threshold,
-                                     quantization_smoothing_strength=c.quantization_smoothing_strength,
-                                     sparsity=c.sparsity)
+            model = shared_model_for(name, c)
     if model.model not in _frozen:
         # Weights, modules and imports live as long as the process: move them out of the cyclic
         # GC's reach so its full collections (which would pause a step) stay short. Once per

@@ -7,12 +7,15 @@ never replaced.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import streamlit as st
 
 from app import knobs, session
 from app.models import MODELS
 from engine.replay.run import ReplayRun
-from engine.replay.scenario import Scenario, list_scenarios, load_scenario, with_knobs
+from engine.core.config import EngineConfig
+from engine.replay.scenario import Scenario, list_scenarios, load_scenario
 
 DEFAULT_SCENARIO = "chat-burst"
 # Each live page opens on the scenario that shows its idea in a few steps.
@@ -96,7 +99,21 @@ def on_scenario_change() -> None:
     session.playing.set(False)
 
 
+def requested_spec() -> knobs.RunSpec:
+    """What the controls ask for: the scenario's knobs with the controls' on top (a None knob
+    replaces too: quantization "none" turns off a scenario's quantization), as an EngineConfig;
+    a knob the engine refuses leaves the config None, with the engine's message naming it."""
+    model, name = session.model.get(), session.scenario.get()
+    try:
+        config = EngineConfig.from_knobs(**{**scenario(name).knobs, **knobs.requested_knobs(model)})
+    except ValueError as e:
+        return knobs.RunSpec(model, name, None, str(e))
+    return knobs.RunSpec(model, name, config)
+
+
 def spec_scenario(spec: knobs.RunSpec) -> Scenario:
-    """The spec's scenario with its knobs replaced by the controls' (a None knob replaces too:
-    quantization "none" turns off a scenario's quantization); ValueError names a bad knob."""
-    return with_knobs(scenario(spec.scenario), **dict(spec.knobs))
+    """The spec's scenario with the spec's config as its knobs; ValueError with the spec's
+    problem when the engine refused the controls' knobs."""
+    if spec.config is None:
+        raise ValueError(spec.problem)
+    return replace(scenario(spec.scenario), knobs=spec.config.to_knobs())

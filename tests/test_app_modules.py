@@ -80,6 +80,6 @@ def test_the_app_and_the_engine_share_one_copy_of_the_weights() -> None:
     from engine.model.shared import get_shared_model
 
     assert models.shared_model("tiny-random") is get_shared_model("tiny-random")
-    int8 = models.shared_model("tiny-random", EngineConfig(quantization="int8"))
+    int8 = models.shared_model("tiny-random", EngineConfig.from_knobs(quantization="int8"))
     assert int8 is get_shared_model("tiny-random", quantization="int8")
     assert int8 is not models.shared_model("tiny-random")

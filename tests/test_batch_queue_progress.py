@@ -87,7 +87,7 @@ def step_bound(engine: LLMEngine, lengths: list[int]) -> int:
     """Steps a run may take: linear in the work (each request, once oldest, is never preempted
     and recomputes at most its whole length, a budget per schedule, at least every 2p steps)."""
     c = engine.config
-    return 20 + sum(4 * c.pipeline_parallel_size * (cdiv(n, c.max_num_batched_tokens) + 2) for n in lengths)
+    return 20 + sum(4 * c.parallel_config.pipeline_parallel_size * (cdiv(n, c.scheduler_config.max_num_batched_tokens) + 2) for n in lengths)
 
 
 def run_bounded(engine: LLMEngine, max_steps: int) -> tuple[int, int]:
@@ -123,7 +123,7 @@ def test_reported_batch_queue_workload_finishes_with_single_process_outputs(tiny
     ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=m)) for p, m in zip(STORY, STORY_MAX_TOKENS)]
     steps, _ = run_bounded(engine, STORY_MAX_STEPS)
     got = [engine.get_output(i).outputs[0].token_ids for i in ids]
-    assert got == story_reference(tiny, enable_prefix_caching=engine.config.enable_prefix_caching)
+    assert got == story_reference(tiny, enable_prefix_caching=engine.config.cache_config.enable_prefix_caching)
     assert [len(t) for t in got] == STORY_MAX_TOKENS
     assert sum(engine.requests[i].num_preemptions for i in ids) > 0, "the workload must exercise preemption"
     # And through the offline API, which used to never return.

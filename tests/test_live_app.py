@@ -237,7 +237,7 @@ def test_switching_scenario_applies_its_knobs_and_restarts() -> None:
     for knob in KNOB_WIDGETS:
         assert at.number_input(key=K.knob + knob).value == sc.knobs[knob], knob
     config = at.session_state[K.run].engine.config
-    assert (config.block_size, config.num_blocks) == (sc.knobs["block_size"], sc.knobs["num_blocks"])
+    assert (config.cache_config.block_size, config.cache_config.num_blocks) == (sc.knobs["block_size"], sc.knobs["num_blocks"])
     assert steps_done(at) == 0 and chart_step(at, "chart_kv_cache") == 0
     assert metric(at, "Finished") == f"0 / {len(sc.requests)}"
     assert metric(at, "Free blocks") == "40 / 40" and free_cells(chart(at, "chart_kv_cache")) == 40

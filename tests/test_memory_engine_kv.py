@@ -24,7 +24,7 @@ def test_engine_kv_pool_matches_calculator():
     predicted = kv_bytes_per_token("smollm2-135m", "fp32")
     assert engine.kv_cache_bytes_per_token == predicted
     config = engine.config
-    assert engine.kv_cache_total_bytes == config.num_blocks * config.block_size * predicted
+    assert engine.kv_cache_total_bytes == config.cache_config.num_blocks * config.cache_config.block_size * predicted
 
 
 def test_calculator_counts_quantized_kv_scales():

@@ -129,7 +129,7 @@ def knob_key(knobs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 @pytest.fixture(scope="module", params=list(TINY_CASES), ids=list(TINY_CASES))
 def tiny_engine(request: pytest.FixtureRequest) -> Iterator[LLMEngine]:
     with LLMEngine("tiny-random", **TINY_KNOBS, **TINY_CASES[request.param]) as engine:
-        assert len(engine.runner.executor.pids) == engine.config.num_workers
+        assert len(engine.runner.executor.pids) == engine.config.parallel_config.world_size
         yield engine
 
 
@@ -140,11 +140,11 @@ def test_tiny_chunked_prefill_and_preemption_are_exact(tiny_engine: LLMEngine) -
     assert sum(len(t.preempted) for t in traces) > 0, "the small pool never forced a preemption"
     assert outputs == list(single_process("tiny-random", tuple(TINY_BATCH), MAX_TOKENS, None, knob_key(TINY_KNOBS)))
     assert_matches_hf("tiny-random", TINY_BATCH, outputs, MAX_TOKENS)
-    if tiny_engine.config.pipeline_schedule == "batch_queue":
+    if tiny_engine.config.parallel_config.pipeline_schedule == "batch_queue":
         tls = [t.pipeline for t in traces if t.pipeline]
         assert any(overlaps(a, b) for a, b in zip(tls, tls[1:])), "never two batches in flight"
-    elif tiny_engine.config.num_microbatches > 1:
-        assert max(len(t.pipeline.units) for t in traces if t.pipeline) == tiny_engine.config.num_microbatches
+    elif tiny_engine.config.parallel_config.num_microbatches > 1:
+        assert max(len(t.pipeline.units) for t in traces if t.pipeline) == tiny_engine.config.parallel_config.num_microbatches
 
 
 def test_tiny_prefix_hits_are_exact(tiny_engine: LLMEngine) -> None:
@@ -166,7 +166,7 @@ def test_tiny_abort_while_in_flight_leaves_the_others_exact(tiny_engine: LLMEngi
         engine.step()
         engine.check_integrity()
     in_flight = sorted(engine.batches.in_flight_ids())
-    if engine.config.pipeline_schedule == "batch_queue":
+    if engine.config.parallel_config.pipeline_schedule == "batch_queue":
         assert in_flight, "nothing in flight between steps"
     victim = in_flight[0] if in_flight else ids[0]
     before = engine.get_output(victim).outputs[0].token_ids
@@ -215,9 +215,9 @@ def test_smollm2_is_exact(case: str) -> None:
         layout = engine.runner.layout
         c = get_shared_model("smollm2-135m").model.config
         assert layout == build_layout(c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
-                                      c.intermediate_size, engine.config.pipeline_parallel_size,
-                                      engine.config.tensor_parallel_size, engine.config.pipeline_schedule,
-                                      engine.config.num_microbatches, engine.config.pipeline_layer_split)
+                                      c.intermediate_size, engine.config.parallel_config.pipeline_parallel_size,
+                                      engine.config.parallel_config.tensor_parallel_size, engine.config.parallel_config.pipeline_schedule,
+                                      engine.config.parallel_config.num_microbatches, engine.config.parallel_config.pipeline_layer_split)
         outputs, traces = run_checked(engine, SMOL_PROMPTS, SMOL_MAX_TOKENS)
     assert any(c.kind == "prefill" and c.start > 0 for t in traces for c in t.scheduled), "no prompt was chunked"
     assert sum(len(t.preempted) for t in traces) > 0, "the small pool never forced a preemption"

@@ -291,7 +291,7 @@ def test_an_interrupt_part_way_through_a_workers_answer_leaves_the_workers_worki
     # Logits of 4 x 2000 rows x 320 float32 = 10 MB, far over a socket's send buffer (Linux's
     # default is 208 KiB): the last stage blocks part-way through its answer.
     # Every row writes the pool's last slot, which no request holds.
-    rows, last = 2000, engine.config.num_blocks * engine.config.block_size - 1
+    rows, last = 2000, engine.config.cache_config.num_blocks * engine.config.cache_config.block_size - 1
     big = Unit([], BatchInputs([[1]] * rows, [0] * rows, [[last]] * rows, [1] * rows))
     try:
         executor.submit(RunStep(10**6, clock_ns(), [big] * 4))

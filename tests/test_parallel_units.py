@@ -110,16 +110,16 @@ def test_theory_bubble() -> None:
 ])
 def test_bad_parallel_knobs_name_the_field(knobs_: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        EngineConfig(**knobs_)
+        EngineConfig.from_knobs(**knobs_)
 
 
 def test_parallel_refuses_speculation_and_tensor_parallel_quantization() -> None:
     with pytest.raises(ValueError, match="speculative_config|pipeline_parallel_size"):
-        EngineConfig(pipeline_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+        EngineConfig.from_knobs(pipeline_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="quantization|tensor_parallel_size"):
-        EngineConfig(tensor_parallel_size=2, quantization="int8")
-    cfg = EngineConfig(pipeline_parallel_size=2, tensor_parallel_size=2, pipeline_layer_split=(1, 1))
-    assert cfg.num_workers == 4
+        EngineConfig.from_knobs(tensor_parallel_size=2, quantization="int8")
+    cfg = EngineConfig.from_knobs(pipeline_parallel_size=2, tensor_parallel_size=2, pipeline_layer_split=(1, 1))
+    assert cfg.parallel_config.world_size == 4
 
 
 # -- split_microbatches ----------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_batch_queue_batches_in_flight_are_disjoint(cfg: dict, workload: list, n
     batch preempts a request in flight; the oldest running request is never preempted while
     another runs; in-flight requests keep their KV; the queues stay consistent
     (``check_integrity`` with the in-flight ids) and every request finishes."""
-    cfg = EngineConfig(**cfg)
+    cfg = EngineConfig.from_knobs(**cfg)
     cp = ControlPlane(cfg)
     todo = [(i, s) for i, s in enumerate(workload) if admissible(s, cfg, cp.max_model_len)]
     for i, s in todo:
@@ -193,7 +193,7 @@ def test_batch_queue_batches_in_flight_are_disjoint(cfg: dict, workload: list, n
             assert oldest not in out.preempted, "the oldest running request was preempted for a newer one"
             ids = [s.request_id for s in out.scheduled]
             assert len(ids) == len(set(ids)) and len(ids) <= cap
-            assert out.num_batched_tokens == sum(s.num_new_tokens for s in out.scheduled) <= cfg.max_num_batched_tokens
+            assert out.num_batched_tokens == sum(s.num_new_tokens for s in out.scheduled) <= cfg.scheduler_config.max_num_batched_tokens
             assert not set(ids) & busy, "a request is in two in-flight batches"
             assert not set(out.preempted) & busy, "a batch preempted a request in flight"
             if out.is_empty:
@@ -203,7 +203,7 @@ def test_batch_queue_batches_in_flight_are_disjoint(cfg: dict, workload: list, n
         for b in in_flight:  # every in-flight request is still running with its KV allocated
             for s in b.scheduled:
                 assert s.request_id in running
-                assert len(cp.kv.block_tables[s.request_id]) * cfg.block_size >= s.start + s.num_new_tokens
+                assert len(cp.kv.block_tables[s.request_id]) * cfg.cache_config.block_size >= s.start + s.num_new_tokens
         if not in_flight:
             continue
         done = in_flight.popleft()

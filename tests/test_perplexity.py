@@ -65,7 +65,7 @@ def test_text_is_long_enough_and_engine_untouched() -> None:
     result = perplexity(engine, TEXT, window=256, stride=256)
     assert isinstance(result, PerplexityResult)
     assert len(engine.tokenizer(TEXT, add_special_tokens=False).input_ids) >= 2000
-    assert engine.kv.num_free_blocks == engine.config.num_blocks
+    assert engine.kv.num_free_blocks == engine.config.cache_config.num_blocks
     assert all(not k.any() and not v.any() for k, v in engine.runner.kv_caches)  # its own pool unwritten
     engine.check_integrity()
     assert not engine.has_unfinished_requests()

@@ -52,7 +52,7 @@ def switched(at: AppTest) -> AppTest:
     click(at, "switch_pipeline")
     assert not errors(at)
     run = at.session_state[K.run]
-    assert run.engine.config.pipeline_parallel_size == 2 and run.engine.config.num_microbatches == 4
+    assert run.engine.config.parallel_config.pipeline_parallel_size == 2 and run.engine.config.parallel_config.num_microbatches == 4
     assert all(p.is_alive() for p in workers(run))
     return at
 
@@ -97,7 +97,7 @@ def test_a_control_change_rebuilds_the_run_and_stops_the_old_workers(session: Ap
     at.segmented_control(key=K.knob + "pipeline_schedule").set_value("batch_queue")
     ok(at.run())
     run = at.session_state[K.run]
-    assert run.engine.config.pipeline_schedule == "batch_queue" and run.engine.config.num_microbatches == 1
+    assert run.engine.config.parallel_config.pipeline_schedule == "batch_queue" and run.engine.config.parallel_config.num_microbatches == 1
     assert not any(p.is_alive() for p in old)
     assert all(p.is_alive() for p in workers(run))
     at.number_input(key=K.knob + "pipeline_parallel_size").set_value(3)  # tiny-random has 2 layers

@@ -48,7 +48,7 @@ def test_prefix_page_renders_and_steps_multi_turn() -> None:
     tree0 = chart(at, "chart_prefix_tree")
     assert tree0["layout"]["meta"]["step"] == 0 and node_ids(tree0) == [0]
     assert metric(at, "Hit rate") == "—"
-    assert at.session_state[K.run].engine.config.enable_prefix_caching
+    assert at.session_state[K.run].engine.config.cache_config.enable_prefix_caching
 
     run_n(at, 2)
     first = node_ids(chart(at, "chart_prefix_tree"))
@@ -71,7 +71,7 @@ def test_prefix_caching_knob_rebuilds_the_run_with_caching_off() -> None:
     run_n(at, 3)
     at.toggle(key=K.knob + "enable_prefix_caching").set_value(False)
     ok(at.run())
-    assert steps_done(at) == 0 and not at.session_state[K.run].engine.config.enable_prefix_caching
+    assert steps_done(at) == 0 and not at.session_state[K.run].engine.config.cache_config.enable_prefix_caching
     run_n(at, 3)
     assert "prefix caching is off" in chart(at, "chart_prefix_tree")["layout"]["title"]["text"]
     assert any("Prefix caching is off" in i.value for i in at.info)

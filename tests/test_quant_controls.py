@@ -104,7 +104,7 @@ def test_int8_and_kv_int8_rebuild_the_run_and_none_restores_fp32() -> None:
     config = run.engine.config
     assert (config.quantization, config.dtype) == ("int8", "bfloat16")
     assert run.engine.shared.model.quantization.scheme == "int8"
-    assert run.meta.config["quantization"] == "int8"
+    assert run.meta.config.quantization == "int8"
     assert precision_badge(at).endswith("· continuous · int8]")
     assert bytes_per_token(at) == TINY_KV_BF16  # the KV cache follows the compute dtype
     for _ in range(2):
@@ -138,7 +138,7 @@ def test_int4_group_size_and_a_bad_one_gives_a_message() -> None:
     assert precision_badge(at).endswith("· int4 g32]")
     choose(at, GROUP, 64)
     run = at.session_state[K.run]
-    assert (run.engine.config.quantization_group_size, run.engine.shared.model.quantization.group_size) == (64, 64)
+    assert (run.engine.config.quant_config.group_size, run.engine.shared.model.quantization.group_size) == (64, 64)
     assert precision_badge(at).endswith("· int4 g64]")
     ok(at.button(key="step").click().run())
     assert steps_done(at) == 1
@@ -199,7 +199,7 @@ def test_a_scenario_file_sets_the_precision_knobs() -> None:
     data["knobs"] = {**data["knobs"], "quantization": "int4", "quantization_group_size": 64, "kv_cache_dtype": "fp8"}
     sc = parse_scenario(data)
     config = sc.engine_config()
-    assert (config.quantization, config.quantization_group_size, config.kv_cache_dtype, config.dtype) == \
+    assert (config.quantization, config.quant_config.group_size, config.kv_cache_dtype, config.dtype) == \
         ("int4", 64, "fp8", "bfloat16")
     knobs = scenario_knobs(sc)
     assert (knobs["quantization"], knobs["quantization_group_size"], knobs["kv_cache_dtype"]) == ("int4", 64, "fp8")

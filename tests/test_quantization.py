@@ -227,13 +227,13 @@ def test_quantized_model_bytes_and_what_stays_16_bit() -> None:
 ])
 def test_bad_knobs_rejected(knobs: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=f"^{field}:"):
-        EngineConfig(**knobs)
+        EngineConfig.from_knobs(**knobs)
 
 
 def test_dtype_auto_resolves() -> None:
     assert EngineConfig().dtype == "float32"
-    assert EngineConfig(quantization="int4").dtype == "bfloat16"
-    assert EngineConfig(quantization="int4", dtype="bfloat16") == EngineConfig(quantization="int4")
+    assert EngineConfig.from_knobs(quantization="int4").dtype == "bfloat16"
+    assert EngineConfig.from_knobs(quantization="int4", dtype="bfloat16") == EngineConfig.from_knobs(quantization="int4")
 
 
 def test_group_size_must_divide_the_model_dims() -> None:

@@ -435,8 +435,8 @@ def test_pipeline_recording_with_a_layer_split_round_trips(recordings: dict[str,
     replayed records equal the recorded ones."""
     text = recordings["pipeline"]
     loaded = from_json(text)
-    assert loaded.meta.config["pipeline_layer_split"] == (1, 1)
-    assert type(loaded.meta.config["pipeline_layer_split"]) is tuple
+    assert loaded.meta.config.parallel_config.pipeline_layer_split == (1, 1)
+    assert type(loaded.meta.config.parallel_config.pipeline_layer_split) is tuple
     assert to_json(loaded) == text and from_json(to_json(loaded)) == loaded
     assert all(t.pipeline is not None for t in loaded.traces)
     draw_every_page(loaded)

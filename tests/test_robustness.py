@@ -273,7 +273,7 @@ def test_the_largest_seed_and_engine_seed_work(tiny):
                                          ("max_model_len", 10 ** 15), ("block_size", 10 ** 6)])
 def test_huge_knobs_are_rejected_at_once(knob, value):
     with time_limit(5), pytest.raises(ValueError, match=knob):
-        EngineConfig(**{knob: value})
+        EngineConfig.from_knobs(**{knob: value})
 
 
 def test_memory_check_refuses_before_allocating(tiny, monkeypatch):

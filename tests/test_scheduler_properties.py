@@ -69,7 +69,7 @@ def admissible(spec: Spec, cfg: EngineConfig, max_model_len: int) -> bool:
     n = len(spec.prompt)
     if n + 1 > max_model_len:
         return False
-    return cfg.enable_chunked_prefill or n <= cfg.max_num_batched_tokens
+    return cfg.scheduler_config.enable_chunked_prefill or n <= cfg.scheduler_config.max_num_batched_tokens
 
 
 # -- (a) the control plane alone --------------------------------------------------------------
@@ -83,8 +83,8 @@ class ControlPlane:
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
-        self.kv = KVCacheManager(cfg.num_blocks, cfg.block_size)
-        self.max_model_len = cfg.pool_tokens  # the engine caps it by the pool, too
+        self.kv = KVCacheManager(cfg.cache_config.num_blocks, cfg.cache_config.block_size)
+        self.max_model_len = cfg.cache_config.pool_tokens  # the engine caps it by the pool, too
         self.scheduler = Scheduler(cfg, self.kv, self.max_model_len)
         self.slots: dict[int, tuple[str, int, int]] = {}  # fake KV: slot -> (rid, pos, token)
         self.requests: dict[str, Request] = {}
@@ -100,11 +100,11 @@ class ControlPlane:
         # free + used == total, counted independently: free = ref 0, used = held by a table.
         owned = [b for t in self.kv.block_tables.values() for b in t]
         assert len(owned) == len(set(owned)), "a block is in two block tables"
-        assert sum(b.ref_count == 0 for b in pool.blocks) + len(owned) == self.cfg.num_blocks
+        assert sum(b.ref_count == 0 for b in pool.blocks) + len(owned) == self.cfg.cache_config.num_blocks
         assert pool.num_free == sum(b.ref_count == 0 for b in pool.blocks)
-        assert len(self.scheduler.running) <= self.cfg.max_num_seqs
+        assert len(self.scheduler.running) <= self.cfg.scheduler_config.max_num_seqs
         for r in self.scheduler.running:
-            assert len(self.kv.block_tables.get(r.request_id, ())) * self.cfg.block_size >= r.num_computed_tokens
+            assert len(self.kv.block_tables.get(r.request_id, ())) * self.cfg.cache_config.block_size >= r.num_computed_tokens
 
     def step(self) -> None:
         sched, kv, cfg = self.scheduler, self.kv, self.cfg
@@ -116,10 +116,10 @@ class ControlPlane:
 
         # Budget, uniqueness and progress.
         assert sum(s.num_new_tokens for s in out.scheduled) == out.num_batched_tokens
-        assert out.num_batched_tokens <= cfg.max_num_batched_tokens
+        assert out.num_batched_tokens <= cfg.scheduler_config.max_num_batched_tokens
         assert len(ids) == len(set(ids))
         assert all(s.num_new_tokens >= 1 for s in out.scheduled)
-        assert len(sched.running) <= cfg.max_num_seqs
+        assert len(sched.running) <= cfg.scheduler_config.max_num_seqs
         if had_work:
             assert out.scheduled, "work was queued but nothing was scheduled"
         # Preemption: victims are not scheduled, and nothing is admitted in such a step.
@@ -131,11 +131,11 @@ class ControlPlane:
             assert not admitted
         # FCFS: admitted requests are a prefix of the waiting queue (no overtaking).
         assert admitted == waiting_before[: len(admitted)]
-        if cfg.policy == "static" and running_before:
+        if cfg.scheduler_config.policy == "static" and running_before:
             assert not admitted, "static policy admitted into a running batch"
 
         # Fake forward: read every cached position, then write this chunk's KV.
-        bs = cfg.block_size
+        bs = cfg.cache_config.block_size
         written: set[int] = set()
         for s in out.scheduled:
             r = self.requests[s.request_id]
@@ -143,7 +143,7 @@ class ControlPlane:
             table = kv.block_tables[s.request_id]
             assert len(table) * bs >= s.start + s.num_new_tokens
             assert s.start + s.num_new_tokens <= r.num_tokens
-            if not cfg.enable_chunked_prefill and s.start == 0 and r.num_preemptions == 0:
+            if not cfg.scheduler_config.enable_chunked_prefill and s.start == 0 and r.num_preemptions == 0:
                 assert s.num_new_tokens == r.num_prompt_tokens, "prompt chunked with chunked prefill off"
             tokens = r.all_token_ids
             slots = kv.slot_mapping(s.request_id, 0, s.start + s.num_new_tokens)
@@ -179,7 +179,7 @@ class ControlPlane:
 @given(cfg=knobs(max_blocks=20), workload=specs(max_requests=8, max_prompt=48, max_out=12),
        aborts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 7)), max_size=3))
 def test_control_plane_invariants_hold_every_step(cfg, workload, aborts):
-    cfg = EngineConfig(**cfg)
+    cfg = EngineConfig.from_knobs(**cfg)
     cp = ControlPlane(cfg)
     pending = [(i, s) for i, s in enumerate(workload) if admissible(s, cfg, cp.max_model_len)]
     pending.sort(key=lambda x: x[1].arrival)
@@ -221,7 +221,7 @@ def test_control_plane_invariants_hold_every_step(cfg, workload, aborts):
 
 def test_control_plane_preempts_newest_and_recomputes():
     """A pool that fits one request at a time forces recompute preemption; it still finishes."""
-    cfg = EngineConfig(block_size=2, num_blocks=4, max_num_batched_tokens=64, max_num_seqs=4)
+    cfg = EngineConfig.from_knobs(block_size=2, num_blocks=4, max_num_batched_tokens=64, max_num_seqs=4)
     cp = ControlPlane(cfg)
     for i in range(3):
         r = Request(f"r{i}", None, [1 + i] * 3, SamplingParams(temperature=0, max_tokens=4))
@@ -273,8 +273,8 @@ def expected_tokens(ref: tuple[int, ...], prompt_len: int, max_tokens: int, max_
 def check_trace(engine: LLMEngine, trace) -> None:
     cfg = engine.config
     assert trace.num_batched_tokens == sum(c.num_tokens for c in trace.scheduled)
-    assert trace.num_batched_tokens <= cfg.max_num_batched_tokens
-    assert trace.num_running <= cfg.max_num_seqs
+    assert trace.num_batched_tokens <= cfg.scheduler_config.max_num_batched_tokens
+    assert trace.num_running <= cfg.scheduler_config.max_num_seqs
     assert len({c.request_id for c in trace.scheduled}) == len(trace.scheduled)
     assert all(c.num_tokens >= 1 for c in trace.scheduled)
     assert not set(trace.preempted) & {c.request_id for c in trace.scheduled}
@@ -286,7 +286,7 @@ def check_trace(engine: LLMEngine, trace) -> None:
     evictable = sum(1 for b in engine.kv.pool.blocks if b.cached and b.block_id not in set(owned))
     assert trace.num_used_blocks == len(set(owned))
     assert trace.num_evictable_blocks == evictable
-    assert trace.num_free_blocks + len(set(owned)) + evictable == cfg.num_blocks
+    assert trace.num_free_blocks + len(set(owned)) + evictable == cfg.cache_config.num_blocks
     assert set(trace.finished) <= {r for r, q in engine.requests.items() if q.is_finished}
 
 

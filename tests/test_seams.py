@@ -50,7 +50,7 @@ class CountingRunner:
 
     def __init__(self, ctx: RunnerContext) -> None:
         c = ctx.config
-        self.inner = ModelRunner(ctx.shared.model, c.num_blocks, c.block_size, c.cache_dtype)
+        self.inner = ModelRunner(ctx.shared.model, c.cache_config.num_blocks, c.cache_config.block_size, c.kv_cache_dtype)
 
     @property
     def model(self) -> LlamaModel | None:

@@ -201,11 +201,11 @@ def test_w8a8_smoothed_parity_with_hf_on_smoothed_dequantized_weights(name: str)
 ])
 def test_bad_smoothing_strength_names_the_knob(knobs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="^quantization_smoothing_strength:"):
-        EngineConfig(**knobs)
+        EngineConfig.from_knobs(**knobs)
     with pytest.raises(ValueError, match="^quantization_smoothing_strength:"):
         get_shared_model("tiny-random", **knobs)
 
 
 def test_edge_strengths_accepted() -> None:
     for alpha in (0, 1, 0.0, 1.0):
-        assert EngineConfig(quantization="w8a8", quantization_smoothing_strength=alpha).dtype == "bfloat16"
+        assert EngineConfig.from_knobs(quantization="w8a8", quantization_smoothing_strength=alpha).dtype == "bfloat16"

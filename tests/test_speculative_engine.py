@@ -204,7 +204,6 @@ def test_config_validation_and_replay(tiny):
     n > 1 is refused naming n; a bad draft vocabulary names speculative_config.model; a
     speculative recording replays through from_json(to_json(record(run)))."""
     from engine.replay.recording import from_json, record, to_json
-    from dataclasses import asdict
 
     from engine.replay.run import LiveRun, RunMeta
 
@@ -220,7 +219,7 @@ def test_config_validation_and_replay(tiny):
     with pytest.raises(ValueError, match="n:"):
         llm.generate("Hi", SamplingParams(n=2))
     engine = LLMEngine(tiny, block_size=4, num_blocks=64, speculative_config=EARLY)
-    meta = RunMeta(model="tiny-random", scenario="spec", title="spec", config=asdict(engine.config),
+    meta = RunMeta(model="tiny-random", scenario="spec", title="spec", config=engine.config,
                    max_model_len=engine.max_model_len, kv_bytes_per_token=engine.kv_cache_bytes_per_token)
     run = LiveRun(engine, meta)
     for p in PROMPTS[:2]:
@@ -230,7 +229,7 @@ def test_config_validation_and_replay(tiny):
     rec = record(run)
     assert any(t.spec for t in rec.traces)
     again = from_json(to_json(rec))
-    assert again.traces == rec.traces and again.meta.config["speculative_config"]["method"] == "early_exit"
+    assert again.traces == rec.traces and again.meta.config.speculative_config.method == "early_exit"
     bad = to_json(rec).replace('"num_speculative_tokens":4', '"num_speculative_tokens":0')
     with pytest.raises(ValueError, match="speculative_config"):
         from_json(bad)

@@ -127,7 +127,7 @@ def test_pipeline_page_opens_on_two_workers() -> None:
     at = open_app(PIPELINE, scenario=None)
     try:
         config = at.session_state[K.run].engine.config
-        assert config.pipeline_parallel_size == 2 and not any("single process" in i.value for i in at.info)
+        assert config.parallel_config.pipeline_parallel_size == 2 and not any("single process" in i.value for i in at.info)
         run_n(at, 2)
         assert chart_step(at, "chart_pipeline_gantt") == 2
     finally:

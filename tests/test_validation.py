@@ -176,7 +176,7 @@ def test_bad_knob_is_rejected_naming_it(tiny, knobs, field):
     assert field in str(info.value)
     if field != "blok_size":
         with pytest.raises(ValueError) as info:
-            EngineConfig(**knobs)
+            EngineConfig.from_knobs(**knobs)
         assert field in str(info.value)
     assert engine.snapshot() == before
     run_to_completion(engine)
@@ -247,7 +247,7 @@ def test_layer_split_that_does_not_fit_the_model_is_rejected_at_one_stage(tiny, 
     the model's layers (no worker exists at p = 1 to check it)."""
     with pytest.raises(ValueError, match=r"^pipeline_layer_split: .*2 layers"):
         LLMEngine(tiny, pipeline_layer_split=split)
-    assert LLMEngine(tiny, pipeline_layer_split=(2,)).config.pipeline_layer_split == (2,)
+    assert LLMEngine(tiny, pipeline_layer_split=(2,)).config.parallel_config.pipeline_layer_split == (2,)
 
 
 @pytest.mark.parametrize("keyword, value, hint", [

@@ -191,8 +191,8 @@ def _copies_unit(engine: LLMEngine, copies: int) -> Unit:
     """A batch with real work and no effect on any request: ``copies`` copy-on-write copies of
     the pool's last block onto itself, and one token written into that block (no request holds
     it), sampled."""
-    block = engine.config.num_blocks - 1
-    slot = block * engine.config.block_size
+    block = engine.config.cache_config.num_blocks - 1
+    slot = block * engine.config.cache_config.block_size
     return Unit([(block, block)] * copies, BatchInputs([[1]], [0], [[slot]], [1]))
 
 

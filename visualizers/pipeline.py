@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 import plotly.graph_objects as go
 
+from engine.core.config import EngineConfig
 from engine.parallel.layout import (CommBytes, ModelDims, WorkerBytes, comm_bytes_per_token, theory_bubble,
                                     worker_bytes)
 from engine.parallel.stats import PipelineStats, pipeline_stats
@@ -211,18 +212,18 @@ class CalculatorView(NamedTuple):
     throughput: pd.DataFrame
 
 
-def calculator_view(layout: ParallelLayout, dims: ModelDims, config: Mapping[str, Any],
+def calculator_view(layout: ParallelLayout, dims: ModelDims, config: EngineConfig,
                     estimate: Any = None, refusal: str = "", measured: Sequence[StepTrace] = (),
                     kv_bytes_per_token: float | None = None, font_size: int = 12) -> CalculatorView:
-    """``config``: the run's EngineConfig fields (RunMeta.config): weights and activations take
+    """``config``: the run's EngineConfig (RunMeta.config): weights and activations take
     the bytes of its compute ``dtype`` (a quantized run computes in bfloat16: its weights are
     drawn at 2 B too), the KV pool num_blocks x block_size tokens. ``estimate``:
     engine.sizing.estimate(model, hardware, settings=Settings(tp=t, pp=p)) or None (``refusal``
     then says why); ``measured``: this run's steps, for the measured token rate."""
     from engine.sizing.formats import weight_format  # the calculator's bytes per element
 
-    dtype_bytes = float(weight_format(str(config["dtype"])).bytes_per_param)
-    pool_tokens = int(config["num_blocks"]) * int(config["block_size"])
+    dtype_bytes = float(weight_format(config.dtype).bytes_per_param)
+    pool_tokens = config.cache_config.pool_tokens
     workers = worker_bytes(layout, dims, dtype_bytes, pool_tokens, kv_bytes_per_token)
     frame = worker_frame(workers)
     names = list(frame["worker"])

@@ -46,7 +46,7 @@ def comparison(view: RunView, style: live.Style) -> None:
         if view.is_replay:
             st.info("This recording has no comparison runs.")
         return
-    max_seqs = int(view.meta.config.get("max_num_seqs", 1))
+    max_seqs = view.meta.config.scheduler_config.max_num_seqs
     live.table(vc.policy_summary(runs, max_seqs), "policy_summary",
                column_config={"tokens / step": st.column_config.NumberColumn(format="%.2f"),
                               "tokens / s (measured)": st.column_config.NumberColumn(format="%.0f"),

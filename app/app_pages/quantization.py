@@ -83,11 +83,11 @@ def activations_tab(view: RunView, style: live.Style) -> None:
         st.info("Activation statistics need the live engine (they run this run's tokens through its model); "
                 "recordings do not hold them.", icon=":material/info:")
         return
+    quant = view.meta.config.quant_config
     with st.container(horizontal=True, vertical_alignment="bottom"):
         linear = st.segmented_control("Linear input", LINEARS, key="quant_linear", default="qkv", required=True)
         threshold = st.number_input("Outlier threshold", min_value=0.5, max_value=100.0, step=0.5,
-                                    value=float(view.meta.config.get("quantization_outlier_threshold",
-                                                                     DEFAULT_THRESHOLD)),
+                                    value=quant.outlier_threshold if quant else DEFAULT_THRESHOLD,
                                     key="quant_threshold", width=150,
                                     help="LLM.int8(): input columns holding any |x| above it stay in float (6.0).")
         hist_layer = st.selectbox("Histogram layer", ["loudest", *range(num_layers(view))], key="quant_hist_layer",

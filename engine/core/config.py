@@ -127,101 +127,58 @@ MAX_NAME_CHARS = 40  # runner / attention_backend names
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    """Engine knobs (vLLM names where vLLM has one).
+class CacheConfig:
+    """The paged KV cache (vLLM's ``CacheConfig``).
 
     block_size              tokens per KV block (1 .. 256)
     num_blocks              physical KV blocks in the pool (per layer)
+    cache_dtype             the KV tensors' dtype: "auto" (vLLM's word: the weights' dtype), a float
+                            dtype, or "int8" / "fp8" (e4m3): quantized on write with one fp32 absmax
+                            scale per token and KV head, dequantized on read (engine/model/kv_quant.py).
+                            The flat knob is ``kv_cache_dtype`` (None there = "auto")
+    enable_prefix_caching   share the KV of common prompt prefixes through a radix tree (on by
+                            default, as in vLLM)
+    """
+
+    block_size: int = 16
+    num_blocks: int = 512
+    cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _require_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
+        _require_int("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
+        if not isinstance(self.cache_dtype, str) or self.cache_dtype not in ("auto", *KV_CACHE_DTYPES):
+            raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES} (or None / 'auto': the weights' "
+                             f"dtype), got {_short(self.cache_dtype)}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError("enable_prefix_caching: must be True or False")
+
+    @property
+    def pool_tokens(self) -> int:
+        """Tokens the pool holds: num_blocks x block_size."""
+        return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What one step may schedule (vLLM's ``SchedulerConfig``).
+
     max_num_batched_tokens  the token budget of one step (all requests together)
     max_num_seqs            most requests running at once
     enable_chunked_prefill  a prompt may be split across steps to fit the budget
     policy                  "continuous" (refill every step) or "static" (a fixed batch that
                             waits for its longest member)
     max_model_len           context limit; None = the model's own limit
-    dtype / kv_cache_dtype  weights and KV tensors; kv defaults to the weights' dtype; kv may also
-                            be "int8" or "fp8" (e4m3): quantized on write with one fp32 absmax
-                            scale per token and KV head, dequantized on read (engine/model/kv_quant.py).
-                            dtype "auto" (the default, vLLM's word) resolves at construction to
-                            "float32", or "bfloat16" when quantization is set (the quantized
-                            kernels have SIMD paths only for bf16 activations); an explicit
-                            "float32" / "float16" with a quantization is a ValueError
-    quantization            None, "int8", "int4", "fp8" or "w8a8" (engine/model/quantization.py)
-    quantization_group_size int4 group along the input dim: 32 (default), 64, 128 or 256, and it
-                            must divide the model's input dims (checked at engine start)
-    sparsity                None, or "2:4": the decoder layers' projections magnitude-pruned to 2
-                            nonzeros in every 4 input weights (engine/model/sparsity.py), before any
-                            quantization; dense storage, so no speedup on CPU
-    quantization_outlier_threshold  w8a8: input columns with |x| above it stay in floating
-                            point (LLM.int8(), default 6.0); a finite number > 0
-    quantization_smoothing_strength  w8a8 only: SmoothQuant's alpha in [0, 1] (llm-compressor's
-                            ``smoothing_strength``), None = off; scales from the calibration
-                            prompts folded into the weights before quantizing (engine/model/smoothing.py)
-    speculative_config      None (off), a SpeculativeConfig, or vLLM's dict ({"method": "ngram",
-                            "num_speculative_tokens": 4, ...}; parsed by parse_speculative_config,
-                            a bad key or value is a ValueError naming speculative_config.<key>).
-                            Requests with SamplingParams(n > 1) are refused while it is set
-                            (ValueError naming n). See engine/speculative/.
-    pipeline_parallel_size  p: the layers split into p contiguous stages, each a worker process
-                            (engine/parallel/executor.py); 1 = no pipeline (vLLM's name)
-    tensor_parallel_size    t: every stage's attention heads and MLP columns split across t
-                            worker processes joined by all-reduces (vLLM's name); p * t <= 8
-                            workers (p * t = 1 runs in this process). t > 1 refuses a weight
-                            quantization (its packed codes are not sliced)
-    pipeline_schedule       "gpipe": each step's batch split into num_microbatches micro-batches
-                            that fill and drain the pipeline within the step; "batch_queue"
-                            (vLLM's way): up to p independent batches, each scheduled over
-                            requests no other in-flight batch holds, in flight at once
-    num_microbatches        m for "gpipe" (1 .. 64; fewer when the batch has fewer requests);
-                            must be 1 for "batch_queue"
-    pipeline_layer_split    layers per stage, e.g. (20, 10); None = as even as possible; its
-                            length must be p and it must sum to the model's layer count
-    worker_timeout_s        a worker that does not answer within this many seconds is declared
-                            hung: the step raises and the workers are stopped
-    seed                    seeds requests that carry no seed of their own
-    enable_prefix_caching   share the KV of common prompt prefixes through a radix tree (on by
-                            default, as in vLLM)
-    runner                  what runs the model (engine/serving/runners.py RUNNERS): "auto" (this
-                            process, or worker processes when p * t > 1), "in_process", "workers",
-                            or another registered name; an unknown one is a ValueError at start
-    attention_backend       the attention kernels of the forward (engine/model/attention.py
-                            ATTENTION_BACKENDS): "torch" (the reference); checked at start
     """
 
-    block_size: int = 16
-    num_blocks: int = 512
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 16
     enable_chunked_prefill: bool = True
     policy: Policy = "continuous"
     max_model_len: int | None = None
-    dtype: str = "auto"
-    kv_cache_dtype: str | None = None
-    seed: int = 0
-    enable_prefix_caching: bool = True
-    quantization: str | None = None
-    quantization_group_size: int = DEFAULT_GROUP_SIZE
-    quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD
-    sparsity: str | None = None
-    quantization_smoothing_strength: float | None = None
-    speculative_config: SpeculativeConfig | None = None
-    pipeline_parallel_size: int = 1
-    tensor_parallel_size: int = 1
-    pipeline_schedule: PipelineSchedule = "gpipe"
-    num_microbatches: int = 1
-    pipeline_layer_split: tuple[int, ...] | None = None
-    worker_timeout_s: float = 60.0
-    runner: str = "auto"
-    attention_backend: str = "torch"
 
     def __post_init__(self) -> None:
-        """Every knob an int in its range (hard caps above); memory is checked by the engine."""
-        for name in ("runner", "attention_backend"):  # which ones exist is the registries' to say
-            value = getattr(self, name)
-            if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_CHARS:
-                raise ValueError(f"{name}: must be a name (1 to {MAX_NAME_CHARS} characters), got {_short(value)}")
-        object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
-        _require_int("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
-        _require_int("num_blocks", self.num_blocks, 1, MAX_NUM_BLOCKS)
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS)
         _require_int("max_num_seqs", self.max_num_seqs, 1, MAX_NUM_SEQS)
         if self.max_model_len is not None:
@@ -230,31 +187,41 @@ class EngineConfig:
             raise ValueError(f"policy: must be 'continuous' or 'static', got {_short(self.policy)}")
         if not isinstance(self.enable_chunked_prefill, bool):
             raise ValueError("enable_chunked_prefill: must be True or False")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError("enable_prefix_caching: must be True or False")
-        check_quant_knobs(self.quantization, self.quantization_group_size, self.quantization_outlier_threshold)
-        check_sparsity(self.sparsity)
-        check_smoothing(self.quantization, self.quantization_smoothing_strength)
-        if self.dtype == "auto":
-            object.__setattr__(self, "dtype", "float32" if self.quantization is None else "bfloat16")
-        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
-            raise ValueError(f"dtype: must be 'auto' or one of {DTYPES}, got {_short(self.dtype)}")
-        if self.quantization is not None and self.dtype != "bfloat16":
-            raise ValueError(f"dtype: quantization={self.quantization!r} computes in 'bfloat16' (torch's "
-                             f"quantized CPU kernels have SIMD paths only for bf16 activations); pass "
-                             f"dtype='bfloat16' or 'auto', got {_short(self.dtype)}")
-        if self.kv_cache_dtype is not None and (not isinstance(self.kv_cache_dtype, str)
-                                                or self.kv_cache_dtype not in KV_CACHE_DTYPES):
-            raise ValueError(f"kv_cache_dtype: must be one of {KV_CACHE_DTYPES}, got {_short(self.kv_cache_dtype)}")
-        _require_int("seed", self.seed, 0, MAX_SEED)
-        self._check_parallel()
 
-    def _check_parallel(self) -> None:
-        """The parallel knobs: sizes, the schedule, the split's shape (its sum is checked against
-        the model at engine start) and what a multi-process engine does not run."""
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Worker processes and how the layers are split over them (vLLM's ``ParallelConfig``).
+
+    pipeline_parallel_size  p: the layers split into p contiguous stages, each a worker process
+                            (engine/parallel/executor.py); 1 = no pipeline (vLLM's name)
+    tensor_parallel_size    t: every stage's attention heads and MLP columns split across t
+                            worker processes joined by all-reduces (vLLM's name); p * t <= 8
+                            workers (p * t = 1 runs in this process)
+    pipeline_schedule       "gpipe": each step's batch split into num_microbatches micro-batches
+                            that fill and drain the pipeline within the step; "batch_queue"
+                            (vLLM's way): up to p independent batches, each scheduled over
+                            requests no other in-flight batch holds, in flight at once
+    num_microbatches        m for "gpipe" (1 .. 64; fewer when the batch has fewer requests);
+                            must be 1 for "batch_queue"
+    pipeline_layer_split    layers per stage, e.g. (20, 10); None = as even as possible; its
+                            length must be p and it must sum to the model's layer count (checked
+                            at engine start)
+    worker_timeout_s        a worker that does not answer within this many seconds is declared
+                            hung: the step raises and the workers are stopped
+    """
+
+    pipeline_parallel_size: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_schedule: PipelineSchedule = "gpipe"
+    num_microbatches: int = 1
+    pipeline_layer_split: tuple[int, ...] | None = None
+    worker_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
         _require_int("pipeline_parallel_size", self.pipeline_parallel_size, 1, MAX_WORKERS)
         _require_int("tensor_parallel_size", self.tensor_parallel_size, 1, MAX_WORKERS)
-        if self.num_workers > MAX_WORKERS:
+        if self.world_size > MAX_WORKERS:
             raise ValueError(f"tensor_parallel_size: pipeline_parallel_size x tensor_parallel_size must be <= "
                              f"{MAX_WORKERS} worker processes, got {self.pipeline_parallel_size} x "
                              f"{self.tensor_parallel_size}")
@@ -280,29 +247,219 @@ class EngineConfig:
                 or math.isnan(self.worker_timeout_s)):
             raise ValueError(f"worker_timeout_s: must be a number of seconds in (0, {MAX_WORKER_TIMEOUT_S}], "
                              f"got {_short(self.worker_timeout_s)}")
-        if self.num_workers == 1:
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes the engine starts: p x t (1 = none, the model runs in this process)."""
+        return self.pipeline_parallel_size * self.tensor_parallel_size
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Weight quantization: which scheme, and its parameters (ignored by the schemes that do not
+    use them). ``smoothing_strength``: SmoothQuant's alpha, w8a8 only (engine/model/smoothing.py).
+    Also the shared-model cache key (engine/model/shared.py). Flat knobs: ``quantization``,
+    ``quantization_group_size``, ``quantization_outlier_threshold``, ``quantization_smoothing_strength``."""
+
+    scheme: str
+    group_size: int = DEFAULT_GROUP_SIZE
+    outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD
+    smoothing_strength: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.scheme is None:
+            raise ValueError(f"quantization: must be one of {SCHEMES} (no QuantConfig at all means none)")
+        check_quant_knobs(self.scheme, self.group_size, self.outlier_threshold)
+        check_smoothing(self.scheme, self.smoothing_strength)
+
+
+# Every flat knob (vLLM's EngineArgs names: what LLM(model, **knobs), scenarios and replay files
+# hold) -> (the EngineConfig field holding it, its name there; "" = a field of EngineConfig itself).
+# The order is the flat knobs' order in a replay file.
+KNOB_PLACES: dict[str, tuple[str, str]] = {
+    "block_size": ("cache_config", "block_size"),
+    "num_blocks": ("cache_config", "num_blocks"),
+    "max_num_batched_tokens": ("scheduler_config", "max_num_batched_tokens"),
+    "max_num_seqs": ("scheduler_config", "max_num_seqs"),
+    "enable_chunked_prefill": ("scheduler_config", "enable_chunked_prefill"),
+    "policy": ("scheduler_config", "policy"),
+    "max_model_len": ("scheduler_config", "max_model_len"),
+    "dtype": ("", "dtype"),
+    "kv_cache_dtype": ("cache_config", "cache_dtype"),
+    "seed": ("", "seed"),
+    "enable_prefix_caching": ("cache_config", "enable_prefix_caching"),
+    "quantization": ("quant_config", "scheme"),
+    "quantization_group_size": ("quant_config", "group_size"),
+    "quantization_outlier_threshold": ("quant_config", "outlier_threshold"),
+    "sparsity": ("", "sparsity"),
+    "quantization_smoothing_strength": ("quant_config", "smoothing_strength"),
+    "speculative_config": ("", "speculative_config"),
+    "pipeline_parallel_size": ("parallel_config", "pipeline_parallel_size"),
+    "tensor_parallel_size": ("parallel_config", "tensor_parallel_size"),
+    "pipeline_schedule": ("parallel_config", "pipeline_schedule"),
+    "num_microbatches": ("parallel_config", "num_microbatches"),
+    "pipeline_layer_split": ("parallel_config", "pipeline_layer_split"),
+    "worker_timeout_s": ("parallel_config", "worker_timeout_s"),
+    "runner": ("", "runner"),
+    "attention_backend": ("", "attention_backend"),
+}
+KNOB_NAMES: tuple[str, ...] = tuple(KNOB_PLACES)
+_SECTIONS: dict[str, type] = {"cache_config": CacheConfig, "scheduler_config": SchedulerConfig,
+                              "parallel_config": ParallelConfig, "quant_config": QuantConfig}
+
+
+def check_knob_names(knobs: Mapping[str, object]) -> None:
+    """A ValueError naming the first knob that is not an engine knob (a typo gets a suggestion)."""
+    unknown = sorted(str(k) for k in knobs if k not in KNOB_PLACES)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], KNOB_NAMES, 1)
+        raise ValueError(f"{unknown[0][:60]}: unknown engine option" + (f" (did you mean {close[0]!r}?)" if close else ""))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every engine knob, grouped as vLLM groups them (its ``VllmConfig``)::
+
+        EngineConfig
+        ├── cache_config       CacheConfig       block_size, num_blocks, cache_dtype, enable_prefix_caching
+        ├── scheduler_config   SchedulerConfig   max_num_batched_tokens, max_num_seqs, chunked prefill, policy, max_model_len
+        ├── parallel_config    ParallelConfig    p, t, pipeline schedule, micro-batches, layer split, worker timeout
+        ├── quant_config       QuantConfig|None  weight quantization scheme, int4 group size, w8a8 outliers, SmoothQuant
+        ├── speculative_config SpeculativeConfig|None  drafter and k (engine/speculative/)
+        └── dtype, sparsity, seed, runner, attention_backend   how the model itself runs
+
+    Users pass flat knobs (vLLM's EngineArgs names): ``LLM(model, block_size=16, quantization="int4")``,
+    scenario and replay files too; ``EngineConfig.from_knobs(**knobs)`` groups them (``KNOB_PLACES``) and
+    ``to_knobs()`` flattens back. A sub-config may also be given as a dict of its own fields.
+
+    dtype                   the weights' compute dtype; "auto" (the default, vLLM's word) resolves at
+                            construction to "float32", or "bfloat16" with a quant_config (the quantized
+                            kernels have SIMD paths only for bf16 activations); an explicit "float32" /
+                            "float16" with a quantization is a ValueError
+    sparsity                None, or "2:4": the decoder layers' projections magnitude-pruned to 2
+                            nonzeros in every 4 input weights (engine/model/sparsity.py), before any
+                            quantization; dense storage, so no speedup on CPU
+    speculative_config      None (off), a SpeculativeConfig, or vLLM's dict ({"method": "ngram",
+                            "num_speculative_tokens": 4, ...}; a bad key or value is a ValueError naming
+                            speculative_config.<key>). Requests with SamplingParams(n > 1) are refused
+                            while it is set (ValueError naming n). Single process only
+    seed                    seeds requests that carry no seed of their own
+    runner                  what runs the model (engine/serving/runners.py RUNNERS): "auto" (this
+                            process, or worker processes when p * t > 1), "in_process", "workers",
+                            or another registered name; an unknown one is a ValueError at start
+    attention_backend       the attention kernels of the forward (engine/model/attention.py
+                            ATTENTION_BACKENDS): "torch" (the reference); checked at start
+
+    Rules across sub-configs (checked here): a quantization computes in bfloat16; speculation runs
+    in one process; t > 1 refuses a weight quantization (its packed codes are not sliced).
+    """
+
+    cache_config: CacheConfig = CacheConfig()
+    scheduler_config: SchedulerConfig = SchedulerConfig()
+    parallel_config: ParallelConfig = ParallelConfig()
+    quant_config: QuantConfig | None = None
+    speculative_config: SpeculativeConfig | None = None
+    dtype: str = "auto"
+    sparsity: str | None = None
+    seed: int = 0
+    runner: str = "auto"
+    attention_backend: str = "torch"
+
+    def __post_init__(self) -> None:
+        """Each sub-config is its own record (a dict of its fields is parsed); then the top-level
+        knobs and the rules across sub-configs. Memory is checked by the engine, against the model."""
+        for name, cls in _SECTIONS.items():
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, _section(cls, name, value))
+            elif not isinstance(value, cls) and not (name == "quant_config" and value is None):
+                raise ValueError(f"{name}: must be a {cls.__name__} or a dict of its fields, got "
+                                 f"{type(value).__name__}")
+        for name in ("runner", "attention_backend"):  # which ones exist is the registries' to say
+            value = getattr(self, name)
+            if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_CHARS:
+                raise ValueError(f"{name}: must be a name (1 to {MAX_NAME_CHARS} characters), got {_short(value)}")
+        object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
+        check_sparsity(self.sparsity)
+        scheme = self.quantization
+        if self.dtype == "auto":
+            object.__setattr__(self, "dtype", "float32" if scheme is None else "bfloat16")
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be 'auto' or one of {DTYPES}, got {_short(self.dtype)}")
+        if scheme is not None and self.dtype != "bfloat16":
+            raise ValueError(f"dtype: quantization={scheme!r} computes in 'bfloat16' (torch's "
+                             f"quantized CPU kernels have SIMD paths only for bf16 activations); pass "
+                             f"dtype='bfloat16' or 'auto', got {_short(self.dtype)}")
+        _require_int("seed", self.seed, 0, MAX_SEED)
+        if self.parallel_config.world_size == 1:
             return
         if self.speculative_config is not None:
             raise ValueError("speculative_config: speculative decoding runs in a single process; set "
                              "pipeline_parallel_size = tensor_parallel_size = 1 to use it")
-        if self.tensor_parallel_size > 1 and self.quantization is not None:
+        if self.parallel_config.tensor_parallel_size > 1 and scheme is not None:
             raise ValueError(f"quantization: tensor_parallel_size > 1 slices the weights by heads and columns, "
-                             f"which the packed {self.quantization!r} codes do not support; use "
+                             f"which the packed {scheme!r} codes do not support; use "
                              f"tensor_parallel_size = 1 (pipeline stages may be quantized)")
 
-    @property
-    def cache_dtype(self) -> str:
-        """The KV cache's dtype name: ``kv_cache_dtype``, or the weights' dtype when unset."""
-        return self.kv_cache_dtype or self.dtype
+    @classmethod
+    def from_knobs(cls, **knobs: Any) -> EngineConfig:
+        """Flat knobs (``KNOB_NAMES``; any left out takes its default) -> the grouped config.
+        An unknown knob or a bad value is a ValueError naming the flat knob. The quantization
+        knobs are checked even when ``quantization`` is None (then they are not kept)."""
+        check_knob_names(knobs)
+        sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+        top: dict[str, Any] = {}
+        for knob, value in knobs.items():
+            section, name = KNOB_PLACES[knob]
+            (sections[section] if section else top)[name] = value
+        if sections["cache_config"].get("cache_dtype", "auto") is None:
+            sections["cache_config"]["cache_dtype"] = "auto"
+        quant = sections.pop("quant_config")
+        scheme = quant.pop("scheme", None)
+        check_quant_knobs(scheme, quant.get("group_size", DEFAULT_GROUP_SIZE),
+                          quant.get("outlier_threshold", DEFAULT_OUTLIER_THRESHOLD))
+        check_smoothing(scheme, quant.get("smoothing_strength"))
+        return cls(cache_config=CacheConfig(**sections["cache_config"]),
+                   scheduler_config=SchedulerConfig(**sections["scheduler_config"]),
+                   parallel_config=ParallelConfig(**sections["parallel_config"]),
+                   quant_config=None if scheme is None else QuantConfig(scheme, **quant), **top)
+
+    def to_knobs(self) -> dict[str, Any]:
+        """The flat knobs, every one (``from_knobs``'s inverse): kv_cache_dtype None for "auto",
+        speculative_config as vLLM's dict, the quantization knobs' defaults when there is none."""
+        quant = self.quant_config or QuantConfig(SCHEMES[0])  # its other fields: the knobs' defaults
+        out: dict[str, Any] = {}
+        for knob, (section, name) in KNOB_PLACES.items():
+            owner = quant if section == "quant_config" else getattr(self, section) if section else self
+            out[knob] = getattr(owner, name)
+        out["quantization"] = self.quantization
+        out["kv_cache_dtype"] = None if self.cache_config.cache_dtype == "auto" else self.cache_config.cache_dtype
+        out["speculative_config"] = None if self.speculative_config is None else self.speculative_config.to_dict()
+        return out
+
+    def replace(self, **knobs: Any) -> EngineConfig:
+        """This config with some flat knobs changed (validated as ``from_knobs``)."""
+        return EngineConfig.from_knobs(**{**self.to_knobs(), **knobs})
 
     @property
-    def num_workers(self) -> int:
-        """Worker processes the engine starts: p x t (1 = none, the model runs in this process)."""
-        return self.pipeline_parallel_size * self.tensor_parallel_size
+    def quantization(self) -> str | None:
+        """The weight quantization scheme, None when the weights are not quantized."""
+        return None if self.quant_config is None else self.quant_config.scheme
 
     @property
-    def pool_tokens(self) -> int:
-        return self.num_blocks * self.block_size
+    def kv_cache_dtype(self) -> str:
+        """The KV cache's dtype name: ``cache_config.cache_dtype``, or the weights' dtype for "auto"."""
+        dtype = self.cache_config.cache_dtype
+        return self.dtype if dtype == "auto" else dtype
+
+
+def _section(cls: type, name: str, fields: Mapping[str, Any]) -> Any:
+    """A sub-config from a dict of its own fields; an unknown key is a ValueError naming it."""
+    own = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    for key in fields:
+        if key not in own:
+            raise ValueError(f"{name}.{str(key)[:40]}: unknown field (its fields: {', '.join(own)})")
+    return cls(**fields)
 
 
 # vLLM SamplingParams keywords InferScope does not implement -> why, and what to use instead.
@@ -517,14 +674,11 @@ def parse_speculative_config(d: object) -> SpeculativeConfig | None:
 
 
 def engine_config(config: EngineConfig | None, knobs: Mapping[str, Any]) -> EngineConfig:
-    """An engine's config from either an EngineConfig or keyword knobs (not both); an unknown knob
-    is a ValueError naming it."""
+    """An engine's config from either an EngineConfig or flat keyword knobs (not both); an unknown
+    knob is a ValueError naming it."""
     if config is not None and not isinstance(config, EngineConfig):
         raise ValueError(f"config: must be an EngineConfig (or pass knobs as keywords), got "
                          f"{type(config).__name__}")
     if config is not None and knobs:
         raise ValueError("pass either config or keyword knobs, not both")
-    unknown = set(knobs) - set(EngineConfig.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"{sorted(unknown)[0]}: unknown engine option")
-    return config or EngineConfig(**knobs)
+    return config or EngineConfig.from_knobs(**knobs)

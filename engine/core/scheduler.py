@@ -150,7 +150,7 @@ class Scheduler:
         when its blocks cannot be allocated its drafts are dropped before anyone is preempted.
         A running request not scheduled this step loses its drafts (they are re-proposed).
         """
-        budget = self.config.max_num_batched_tokens
+        budget = self.config.scheduler_config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
         self._lookups, self._copies = [], []
@@ -199,7 +199,7 @@ class Scheduler:
             if request.spec_token_ids and request.request_id not in chosen:
                 request.spec_token_ids.clear()
 
-        total = self.config.max_num_batched_tokens - budget
+        total = self.config.scheduler_config.max_num_batched_tokens - budget
         return SchedulerOutput(tuple(scheduled), tuple(preempted), total, tuple(self._lookups), tuple(self._copies))
 
     def _victim(self, request: Request, exclude: frozenset[str]) -> Request | None:
@@ -222,14 +222,14 @@ class Scheduler:
         return True
 
     def _may_admit(self) -> bool:
-        return self.config.policy == "continuous" or not self.running
+        return self.config.scheduler_config.policy == "continuous" or not self.running
 
     def _admit(self, budget: int, scheduled: list[ScheduledRequest], limit: int) -> int:
         """Admit waiting requests FCFS; stop at the first that does not fit (no overtaking), or
         when the batch holds ``limit`` requests."""
-        static = self.config.policy == "static"
+        static = self.config.scheduler_config.policy == "static"
         seats = sum(r.num_seats for r in self.running)
-        while self.waiting and seats + self.waiting[0].num_seats <= self.config.max_num_seqs \
+        while self.waiting and seats + self.waiting[0].num_seats <= self.config.scheduler_config.max_num_seqs \
                 and len(scheduled) < limit:
             request = self.waiting[0]
             hit = self.kv.get_computed_blocks(request)
@@ -289,8 +289,8 @@ class Scheduler:
         (a recompute longer than the whole budget is still chunked, or it could never run).
         """
         n = min(remaining, budget)
-        if (not self.config.enable_chunked_prefill and n < remaining
-                and remaining <= self.config.max_num_batched_tokens):
+        if (not self.config.scheduler_config.enable_chunked_prefill and n < remaining
+                and remaining <= self.config.scheduler_config.max_num_batched_tokens):
             return 0
         return n
 
@@ -417,7 +417,7 @@ class Scheduler:
         ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting]
         if len(ids) != len(set(ids)):
             raise AssertionError("scheduler: a request is queued twice")
-        if len(self.running) > self.config.max_num_seqs:
+        if len(self.running) > self.config.scheduler_config.max_num_seqs:
             raise AssertionError("scheduler: more running requests than max_num_seqs")
         for r in self.running:
             if r.status is not RequestStatus.RUNNING:

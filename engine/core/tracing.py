@@ -76,7 +76,7 @@ class TraceBuilder:
             step=record.step,
             scheduled=tuple(ScheduledChunk(s.request_id, s.num_new_tokens, s.kind, s.start, s.resumed, s.num_spec_tokens)
                             for s in output.scheduled),
-            token_budget=self.config.max_num_batched_tokens,
+            token_budget=self.config.scheduler_config.max_num_batched_tokens,
             num_batched_tokens=output.num_batched_tokens,
             arrived=record.arrived,
             preempted=output.preempted,
@@ -109,7 +109,7 @@ class TraceBuilder:
 
     def snapshot(self, step: int, requests: Mapping[str, Request], pending: Sequence[Request],
                  kv_bytes_per_token: int, parallel: ParallelLayout | None) -> Snapshot:
-        bs = self.config.block_size
+        bs = self.config.cache_config.block_size
         owners: dict[int, list[tuple[Request, int]]] = {}
         for rid, table in self.kv.block_tables.items():
             for logical, block_id in enumerate(table):
@@ -128,7 +128,7 @@ class TraceBuilder:
                                      tuple(r.request_id for r, _ in held), len(ids), ids,
                                      self.decode(ids) if ids else "", block.cached))
         return Snapshot(
-            step=step, block_size=bs, num_blocks=self.config.num_blocks,
+            step=step, block_size=bs, num_blocks=self.config.cache_config.num_blocks,
             kv_bytes_per_token=kv_bytes_per_token, blocks=tuple(blocks),
             requests=tuple(self.request_state(r) for r in requests.values()),
             waiting=tuple(r.request_id for r in pending) + tuple(r.request_id for r in self.scheduler.waiting),

@@ -23,7 +23,8 @@ from engine.model.forward_batch import ForwardBatch
 from engine.model.quant_cache import cached_quantize
 from engine.model.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.model.weights import check_tensors
-from engine.model.quantization import QuantConfig, QuantizedLinear, Weight, check_group_size, is_linear_weight, is_table, \
+from engine.core.config import QuantConfig
+from engine.model.quantization import QuantizedLinear, Weight, check_group_size, is_linear_weight, is_table, \
     linear, quantize_table, quantize_weight
 
 if TYPE_CHECKING:

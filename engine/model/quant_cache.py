@@ -28,7 +28,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.model import cache
-from engine.model.quantization import QuantConfig, QuantError, QuantizedLinear
+from engine.core.config import QuantConfig
+from engine.model.quantization import QuantError, QuantizedLinear
 
 FORMAT_VERSION = 1
 TENSORS = "quantized.safetensors"

@@ -56,27 +56,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.core.config import (DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, INT4_GROUP_SIZES, SCHEMES,
-                           check_quant_knobs, check_smoothing)
+from engine.core.config import (DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, INT4_GROUP_SIZES, SCHEMES, QuantConfig,
+                                check_quant_knobs, check_smoothing)
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _TINY = 1e-30  # floor of a scale: an all-zero row quantizes to zeros, not NaN
-
-
-@dataclass(frozen=True)
-class QuantConfig:
-    """Which scheme, and its parameters (ignored by the schemes that do not use them).
-    ``smoothing_strength``: SmoothQuant's alpha, w8a8 only (engine/model/smoothing.py); part of the
-    shared-model cache key like the others."""
-
-    scheme: str
-    group_size: int = DEFAULT_GROUP_SIZE
-    outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD
-    smoothing_strength: float | None = None
-
-    def __post_init__(self) -> None:
-        check_quant_knobs(self.scheme, self.group_size, self.outlier_threshold)
-        check_smoothing(self.scheme, self.smoothing_strength)
 
 
 def check_group_size(config: QuantConfig, in_features: dict[str, int]) -> None:

@@ -16,7 +16,8 @@ from engine.core.config import EngineConfig, check_smoothing
 from engine.model.activations import ActivationStats, model_activation_stats
 from engine.model.llama import LlamaModel
 from engine.model.loader import check_model_name, load_model
-from engine.model.quantization import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, QuantConfig, check_quant_knobs
+from engine.core.config import QuantConfig
+from engine.model.quantization import DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, check_quant_knobs
 from engine.model.runner import DTYPES
 from engine.model.smoothing import Smoothing, smooth_weights
 from engine.model.sparsity import check_sparsity, sparsified_weights
@@ -95,7 +96,7 @@ def calibration_stats(model: str) -> ActivationStats:
     default engine's (block size, fp32 KV), as an fp32 ``LLMEngine`` would run them."""
     shared = _shared_model(model, "float32")
     return model_activation_stats(shared.model, shared.tokenizer, shared.model.config.max_position_embeddings,
-                                  EngineConfig().block_size, "float32")
+                                  EngineConfig().cache_config.block_size, "float32")
 
 
 def shared_model_for(model: str | SharedModel, c: EngineConfig) -> SharedModel:
@@ -103,17 +104,13 @@ def shared_model_for(model: str | SharedModel, c: EngineConfig) -> SharedModel:
     SharedModel passed in, which must have been loaded with ``c``'s sparsity and quantization."""
     if not isinstance(model, (str, SharedModel)):
         raise ValueError(f"model: must be a model name (a string), got {type(model).__name__}")
-    shared = model if isinstance(model, SharedModel) else get_shared_model(
-        model, c.dtype, c.quantization, c.quantization_group_size, c.quantization_outlier_threshold,
-        c.quantization_smoothing_strength, c.sparsity)
+    shared = model if isinstance(model, SharedModel) else _shared_model(check_model_name(model), c.dtype,
+                                                                           c.quant_config, c.sparsity)
     if shared.sparsity != c.sparsity:
         raise ValueError(f"sparsity: the SharedModel passed was loaded with sparsity={shared.sparsity!r}, "
                          f"not {c.sparsity!r}; pass the model name, or get_shared_model(..., sparsity=...)")
     quant = shared.model.quantization
-    if c.quantization is not None and (quant is None or (quant.scheme, quant.group_size, quant.outlier_threshold,
-                                                         quant.smoothing_strength)
-                                       != (c.quantization, c.quantization_group_size,
-                                           c.quantization_outlier_threshold, c.quantization_smoothing_strength)):
+    if c.quant_config is not None and quant != c.quant_config:
         raise ValueError(f"quantization: the SharedModel passed was loaded with {quant}, not "
                          f"quantization={c.quantization!r}; pass the model name, or get_shared_model(..., "
                          f"quantization=...)")

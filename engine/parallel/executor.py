@@ -281,7 +281,7 @@ class ParallelExecutor:
         import torch.distributed as dist
 
         self.layout = layout
-        self.timeout_s = config.worker_timeout_s
+        self.timeout_s = config.parallel_config.worker_timeout_s
         self.error: str | None = None
         # Batches sent whose results are not all read yet, oldest first (workers answer in
         # order), and every result read, by batch and rank, as soon as it is read: a step
@@ -516,10 +516,10 @@ class ParallelRunner:
         self.config = config
         self.model_config = c
         self.layout = build_layout(c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
-                                   c.intermediate_size, config.pipeline_parallel_size,
-                                   config.tensor_parallel_size, config.pipeline_schedule,
-                                   config.num_microbatches, config.pipeline_layer_split)
-        self.kv_cache_dtype = config.cache_dtype
+                                   c.intermediate_size, config.parallel_config.pipeline_parallel_size,
+                                   config.parallel_config.tensor_parallel_size, config.parallel_config.pipeline_schedule,
+                                   config.parallel_config.num_microbatches, config.parallel_config.pipeline_layer_split)
+        self.kv_cache_dtype = config.kv_cache_dtype
         self.model: LlamaModel | None = None  # the layers run in the workers, none here
         self.timeline: PipelineTimeline | None = None
         self.executor = ParallelExecutor(model_name, config, self.layout, progress)
@@ -533,7 +533,7 @@ class ParallelRunner:
     @property
     def kv_cache_total_bytes(self) -> int:
         """The whole pool, over every worker (with t beyond the KV heads, replicas count once)."""
-        return self.kv_cache_bytes_per_token * self.config.pool_tokens
+        return self.kv_cache_bytes_per_token * self.config.cache_config.pool_tokens
 
     @property
     def max_batches(self) -> int:

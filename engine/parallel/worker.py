@@ -40,7 +40,7 @@ from engine.core.config import EngineConfig
 from engine.model.forward_batch import build_forward_batch
 from engine.model.attention import attention_backend
 from engine.model.runner import BatchInputs, ModelRunner
-from engine.model.shared import clear_shared_models, get_shared_model
+from engine.model.shared import clear_shared_models, shared_model_for
 from engine.parallel.shard import shard_model
 from engine.core.trace import ParallelLayout, WorkKind
 
@@ -185,13 +185,12 @@ class _Worker:
         self.rank, self.t, self.p = spec.rank, t, layout.pipeline_parallel_size
         # (the ignore: torch.distributed re-exports TCPStore from torch._C without listing it)
         store = dist.TCPStore("127.0.0.1", spec.store_port, is_master=False,  # type: ignore[attr-defined]
-                              timeout=timedelta(seconds=COMM_TIMEOUT_FACTOR * c.worker_timeout_s))
+                              timeout=timedelta(seconds=COMM_TIMEOUT_FACTOR * c.parallel_config.worker_timeout_s))
         dist.init_process_group("gloo", store=store, rank=spec.rank, world_size=layout.num_workers,
-                                timeout=timedelta(seconds=COMM_TIMEOUT_FACTOR * c.worker_timeout_s))
+                                timeout=timedelta(seconds=COMM_TIMEOUT_FACTOR * c.parallel_config.worker_timeout_s))
         # Every rank creates every stage's group, in the same order (torch.distributed's rule).
         groups = [dist.new_group([s * t + r for r in range(t)]) for s in range(self.p)] if t > 1 else []
-        shared = get_shared_model(spec.model, c.dtype, c.quantization, c.quantization_group_size,
-                                  c.quantization_outlier_threshold, c.quantization_smoothing_strength, c.sparsity)
+        shared = shared_model_for(spec.model, c)
         stage_layout = layout.stages[self.stage]
         self.model = shard_model(shared.model, stage_layout, layout.shards[self.tp_rank], self.p, t)
         del shared
@@ -211,7 +210,7 @@ class _Worker:
                 return x
             self.model.all_reduce = all_reduce
         self.attention = attention_backend(c.attention_backend)
-        self.runner = ModelRunner(self.model, c.num_blocks, c.block_size, c.cache_dtype, self.attention)
+        self.runner = ModelRunner(self.model, c.cache_config.num_blocks, c.cache_config.block_size, c.kv_cache_dtype, self.attention)
 
     def _event(self, kind: WorkKind, start_ns: int) -> None:
         end = clock_ns()

@@ -32,13 +32,14 @@ import difflib
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Any, Literal, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Annotated, Any, Literal, Mapping
 
-from engine.core.config import MAX_MODEL_LEN, MAX_TOKENS, MAX_MICROBATCHES, MAX_SPECULATIVE_TOKENS, MAX_WORKERS, EngineConfig
-from engine.replay.run import PolicyRun, RunMeta
-from engine.core.schema import SchemaError, decode, key_segment, show
-from engine.core.trace import (TAGGED, ParallelLayout, PipelineTimeline, PrefixCacheEvents, PrefixNode, RequestState,
+from engine.core.config import (KNOB_NAMES, KNOB_PLACES, MAX_MODEL_LEN, MAX_TOKENS, MAX_MICROBATCHES,
+                                MAX_SPECULATIVE_TOKENS, MAX_WORKERS, EngineConfig)
+from engine.replay.run import Name, PolicyRun, RunMeta, Title
+from engine.core.schema import Nested, SchemaError, decode, key_segment, show
+from engine.core.trace import (TAGGED, Positive, ParallelLayout, PipelineTimeline, PrefixCacheEvents, PrefixNode, RequestState,
                           RequestStatus, ScheduledChunk, Snapshot, StepTrace, to_dict)
 
 QUEUED = (RequestStatus.PENDING, RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -75,10 +76,24 @@ class PolicyRunEntry:
 
 
 @dataclass(frozen=True)
+class MetaEntry:
+    """RunMeta as the file holds it: the config as its flat knobs (``EngineConfig.to_knobs``, the
+    form every recording has had), turned into an EngineConfig by ``check_meta``."""
+
+    model: Name
+    scenario: Name
+    title: Title
+    config: Annotated[Mapping[str, Any], Nested(("speculative_config",))]
+    max_model_len: Positive
+    kv_bytes_per_token: Positive
+    chat_template: bool = False
+
+
+@dataclass(frozen=True)
 class RecordingFile:
     format: Literal["inferscope-recording"]
     version: Literal[1]
-    meta: RunMeta
+    meta: MetaEntry
     initial: Snapshot
     steps: tuple[StepEntry, ...]
     comparison: Mapping[str, PolicyRunEntry] = field(default_factory=dict)
@@ -97,7 +112,8 @@ def to_json(recording: Recording) -> str:
     data = {
         "format": FORMAT,
         "version": VERSION,
-        "meta": asdict(recording.meta),
+        "meta": {**{f.name: getattr(recording.meta, f.name) for f in fields(MetaEntry)},
+                 "config": recording.meta.config.to_knobs()},
         "initial": to_dict(recording.snapshots[0]),
         "steps": [{"trace": to_dict(t), "snapshot": to_dict(s)}
                   for t, s in zip(recording.traces, recording.snapshots[1:])],
@@ -604,16 +620,14 @@ def snapshot_path(i: int) -> str:
     return "initial" if i == 0 else f"steps[{i - 1}].snapshot"
 
 
-def check_history(meta: RunMeta, traces: Sequence[StepTrace], snapshots: Sequence[Snapshot]) -> None:
-    """A run's steps in order: the first snapshot on its own, then against the config
-    (``check_meta``); step i's trace says step i and is followed by snapshot i+1; snapshot i
-    says step i; every snapshot has the first one's block geometry and layout."""
+def check_history(traces: Sequence[StepTrace], snapshots: Sequence[Snapshot]) -> None:
+    """A run's steps in order (after ``check_meta``): step i's trace says step i and is followed
+    by snapshot i+1; snapshot i says step i; every snapshot has the first one's block geometry
+    and layout."""
     first = snapshots[0]
     for i, s in enumerate(snapshots):
         path = snapshot_path(i)
         _step(s.step, i, path)
-        if i == 0:
-            check_meta(meta, first)
         _same_geometry(s, first, path, "the first snapshot's")
         _within(path, check_snapshot, s)
     for i, t in enumerate(traces):
@@ -653,50 +667,54 @@ def check_transition(t: StepTrace, before: Snapshot, after: Snapshot) -> None:
                      f"node {node_id} is in neither the tree after the step nor its evictions")
 
 
-def check_meta(meta: RunMeta, first: Snapshot) -> None:
+def check_meta(meta: MetaEntry, first: Snapshot) -> RunMeta:
     """The run's config must be one the engine accepts, with the first snapshot's block geometry,
     bytes per token and parallel layout (p, t, schedule, m, layers per stage); checked before
-    that snapshot's own rules, and every later snapshot repeats the first's (``check_history``)."""
-    known = {f.name for f in fields(EngineConfig)}
+    the snapshots' own rules, and every later snapshot repeats the first's (``check_history``).
+    Returns the RunMeta with the config as an EngineConfig."""
     for key in meta.config:
-        if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), 1)
+        if key not in KNOB_PLACES:
+            close = difflib.get_close_matches(key, KNOB_NAMES, 1)
             raise SchemaError("unknown engine setting" + (f" (did you mean {close[0]!r}?)" if close else
-                              " (the EngineConfig fields are listed in engine/core/config.py)"),
+                              " (the engine knobs are listed in engine/core/config.py KNOB_PLACES)"),
                               f"meta.config.{key_segment(key)}")
     try:
-        config = EngineConfig(**meta.config)
-    except (ValueError, TypeError) as e:  # EngineConfig names the field first: "block_size: must be >= 1, got 0"
+        config = EngineConfig.from_knobs(**meta.config)
+    except (ValueError, TypeError) as e:  # EngineConfig names the knob first: "block_size: must be >= 1, got 0"
         name, _, problem = str(e).partition(": ")
-        if name.split(".")[0] in known and problem:
+        if name.split(".")[0] in KNOB_PLACES and problem:
             raise SchemaError(problem, f"meta.config.{name}") from None
         raise SchemaError(str(e), "meta.config") from None
+    cache, parallel = config.cache_config, config.parallel_config
     for name in ("block_size", "num_blocks"):
-        _require(getattr(config, name) == getattr(first, name), f"meta.config.{name}",
-                 f"must match the snapshots' {name} = {getattr(first, name)}, got {getattr(config, name)}")
-    _require(meta.max_model_len <= MAX_MODEL_LEN and config.max_model_len in (None, meta.max_model_len),
+        _require(getattr(cache, name) == getattr(first, name), f"meta.config.{name}",
+                 f"must match the snapshots' {name} = {getattr(first, name)}, got {getattr(cache, name)}")
+    limit = config.scheduler_config.max_model_len
+    _require(meta.max_model_len <= MAX_MODEL_LEN and limit in (None, meta.max_model_len),
              "meta.max_model_len", f"must be <= {MAX_MODEL_LEN} and the config's max_model_len when set "
-             f"({config.max_model_len}), got {meta.max_model_len}")
+             f"({limit}), got {meta.max_model_len}")
     layout = first.parallel
-    _require((layout is None) == (config.num_workers == 1), "initial.parallel",
-             f"must be {'null' if layout is None else 'set'}: the config runs {config.num_workers} worker process(es)")
+    _require((layout is None) == (parallel.world_size == 1), "initial.parallel",
+             f"must be {'null' if layout is None else 'set'}: the config runs {parallel.world_size} worker process(es)")
     if layout is not None:
         for name in ("pipeline_parallel_size", "tensor_parallel_size", "pipeline_schedule", "num_microbatches"):
             own = getattr(layout, name.replace("pipeline_schedule", "schedule"))
-            _require(getattr(config, name) == own, f"meta.config.{name}",
-                     f"must match the snapshots' layout ({show(own)}), got {show(getattr(config, name))}")
+            _require(getattr(parallel, name) == own, f"meta.config.{name}",
+                     f"must match the snapshots' layout ({show(own)}), got {show(getattr(parallel, name))}")
         split = tuple(s.end_layer - s.start_layer for s in layout.stages)
-        _require(config.pipeline_layer_split in (None, split), "meta.config.pipeline_layer_split",
-                 f"must match the layout's layers per stage {list(split)}, got {list(config.pipeline_layer_split or ())}")
+        _require(parallel.pipeline_layer_split in (None, split), "meta.config.pipeline_layer_split",
+                 f"must match the layout's layers per stage {list(split)}, got {list(parallel.pipeline_layer_split or ())}")
     _require(meta.kv_bytes_per_token == first.kv_bytes_per_token, "meta.kv_bytes_per_token",
              f"must match the snapshots' kv_bytes_per_token = {first.kv_bytes_per_token}, "
              f"got {meta.kv_bytes_per_token}")
+    return RunMeta(meta.model, meta.scenario, meta.title, config, meta.max_model_len, meta.kv_bytes_per_token,
+                   meta.chat_template)
 
 
 def check_limits(meta: RunMeta, traces: Sequence[StepTrace], snapshots: Sequence[Snapshot], where: str) -> None:
     """The run's limits hold throughout: every step's budget <= max_num_batched_tokens, every
     request's prompt + output <= max_model_len (``where(i)`` names snapshot i's path)."""
-    budget = meta.config.get("max_num_batched_tokens", EngineConfig.max_num_batched_tokens)
+    budget = meta.config.scheduler_config.max_num_batched_tokens
     for i, t in enumerate(traces):
         _require(t.token_budget <= budget, f"{where}traces[{i}].token_budget" if where else f"steps[{i}].trace.token_budget",
                  f"must be <= the config's max_num_batched_tokens = {budget}, got {t.token_budget}")
@@ -728,10 +746,12 @@ def to_recording(file: RecordingFile) -> Recording:
     """A decoded file -> Recording, after every consistency check above."""
     traces = tuple(s.trace for s in file.steps)
     snapshots = (file.initial, *(s.snapshot for s in file.steps))
-    check_history(file.meta, traces, snapshots)
+    _step(file.initial.step, 0, "initial")
+    meta = check_meta(file.meta, file.initial)
+    check_history(traces, snapshots)
     check_comparison(file.comparison, file.initial)
-    check_limits(file.meta, traces, snapshots, "")
+    check_limits(meta, traces, snapshots, "")
     for policy, run in file.comparison.items():
-        check_limits(file.meta, run.traces, (run.final,), f"comparison.{key_segment(policy)}.")
+        check_limits(meta, run.traces, (run.final,), f"comparison.{key_segment(policy)}.")
     comparison = {p: PolicyRun(p, r.traces, r.final) for p, r in file.comparison.items()}
-    return Recording(file.meta, traces, snapshots, comparison)
+    return Recording(meta, traces, snapshots, comparison)

@@ -14,11 +14,12 @@ replayed without the model.
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Mapping, NamedTuple, Sequence
 
 from engine.replay.scenario import Scenario, build_engine, run_to_end, without_speculation
-from engine.core.schema import Length, Nested
+from engine.core.config import EngineConfig
+from engine.core.schema import Length
 from engine.core.trace import Positive, Snapshot, StepTrace
 
 if TYPE_CHECKING:
@@ -30,25 +31,25 @@ Title = Annotated[str, Length(0, 500)]
 
 @dataclass(frozen=True)
 class RunMeta:
-    """What was run: enough to label a replay and to redo the run live."""
+    """What was run: enough to label a replay and to redo the run live. A recording file holds
+    ``config`` as its flat knobs (``EngineConfig.to_knobs``; engine/replay/recording.py)."""
 
     model: Name
     scenario: Name
     title: Title
-    # EngineConfig fields; speculative_config (a SpeculativeConfig) is its vLLM-shaped dict
-    config: Annotated[Mapping[str, Any], Nested(("speculative_config",))]
+    config: EngineConfig
     max_model_len: Positive
     kv_bytes_per_token: Positive
     chat_template: bool = False
 
     @property
     def policy(self) -> str:
-        return str(self.config.get("policy", "continuous"))
+        return self.config.scheduler_config.policy
 
     @property
     def kv_cache_dtype(self) -> str:
         """The KV cache's element type: ``kv_cache_dtype`` if set, else the weights' dtype."""
-        return str(self.config.get("kv_cache_dtype") or self.config.get("dtype") or "float32")
+        return self.config.kv_cache_dtype
 
     @property
     def precision(self) -> str:
@@ -56,8 +57,8 @@ class RunMeta:
         return precision_label(self.config)
 
 
-def precision_label(config: Mapping[str, Any]) -> str:
-    """The precision knobs of an EngineConfig (as a dict) in a few words, "" for the default.
+def precision_label(config: EngineConfig) -> str:
+    """The precision knobs of an EngineConfig in a few words, "" for the default.
 
     Rule: only what differs from fp32 weights + a KV cache in the weights' dtype is named, in
     the order weights, sparsity, KV: ``"int4 g32 · KV int8"``, ``"w8a8 SmoothQuant 0.5"``,
@@ -65,39 +66,35 @@ def precision_label(config: Mapping[str, Any]) -> str:
     with groups); a quantized run's bfloat16 compute dtype is implied by the scheme.
     """
     parts: list[str] = []
-    scheme = config.get("quantization")
-    dtype = config.get("dtype", "float32")
-    if scheme:
-        label = str(scheme)
-        if scheme == "int4":
-            label += f" g{config.get('quantization_group_size')}"
-        strength = config.get("quantization_smoothing_strength")
-        if strength is not None:
-            label += f" SmoothQuant {strength:g}"
+    quant = config.quant_config
+    if quant is not None:
+        label = quant.scheme
+        if quant.scheme == "int4":
+            label += f" g{quant.group_size}"
+        if quant.smoothing_strength is not None:
+            label += f" SmoothQuant {quant.smoothing_strength:g}"
         parts.append(label)
-    elif dtype not in ("float32", "auto", None):
-        parts.append(str(dtype))
-    if config.get("sparsity"):
-        parts.append(f"{config.get('sparsity')} sparse")
-    kv = config.get("kv_cache_dtype")
-    if kv and kv != dtype:
-        parts.append(f"KV {kv}")
+    elif config.dtype != "float32":
+        parts.append(config.dtype)
+    if config.sparsity:
+        parts.append(f"{config.sparsity} sparse")
+    if config.kv_cache_dtype != config.dtype:
+        parts.append(f"KV {config.kv_cache_dtype}")
     return " · ".join(parts)
 
 
-def speculation_label(config: Mapping[str, Any]) -> str:
-    """The speculative_config of an EngineConfig (as a dict) in a few words, "" when off:
-    ``"ngram k=4"``, ``"early exit 8 layers k=4"``, ``"draft smollm2-135m int4 k=4"``."""
-    spec = config.get("speculative_config")
-    if not isinstance(spec, Mapping):
+def speculation_label(config: EngineConfig) -> str:
+    """The speculative_config of an EngineConfig in a few words, "" when off: ``"ngram k=4"``,
+    ``"early exit 8 layers k=4"``, ``"draft smollm2-135m int4 k=4"``."""
+    spec = config.speculative_config
+    if spec is None:
         return ""
-    k = spec.get("num_speculative_tokens")
-    method = spec.get("method")
-    if method == "early_exit":
-        return f"early exit {spec.get('num_layers')} layers k={k}"
-    if method == "draft_model":
-        return f"draft {spec.get('model')} {spec.get('quantization') or 'fp32'} k={k}"
-    return f"{method} k={k}"
+    k = spec.num_speculative_tokens
+    if spec.method == "early_exit":
+        return f"early exit {spec.num_layers} layers k={k}"
+    if spec.method == "draft_model":
+        return f"draft {spec.model} {spec.quantization or 'fp32'} k={k}"
+    return f"{spec.method} k={k}"
 
 
 @dataclass(frozen=True)
@@ -184,7 +181,7 @@ class RunView:
 
 def meta_for(engine: Any, scenario: Scenario) -> RunMeta:
     return RunMeta(model=engine.shared.name, scenario=scenario.name, title=scenario.title,
-                   config=asdict(engine.config), max_model_len=engine.max_model_len,
+                   config=engine.config, max_model_len=engine.max_model_len,
                    kv_bytes_per_token=engine.kv_cache_bytes_per_token, chat_template=scenario.chat_template)
 
 
@@ -342,7 +339,7 @@ def _run_variants(model: Any, variants: list[Variant],
         engine = build_engine(sc, model, **knobs)
         callback = None if on_step is None else (lambda n, name=label: on_step(name, n))
         traces = run_to_end(engine, on_step=callback)
-        out[label] = PolicyRun(engine.config.policy, tuple(traces), engine.snapshot())
+        out[label] = PolicyRun(engine.config.scheduler_config.policy, tuple(traces), engine.snapshot())
     return out
 
 
@@ -414,9 +411,9 @@ def measure_bubble_sweep(model: Any, p: int, t: int = 1, microbatches: tuple[int
     for i, m in enumerate(microbatches):
         if progress is not None:
             progress(f"m = {m}: starting {p * t} workers", i / len(microbatches))
-        config = EngineConfig(pipeline_parallel_size=p, tensor_parallel_size=t, pipeline_schedule="gpipe",
-                              num_microbatches=m, max_num_seqs=num_prompts, max_num_batched_tokens=tokens,
-                              block_size=16, num_blocks=num_prompts * (prompt_len // 16 + 2))
+        config = EngineConfig.from_knobs(pipeline_parallel_size=p, tensor_parallel_size=t, pipeline_schedule="gpipe",
+                                         num_microbatches=m, max_num_seqs=num_prompts, max_num_batched_tokens=tokens,
+                                         block_size=16, num_blocks=num_prompts * (prompt_len // 16 + 2))
         with LLMEngine(model, config=config) as engine:
             for r in range(num_prompts):  # equal lengths, distinct ids (all below any vocabulary's 200)
                 engine.add_request([1 + (r * 31 + j * 7) % 199 for j in range(prompt_len)],

@@ -15,7 +15,7 @@ the same knobs give the same batches, the same blocks and the same tokens.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from engine.serving.engine import LLMEngine
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "presets" / "scenarios"
-KNOB_NAMES = tuple(f.name for f in fields(EngineConfig))  # a scenario may set any engine knob
 _REQUEST_FIELDS = {"prompt", "arrival_step", "max_tokens", "temperature", "seed", "ignore_eos", "top_k", "top_p", "n"}
 
 
@@ -69,11 +68,7 @@ class Scenario:
         to switch speculation off use ``without_speculation``. ``speculative_config`` is vLLM's
         dict, validated by EngineConfig (a bad key or value names ``speculative_config.<key>``).
         """
-        knobs = {**self.knobs, **{k: v for k, v in overrides.items() if v is not None}}
-        unknown = set(knobs) - set(KNOB_NAMES)
-        if unknown:
-            raise ValueError(f"{sorted(unknown)[0]}: unknown engine option")
-        return EngineConfig(**knobs)
+        return EngineConfig.from_knobs(**{**self.knobs, **{k: v for k, v in overrides.items() if v is not None}})
 
 
 def list_scenarios(folder: Path = SCENARIO_DIR) -> list[str]:

@@ -64,16 +64,16 @@ class LLMEngine:
         self.shared = shared_model_for(model, c)
         mc = self.shared.model.config
         # The split must fit the model at every p, p = 1 included (no worker checks it there).
-        stage_layouts(mc.num_hidden_layers, c.pipeline_parallel_size, c.pipeline_layer_split)
+        stage_layouts(mc.num_hidden_layers, c.parallel_config.pipeline_parallel_size, c.parallel_config.pipeline_layer_split)
         self.tokenizer = self.shared.tokenizer
         self._decode = detokenizer(self.tokenizer)
-        self.model_max_len = min(mc.max_position_embeddings, c.max_model_len or mc.max_position_embeddings)
-        self.max_model_len = min(self.model_max_len, c.pool_tokens)
-        kv_bytes = kv_cache_bytes_per_token(mc, c.cache_dtype) + draft_kv_bytes_per_token(c.speculative_config,
+        self.model_max_len = min(mc.max_position_embeddings, c.scheduler_config.max_model_len or mc.max_position_embeddings)
+        self.max_model_len = min(self.model_max_len, c.cache_config.pool_tokens)
+        kv_bytes = kv_cache_bytes_per_token(mc, c.kv_cache_dtype) + draft_kv_bytes_per_token(c.speculative_config,
                                                                                           self.shared)
         self.memory_need = limits.estimate_memory(c, mc, self.max_model_len, kv_bytes)
         limits.check_memory(c, self.memory_need, limits.available_memory_bytes())
-        self.kv = KVCacheManager(c.num_blocks, c.block_size, c.enable_prefix_caching)
+        self.kv = KVCacheManager(c.cache_config.num_blocks, c.cache_config.block_size, c.cache_config.enable_prefix_caching)
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)

@@ -63,8 +63,8 @@ class RequestIntake:
                 arrival_step: int | None, step_count: int) -> PreparedRequest:
         """Every check that needs no engine state (the request id is checked at ``enqueue``)."""
         params = _check_params(sampling_params)
-        if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n: {params.n} parallel sequences exceed max_num_seqs={self.config.max_num_seqs}")
+        if params.n > self.config.scheduler_config.max_num_seqs:
+            raise ValueError(f"n: {params.n} parallel sequences exceed max_num_seqs={self.config.scheduler_config.max_num_seqs}")
         if params.n > 1 and self.config.speculative_config is not None:
             raise ValueError(f"n: parallel sampling (n={params.n}) cannot be combined with speculative decoding "
                              f"(speculative_config is set); use n=1")
@@ -211,11 +211,11 @@ class RequestIntake:
                              f"(max_model_len={self.model_max_len}, one position kept for output)")
         if n + 1 > self.max_model_len:
             c = self.config
-            raise ValueError(f"num_blocks: the KV pool ({c.num_blocks} blocks x {c.block_size} tokens "
-                             f"= {c.pool_tokens} tokens) cannot hold this {n}-token prompt plus one output token")
-        if not self.config.enable_chunked_prefill and n > self.config.max_num_batched_tokens:
+            raise ValueError(f"num_blocks: the KV pool ({c.cache_config.num_blocks} blocks x {c.cache_config.block_size} tokens "
+                             f"= {c.cache_config.pool_tokens} tokens) cannot hold this {n}-token prompt plus one output token")
+        if not self.config.scheduler_config.enable_chunked_prefill and n > self.config.scheduler_config.max_num_batched_tokens:
             raise ValueError(f"prompt: {n} tokens exceed max_num_batched_tokens="
-                             f"{self.config.max_num_batched_tokens} and chunked prefill is off")
+                             f"{self.config.scheduler_config.max_num_batched_tokens} and chunked prefill is off")
         if arrival_step is not None:
             horizon = step_count + MAX_ARRIVAL_HORIZON
             if isinstance(arrival_step, bool) or not isinstance(arrival_step, int) or arrival_step < 0:

@@ -82,13 +82,13 @@ class MemoryNeed:
 
 def estimate_memory(config: EngineConfig, mc: ModelConfig, max_model_len: int, kv_bytes_per_token: int) -> MemoryNeed:
     """The memory ``config`` needs on model ``mc`` (see MemoryNeed); allocates nothing."""
-    t, n_seqs, ctx = config.max_num_batched_tokens, min(config.max_num_seqs, config.max_num_batched_tokens), max_model_len
+    t, n_seqs, ctx = config.scheduler_config.max_num_batched_tokens, min(config.scheduler_config.max_num_seqs, config.scheduler_config.max_num_batched_tokens), max_model_len
     nq, nkv, d, h = mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim, mc.hidden_size
     per_token = 4 * (4 * h + (2 * nq + 2 * nkv) * d + 3 * mc.intermediate_size)
     scores = 4 * min(t, ctx) * nq * ctx
     per_seq = 4 * ctx * (2 * nkv * d + nq) + 8 * mc.vocab_size
-    return MemoryNeed(kv_cache=config.num_blocks * config.block_size * kv_bytes_per_token,
-                      block_pool=config.num_blocks * BLOCK_OBJECT_BYTES,
+    return MemoryNeed(kv_cache=config.cache_config.num_blocks * config.cache_config.block_size * kv_bytes_per_token,
+                      block_pool=config.cache_config.num_blocks * BLOCK_OBJECT_BYTES,
                       batch=t * per_token + scores, sequences=n_seqs * per_seq)
 
 
@@ -103,7 +103,7 @@ def check_memory(config: EngineConfig, need: MemoryNeed, available: int | None) 
     raise ValueError(
         f"{need.knob}: these knobs need about {_bytes(need.total)} of memory but {_bytes(allowed)} is "
         f"available ({MEMORY_FRACTION:.0%} of the {_bytes(available)} the OS reports free): KV cache "
-        f"{config.num_blocks:,} blocks x {config.block_size} tokens = {_bytes(need.kv_cache)}, block pool "
-        f"objects {_bytes(need.block_pool)}, one step of max_num_batched_tokens={config.max_num_batched_tokens:,} "
-        f"{_bytes(need.batch)}, max_num_seqs={config.max_num_seqs:,} running requests {_bytes(need.sequences)}. "
+        f"{config.cache_config.num_blocks:,} blocks x {config.cache_config.block_size} tokens = {_bytes(need.kv_cache)}, block pool "
+        f"objects {_bytes(need.block_pool)}, one step of max_num_batched_tokens={config.scheduler_config.max_num_batched_tokens:,} "
+        f"{_bytes(need.batch)}, max_num_seqs={config.scheduler_config.max_num_seqs:,} running requests {_bytes(need.sequences)}. "
         f"Lower num_blocks, block_size, max_num_batched_tokens or max_num_seqs.")

@@ -32,8 +32,8 @@ class ProgressWatch:
         request is never preempted and is scheduled at least every 2p steps (the batch queue
         can make it wait for an in-flight batch), so it passes its high-water mark after
         recomputing at most max_model_len tokens, max_num_batched_tokens per schedule."""
-        p = config.pipeline_parallel_size
-        return 4 * p * (cdiv(max_model_len, config.max_num_batched_tokens) + 2) + 16
+        p = config.parallel_config.pipeline_parallel_size
+        return 4 * p * (cdiv(max_model_len, config.scheduler_config.max_num_batched_tokens) + 2) + 16
 
     def observe(self, output: SchedulerOutput, appended: bool, finished: Sequence[str]) -> None:
         """Account one step: its (retired) scheduled chunks, whether it appended tokens, the

@@ -86,15 +86,15 @@ class RunnerContext(NamedTuple):
 
 def _in_process(ctx: RunnerContext) -> Runner:
     c = ctx.config
-    if c.num_workers > 1:
+    if c.parallel_config.world_size > 1:
         raise ValueError(f"runner: 'in_process' runs the model in this process; pipeline_parallel_size x "
-                         f"tensor_parallel_size = {c.num_workers} needs 'workers' (or 'auto')")
-    return ModelRunner(ctx.shared.model, c.num_blocks, c.block_size, c.cache_dtype,
+                         f"tensor_parallel_size = {c.parallel_config.world_size} needs 'workers' (or 'auto')")
+    return ModelRunner(ctx.shared.model, c.cache_config.num_blocks, c.cache_config.block_size, c.kv_cache_dtype,
                        attention_backend(c.attention_backend))
 
 
 def _workers(ctx: RunnerContext) -> Runner:
-    if ctx.config.num_workers == 1:
+    if ctx.config.parallel_config.world_size == 1:
         raise ValueError("runner: 'workers' needs pipeline_parallel_size x tensor_parallel_size > 1 "
                          "(use 'auto' or 'in_process' for one process)")
     attention_backend(ctx.config.attention_backend)  # an unknown backend fails here, not in a worker
@@ -108,7 +108,7 @@ RUNNERS: dict[str, Callable[[RunnerContext], Runner]] = {"in_process": _in_proce
 def runner_name(config: EngineConfig) -> str:
     """The registered name ``config.runner`` stands for ("auto" resolved)."""
     if config.runner == "auto":
-        return "workers" if config.num_workers > 1 else "in_process"
+        return "workers" if config.parallel_config.world_size > 1 else "in_process"
     return config.runner
 
 

@@ -199,5 +199,5 @@ def build_speculator(config: EngineConfig, target: SharedModel, max_model_len: i
             raise ValueError(f"speculative_config.model: the draft model {spec.model!r} has a vocabulary of "
                              f"{model.config.vocab_size} tokens, the target {target.name!r} has "
                              f"{mc.vocab_size}; a draft model must share the target's tokenizer")
-        drafter = ModelDrafter(spec.method, model, layers, config.num_blocks, config.block_size)
+        drafter = ModelDrafter(spec.method, model, layers, config.cache_config.num_blocks, config.cache_config.block_size)
     return Speculator(drafter, spec.num_speculative_tokens, max_model_len, target.tokenizer)

@@ -140,7 +140,7 @@ def perplexity(llm: Any, text: str, window: int = DEFAULT_WINDOW, stride: int = 
         raise ValueError(f"text: too short, needs at least 2 tokens to score one, got {len(ids)}")
     # The engine's own weights (any dtype / quantization it holds); a private pool, reused by
     # every window: the window's tokens at slots 0 .. span - 1.
-    prefill = PrivatePrefill(local_model(engine), min(window, len(ids)), engine.config.block_size,
+    prefill = PrivatePrefill(local_model(engine), min(window, len(ids)), engine.config.cache_config.block_size,
                              engine.runner.kv_cache_dtype)
     records: list[PerplexityWindow] = []
     for begin, end, score_begin in strided_windows(len(ids), window, stride):
@@ -166,5 +166,5 @@ def activation_stats(llm: Any, prompts: Sequence[Prompt] | None = None, threshol
     (engine.model.activations.model_activation_stats has the rules)."""
     engine = engine_of(llm)
     return model_activation_stats(local_model(engine), engine.tokenizer, engine.model_max_len,
-                                  engine.config.block_size, engine.runner.kv_cache_dtype, prompts, threshold,
+                                  engine.config.cache_config.block_size, engine.runner.kv_cache_dtype, prompts, threshold,
                                   histogram_layer, histogram_linear, bins, histogram_range)

@@ -24,8 +24,8 @@ from typing import Callable, Mapping
 import torch
 
 from engine.core.config import INT4_GROUP_SIZES, SCHEMES
-from engine.model.quantization import (FP8_MAX, FP8_TO_BF16_TABLE, QuantConfig, QuantError, QuantizedTensor, dequantize,
-                                 int4_codes, is_table, quantize_table, quantize_tensor)
+from engine.core.config import QuantConfig
+from engine.model.quantization import FP8_MAX, FP8_TO_BF16_TABLE, QuantError, QuantizedTensor, dequantize, int4_codes, is_table, quantize_table, quantize_tensor
 
 MATRICES: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _MODULE = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",

@@ -526,7 +526,7 @@ def kv_tradeoff(model: str, dtypes: Sequence[str] = ("float32", "bfloat16", "int
     shared = get_shared_model(model, "float32")
     config = shared.model.config
     if pool_bytes is None:
-        pool_bytes = EngineConfig().pool_tokens * kv_cache_bytes_per_token(config, "float32")
+        pool_bytes = EngineConfig().cache_config.pool_tokens * kv_cache_bytes_per_token(config, "float32")
     if isinstance(pool_bytes, bool) or not isinstance(pool_bytes, int) or pool_bytes <= 0:
         raise ValueError(f"pool_bytes: must be a positive integer, got {pool_bytes!r}")
     if prompt is None:
@@ -539,7 +539,7 @@ def kv_tradeoff(model: str, dtypes: Sequence[str] = ("float32", "bfloat16", "int
     ref = _greedy(shared, ids, "float32", gen_tokens)
     seq = ids + list(ref)
     rows = torch.arange(len(ids) - 1, len(seq), dtype=torch.long)  # [gen_tokens + 1]: every generated position
-    block = EngineConfig().block_size
+    block = EngineConfig().cache_config.block_size
     ref_logits, ref_kv = _teacher_forced(shared.model, seq, rows, "float32", block)
     spec_notes: list[str] = []
     spec = _calculator_spec(model, config, spec_notes)

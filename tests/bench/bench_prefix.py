@@ -48,7 +48,6 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -156,7 +155,7 @@ def engine_run(prompts: list[list[int]], max_tokens: int, caching: bool) -> dict
                       "cached": t.prefix.num_cached_tokens, "schedule_ms": round(t.schedule_ms, 2),
                       "forward_ms": round(t.forward_ms, 2), "sample_ms": round(t.sample_ms, 2)}
                      for t in traces],
-        "knobs": asdict(engine.config),
+        "knobs": engine.config.to_knobs(),
     }
 
 
@@ -202,7 +201,7 @@ def run() -> dict[str, Any]:
     shared = get_shared_model(MODEL)
     system, questions = workload(shared.tokenizer)
     prompts = [system + q for q in questions]
-    knobs = {k: v for k, v in asdict(EngineConfig(**KNOBS)).items() if k != "enable_prefix_caching"}
+    knobs = {k: v for k, v in EngineConfig.from_knobs(**KNOBS).to_knobs().items() if k != "enable_prefix_caching"}
     print(f"  workload: {NUM_REQUESTS} x ({SYSTEM_TOKENS} system + {QUESTION_TOKENS} question) tokens, "
           f"greedy, ignore_eos, max_tokens {MAX_TOKENS} (and {MAX_TOKENS_LONG}); threads {torch.get_num_threads()}")
     print(f"  knobs (enable_prefix_caching on vs off): {knobs}", flush=True)

@@ -80,7 +80,7 @@ def test_int_knob_rejected(knob: str, bad: str) -> None:
     value = BAD_INT_VALUES[bad](INT_KNOB_CAPS[knob])
     if knob == "max_model_len" and bad == "zero":
         value = 1  # 0 .. 1 are all below the minimum of 2
-    expect_rejected(lambda: EngineConfig(**{knob: value}), knob, seconds=2)
+    expect_rejected(lambda: EngineConfig.from_knobs(**{knob: value}), knob, seconds=2)
 
 
 OTHER_KNOBS = [
@@ -112,7 +112,7 @@ QUANT_DTYPE_CASES = [(q, d) for q in ("int8", "int4", "fp8", "w8a8") for d in ("
 
 @pytest.mark.parametrize("quantization, dtype", QUANT_DTYPE_CASES, ids=[f"{q}+{d}" for q, d in QUANT_DTYPE_CASES])
 def test_quantization_with_a_non_bf16_dtype_rejected(quantization: str, dtype: str) -> None:
-    expect_rejected(lambda: EngineConfig(quantization=quantization, dtype=dtype), "dtype", seconds=2)
+    expect_rejected(lambda: EngineConfig.from_knobs(quantization=quantization, dtype=dtype), "dtype", seconds=2)
 
 
 @pytest.mark.parametrize("group_size", [128, 256])
@@ -149,7 +149,7 @@ BAD_SMOOTHING = [(-0.1, "w8a8"), (1.0000001, "w8a8"), (NAN, "w8a8"), (INF, "w8a8
 
 @pytest.mark.parametrize("value, quantization", BAD_SMOOTHING, ids=[f"{v!r}+{q}" for v, q in BAD_SMOOTHING])
 def test_bad_smoothing_strength_rejected(value: object, quantization: str | None) -> None:
-    expect_rejected(lambda: EngineConfig(quantization=quantization, quantization_smoothing_strength=value),
+    expect_rejected(lambda: EngineConfig.from_knobs(quantization=quantization, quantization_smoothing_strength=value),
                     "quantization_smoothing_strength", seconds=2)
     expect_rejected(lambda: LLMEngine("tiny-random", quantization=quantization,
                                       quantization_smoothing_strength=value),
@@ -173,7 +173,7 @@ def test_sparsity_bad_value_rejected_by_get_shared_model() -> None:
 
 @pytest.mark.parametrize("knob, value", OTHER_KNOBS, ids=[f"{k}={v!r}" for k, v in OTHER_KNOBS])
 def test_other_knob_rejected(knob: str, value: object) -> None:
-    expect_rejected(lambda: EngineConfig(**{knob: value}), knob, seconds=2)
+    expect_rejected(lambda: EngineConfig.from_knobs(**{knob: value}), knob, seconds=2)
 
 
 @pytest.mark.parametrize("kv", [None, "int8", "fp8"])
@@ -190,8 +190,8 @@ def test_kv_cache_dtype_none_and_quantized_accepted(tiny, kv: object) -> None:
 
 @pytest.mark.parametrize("knob", list(INT_KNOB_CAPS))
 def test_knob_at_its_cap_is_accepted_by_the_config(knob: str) -> None:
-    config = expect_accepted(lambda: EngineConfig(**{knob: INT_KNOB_CAPS[knob]}), seconds=2)
-    assert getattr(config, knob) == INT_KNOB_CAPS[knob]
+    config = expect_accepted(lambda: EngineConfig.from_knobs(**{knob: INT_KNOB_CAPS[knob]}), seconds=2)
+    assert config.to_knobs()[knob] == INT_KNOB_CAPS[knob]
 
 
 @pytest.mark.parametrize("name", ["blok_size", "num_block", "temperature", ""])
@@ -348,7 +348,7 @@ BAD_ADD = {
     "arrival 10**18": (lambda e: e.add_request("hi", arrival_step=10 ** 18), "arrival_step"),
     "arrival past horizon": (lambda e: e.add_request("hi", arrival_step=e.step_count + MAX_ARRIVAL_HORIZON + 1),
                              "arrival_step"),
-    "n > max_num_seqs": (lambda e: e.add_request("hi", SamplingParams(n=e.config.max_num_seqs + 1)),
+    "n > max_num_seqs": (lambda e: e.add_request("hi", SamplingParams(n=e.config.scheduler_config.max_num_seqs + 1)),
                          r"^n: .*max_num_seqs"),
     "n = MAX_N > max_num_seqs": (lambda e: e.add_request("hi", SamplingParams(n=MAX_N)), r"^n: .*max_num_seqs"),
     "params dict": (lambda e: e.add_request("hi", {"max_tokens": 3}), "sampling_params"),
