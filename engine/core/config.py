@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from engine.core.hf_config import ENGINE_DTYPES
@@ -426,7 +426,8 @@ class EngineConfig:
 
     def to_knobs(self) -> dict[str, Any]:
         """The flat knobs, every one (``from_knobs``'s inverse): kv_cache_dtype None for "auto",
-        speculative_config as vLLM's dict, the quantization knobs' defaults when there is none."""
+        speculative_config as a dict of all its fields (as every recording has held it; the other
+        methods' keys None), the quantization knobs' defaults when there is none."""
         quant = self.quant_config or QuantConfig(SCHEMES[0])  # its other fields: the knobs' defaults
         out: dict[str, Any] = {}
         for knob, (section, name) in KNOB_PLACES.items():
@@ -434,7 +435,7 @@ class EngineConfig:
             out[knob] = getattr(owner, name)
         out["quantization"] = self.quantization
         out["kv_cache_dtype"] = None if self.cache_config.cache_dtype == "auto" else self.cache_config.cache_dtype
-        out["speculative_config"] = None if self.speculative_config is None else self.speculative_config.to_dict()
+        out["speculative_config"] = None if self.speculative_config is None else asdict(self.speculative_config)
         return out
 
     def replace(self, **knobs: Any) -> EngineConfig:
