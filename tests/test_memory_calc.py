@@ -465,9 +465,9 @@ def test_hardware_presets_carry_sources_and_confidence():
 
 def test_this_machine_is_measured():
     m = measure_this_machine()
-    assert m["memory_total"] > 0 and m["bandwidth"] > 1e8 and m["flops"] > 1e8
+    assert m.memory_total > 0 and m.bandwidth > 1e8 and m.flops > 1e8
     hw = get_hardware("this-machine")
-    assert hw.measured and hw.memory_bytes == m["memory_total"] and hw.bandwidth == m["bandwidth"]
+    assert hw.measured and hw.memory_bytes == m.memory_total and hw.bandwidth == m.bandwidth
     assert estimate("smollm2-135m", hw, detail=False).fits
 
 

@@ -210,7 +210,7 @@ def hardware_sources_table(hw: Hardware) -> pd.DataFrame:
         fig = hw.sources.get(key)
         if not fig:
             continue
-        value = measured.get(key, fig.get("value"))
+        value = measured.get(key, fig.value)
         rows.append({"figure": label, "value": "not supported" if value is None else f"{value:,.4g}",
-                     "source": fig.get("source", ""), "confidence": fig.get("confidence", "")})
+                     "source": fig.source, "confidence": fig.confidence})
     return pd.DataFrame(rows)

@@ -37,7 +37,7 @@ def model_label(key: str) -> str:
 
 @st.cache_data(show_spinner=False)
 def hardware_label(key: str) -> str:
-    return str(calc.hardware_info(key).get("name", key))
+    return calc.preset_info(key).name
 
 
 def model(model_key: str, config_text: str) -> calc.ModelSpec:

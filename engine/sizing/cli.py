@@ -19,7 +19,7 @@ from .budget import (ASCEND_BLOCK_SIZES, FRAMEWORK_LABELS, MAX_BATCHED_TOKENS, S
                      VLLM_BLOCK_SIZES)
 from .estimate import Estimate, estimate
 from .formats import KV_DTYPES, WEIGHT_FORMATS, SizingError
-from .hardware import get_hardware, hardware_info, hardware_presets
+from .hardware import get_hardware, hardware_presets, preset_info
 from .models import MAX_NAME_CHARS, get_model, model_preset_config, model_presets
 from .plan import Settings, Workload
 from .units import GiB, gib, rate
@@ -87,9 +87,9 @@ def _list_models(as_json: bool) -> str:
 def _list_hardware(as_json: bool) -> str:
     rows: list[dict[str, Any]] = []
     for key in hardware_presets():
-        info = hardware_info(key)
-        if info.get("measure"):
-            rows.append({"name": key, "display_name": info.get("name"), "memory_gib": None, "bandwidth_gb_s": None,
+        info = preset_info(key)
+        if info.measured:
+            rows.append({"name": key, "display_name": info.name, "memory_gib": None, "bandwidth_gb_s": None,
                          "fp16_tflops": None, "devices_per_card": 1, "note": "measured when selected"})
             continue
         hw = get_hardware(key)

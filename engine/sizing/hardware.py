@@ -12,6 +12,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,37 @@ PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 DEVICE_CLASSES = ("nvidia-datacenter", "nvidia-consumer", "nvidia-edge", "apple", "ascend-310p",
                   "ascend-910", "cpu", "custom")
 FRAMEWORKS = ("none", "vllm", "sglang", "vllm-ascend")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one figure of a hardware preset comes from, as its file states it."""
+
+    value: Any  # the figure in the file's unit (None: the device lacks it; absent for grouped figures)
+    source: str
+    confidence: str
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What ``measure_this_machine`` read off this machine: memory from the OS, the rest timed."""
+
+    memory_total: int  # bytes
+    memory_available: int  # bytes
+    bandwidth: float  # copy bandwidth, bytes/s
+    flops: float  # FP32 matmul FLOP/s
+    cpus: int
+    method: str  # how bandwidth and FLOP/s were timed
+
+
+@dataclass(frozen=True)
+class PresetInfo:
+    """A hardware preset as the listings show it, without building (or measuring) it."""
+
+    key: str
+    name: str
+    measured: bool  # "measure": true - the figures are read off this machine when it is selected
+    vendor: str
 
 
 @dataclass(frozen=True)
@@ -50,7 +82,7 @@ class Hardware:
     nominal_memory_bytes: int = 0
     measured: bool = False
     notes: tuple[str, ...] = ()
-    sources: dict[str, Any] = field(default_factory=dict)
+    sources: Mapping[str, Source] = field(default_factory=dict)  # figure name -> where it comes from
     alias_note: str = ""  # set when an ambiguous alias (e.g. "a100") was resolved to one preset
 
     @property
@@ -208,6 +240,12 @@ def _overhead_bytes(d: dict[str, Any], memory_bytes: int, default_mb: float) -> 
     return int(mb * 1e6)
 
 
+def _sources(d: dict[str, Any]) -> dict[str, Source]:
+    """Each figure of a preset that names its source (``{"value": ..., "source": ..., "confidence": ...}``)."""
+    return {k: Source(v.get("value"), str(v.get("source", "")), str(v.get("confidence", "")))
+            for k, v in d.items() if isinstance(v, dict) and "source" in v}
+
+
 def _notes(d: dict[str, Any]) -> tuple[str, ...]:
     notes = d.get("notes") or []
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
@@ -263,7 +301,6 @@ def hardware_from_dict(d: dict[str, Any], key: str = "custom") -> Hardware:
     bandwidth = _positive("bandwidth_gb_s", _raw(d, "bandwidth_gb_s"))
     usable = _raw(d, "usable_fraction")
     eta_m, eta_c = _efficiency(d)
-    sources = {k: v for k, v in d.items() if isinstance(v, dict) and "source" in v}
     return Hardware(
         key=key, name=_text(d, "name", key), device_class=_choice(d, "device_class", "custom", DEVICE_CLASSES),
         memory_bytes=memory, bandwidth=bandwidth * 1e9, fp16_flops=fp16, bf16_flops=bf16,
@@ -272,7 +309,7 @@ def hardware_from_dict(d: dict[str, Any], key: str = "custom") -> Hardware:
         usable_fraction=1.0 if usable is _MISSING or usable is None else _fraction("usable_fraction", usable),
         eta_memory=eta_m, eta_compute=eta_c, runtime_overhead_bytes=_overhead_bytes(d, memory, 650),
         default_framework=_choice(d, "default_framework", "none", FRAMEWORKS), vendor=_text(d, "vendor", ""),
-        chip=_text(d, "chip", ""), nominal_memory_bytes=nominal, notes=_notes(d), sources=sources,
+        chip=_text(d, "chip", ""), nominal_memory_bytes=nominal, notes=_notes(d), sources=_sources(d),
     )
 
 
@@ -369,7 +406,7 @@ def _measure_bytes(n: int, repeats: int) -> tuple[float, float, str]:  # pragma:
 
 
 @functools.lru_cache(maxsize=1)
-def measure_this_machine(buffer_mib: int = 64, repeats: int = 3) -> dict[str, Any]:
+def measure_this_machine(buffer_mib: int = 64, repeats: int = 3) -> Measurement:
     """Memory from the OS, copy bandwidth and FP32 matmul rate measured (once per process)."""
     total, avail = _meminfo()
     n = buffer_mib * MiB
@@ -377,8 +414,7 @@ def measure_this_machine(buffer_mib: int = 64, repeats: int = 3) -> dict[str, An
         bandwidth, flops, method = _measure_numpy(n, repeats)
     except ImportError:  # pragma: no cover - numpy is a dependency
         bandwidth, flops, method = _measure_bytes(n, repeats)
-    return {"memory_total": total, "memory_available": avail, "bandwidth": bandwidth, "flops": flops,
-            "cpus": os.cpu_count() or 1, "method": method}
+    return Measurement(total, avail, bandwidth, flops, os.cpu_count() or 1, method)
 
 
 def this_machine(d: dict[str, Any] | None = None, key: str = "this-machine") -> Hardware:
@@ -388,15 +424,15 @@ def this_machine(d: dict[str, Any] | None = None, key: str = "this-machine") -> 
     eta_m, eta_c = _efficiency({"efficiency": {"memory": 0.9, "compute": 0.8}} if "efficiency" not in d else d)
     return Hardware(
         key=key, name=_text(d, "name", "This machine (measured)"), device_class="cpu",
-        memory_bytes=int(m["memory_total"]), bandwidth=m["bandwidth"], fp16_flops=m["flops"],
-        bf16_flops=m["flops"], fp8_flops=None, int8_ops=None, fp32_flops=m["flops"], interconnect=None,
-        usable_fraction=max(0.05, min(1.0, m["memory_available"] / m["memory_total"])),
+        memory_bytes=m.memory_total, bandwidth=m.bandwidth, fp16_flops=m.flops,
+        bf16_flops=m.flops, fp8_flops=None, int8_ops=None, fp32_flops=m.flops, interconnect=None,
+        usable_fraction=max(0.05, min(1.0, m.memory_available / m.memory_total)),
         eta_memory=eta_m, eta_compute=eta_c,
-        runtime_overhead_bytes=_overhead_bytes(d, int(m["memory_total"]), 500), default_framework="none",
-        vendor="local", chip=f"{m['cpus']} CPU cores", nominal_memory_bytes=int(m["memory_total"]), measured=True,
-        notes=(f"Measured now: {m['memory_total'] / GiB:.1f} GiB total, {m['memory_available'] / GiB:.1f} GiB available,"
-               f" copy bandwidth {m['bandwidth'] / 1e9:.1f} GB/s, FP32 matmul {m['flops'] / 1e9:.0f} GFLOP/s ({m['method']}).",),
-        sources={k: v for k, v in d.items() if isinstance(v, dict) and "source" in v},
+        runtime_overhead_bytes=_overhead_bytes(d, m.memory_total, 500), default_framework="none",
+        vendor="local", chip=f"{m.cpus} CPU cores", nominal_memory_bytes=m.memory_total, measured=True,
+        notes=(f"Measured now: {m.memory_total / GiB:.1f} GiB total, {m.memory_available / GiB:.1f} GiB available,"
+               f" copy bandwidth {m.bandwidth / 1e9:.1f} GB/s, FP32 matmul {m.flops / 1e9:.0f} GFLOP/s ({m.method}).",),
+        sources=_sources(d),
     )
 
 
@@ -428,8 +464,15 @@ def hardware_presets() -> list[str]:
 
 
 def hardware_info(key: str) -> dict[str, Any]:
-    """The raw preset (with sources), for listings and the page."""
+    """The preset file's JSON as written (every figure with its source), for tools that audit or
+    edit the files; listings and pages use ``preset_info`` and ``get_hardware``."""
     return _preset_dict(key)
+
+
+def preset_info(key: str) -> PresetInfo:
+    """Key, display name, whether it is measured, vendor: what a listing needs, without measuring."""
+    d = _preset_dict(key)
+    return PresetInfo(key, _text(d, "name", key), bool(d.get("measure")), _text(d, "vendor", ""))
 
 
 def preset_aliases(key: str) -> list[str]:
