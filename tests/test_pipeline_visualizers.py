@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.core.config import SamplingParams
+from engine.core.config import EngineConfig, SamplingParams
 from engine.serving.engine import LLMEngine
 from engine.model.loader import TINY_RANDOM_CONFIG
 from engine.parallel.layout import (ModelDims, build_layout, comm_bytes_per_token, front_heavy_split,
@@ -101,7 +101,7 @@ def test_comm_bytes_and_splits() -> None:
 def test_calculator_view_on_smollm2_layouts() -> None:
     layout = build_layout(30, 9, 3, 1536, 3, 1)
     est = estimate("smollm2-135m", "l4", settings=Settings(tp=1, pp=3))
-    view = pv.calculator_view(layout, SMOLLM2, {"dtype": "float32", "num_blocks": 256, "block_size": 16}, est)
+    view = pv.calculator_view(layout, SMOLLM2, EngineConfig.from_knobs(num_blocks=256, block_size=16), est)
     assert list(view.workers["layers"]) == [10, 10, 10] and not view.refusal
     assert "roofline decode tokens/s" in list(view.calculator["figure"])
     model_rows = view.throughput[view.throughput["kind"] == "model"]
@@ -109,5 +109,5 @@ def test_calculator_view_on_smollm2_layouts() -> None:
     with pytest.raises(SizingError, match="does not divide the 9 attention heads"):
         estimate("smollm2-135m", "l4", settings=Settings(tp=2, pp=1))  # vLLM refuses it; this engine does not
     refused = pv.calculator_view(build_layout(30, 9, 3, 1536, 1, 2), SMOLLM2,
-                                 {"dtype": "float32", "num_blocks": 0, "block_size": 16}, None, "tp 2 does not divide")
+                                 EngineConfig.from_knobs(num_blocks=1, block_size=16), None, "tp 2 does not divide")
     assert refused.calculator.empty and refused.refusal

@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.knobs import NONE_WORDS, engine_value, scenario_knobs, widget_value
 from app.session import K
+from engine.core.config import EngineConfig
 from engine.replay.recording import from_json, record, to_json
 from engine.replay.run import LiveRun, precision_label
 from engine.replay.scenario import load_scenario, parse_scenario
@@ -121,7 +122,7 @@ def test_int8_and_kv_int8_rebuild_the_run_and_none_restores_fp32() -> None:
     choose(at, QUANT, "none")
     choose(at, KV, "auto")
     config = at.session_state[K.run].engine.config
-    assert (config.quantization, config.dtype, config.kv_cache_dtype) == (None, "float32", None)
+    assert (config.quantization, config.dtype, config.cache_config.cache_dtype) == (None, "float32", "auto")
     assert at.session_state[K.run].engine.shared is fp32.engine.shared  # the cached fp32 copy again
     assert precision_badge(at) == ":gray-badge[Chat burst · tiny-random · continuous]"
     assert bytes_per_token(at) == TINY_KV_FP32
@@ -213,16 +214,17 @@ def test_a_scenario_file_sets_the_precision_knobs() -> None:
 
 def test_precision_label() -> None:
     """Only what differs from fp32 weights and a KV cache in the weights' dtype is named."""
-    assert precision_label({"quantization": None, "dtype": "float32", "kv_cache_dtype": None}) == ""
-    assert precision_label({"dtype": "float32", "kv_cache_dtype": "float32"}) == ""
-    assert precision_label({"quantization": "int4", "quantization_group_size": 32, "dtype": "bfloat16",
-                            "kv_cache_dtype": "int8"}) == "int4 g32 · KV int8"
-    assert precision_label({"quantization": "int8", "quantization_group_size": 32, "dtype": "bfloat16",
-                            "kv_cache_dtype": "bfloat16"}) == "int8"
-    assert precision_label({"quantization": "w8a8", "quantization_smoothing_strength": 0.5,
-                            "dtype": "bfloat16", "sparsity": "2:4"}) == "w8a8 SmoothQuant 0.5 · 2:4 sparse"
-    assert precision_label({"dtype": "bfloat16", "kv_cache_dtype": "fp8"}) == "bfloat16 · KV fp8"
-    assert precision_label({}) == ""  # a recording from before the knobs existed
+    def label(**knobs: object) -> str:
+        return precision_label(EngineConfig.from_knobs(**knobs))
+    assert label(quantization=None, dtype="float32", kv_cache_dtype=None) == ""
+    assert label(dtype="float32", kv_cache_dtype="float32") == ""
+    assert label(quantization="int4", quantization_group_size=32, dtype="bfloat16", kv_cache_dtype="int8") == \
+        "int4 g32 · KV int8"
+    assert label(quantization="int8", quantization_group_size=32, dtype="bfloat16", kv_cache_dtype="bfloat16") == "int8"
+    assert label(quantization="w8a8", quantization_smoothing_strength=0.5, dtype="bfloat16", sparsity="2:4") == \
+        "w8a8 SmoothQuant 0.5 · 2:4 sparse"
+    assert label(dtype="bfloat16", kv_cache_dtype="fp8") == "bfloat16 · KV fp8"
+    assert label() == ""  # a recording from before the knobs existed (every knob at its default)
 
 
 @pytest.fixture(scope="module")

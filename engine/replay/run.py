@@ -24,6 +24,7 @@ from engine.core.trace import Positive, Snapshot, StepTrace
 
 if TYPE_CHECKING:
     from engine.model.activations import ActivationRecorder
+    from engine.serving.engine import LLMEngine
 
 Name = Annotated[str, Length(1, 200)]
 Title = Annotated[str, Length(0, 500)]
@@ -179,7 +180,7 @@ class RunView:
         return self.traces[-1] if self.traces else None
 
 
-def meta_for(engine: Any, scenario: Scenario) -> RunMeta:
+def meta_for(engine: LLMEngine, scenario: Scenario) -> RunMeta:
     return RunMeta(model=engine.shared.name, scenario=scenario.name, title=scenario.title,
                    config=engine.config, max_model_len=engine.max_model_len,
                    kv_bytes_per_token=engine.kv_cache_bytes_per_token, chat_template=scenario.chat_template)
@@ -190,7 +191,7 @@ class LiveRun:
 
     is_replay = False
 
-    def __init__(self, engine: Any, meta: RunMeta) -> None:
+    def __init__(self, engine: LLMEngine, meta: RunMeta) -> None:
         self.engine = engine
         self.meta = meta
         self.lock: threading.RLock = engine.lock
@@ -254,7 +255,7 @@ class LiveRun:
         with self.lock:
             if self._recorder is None:
                 runner = self.engine.runner
-                if self.engine.config.num_workers > 1:
+                if runner.model is None:  # the Runner seam's word for "no model in this process"
                     raise ValueError("activations: this run's model is split over worker processes "
                                      "(pipeline/tensor parallel); activation statistics need the single-process "
                                      "engine (pipeline_parallel_size = tensor_parallel_size = 1)")
@@ -262,7 +263,8 @@ class LiveRun:
                 done = [tuple(r.all_token_ids[:r.num_computed_tokens]) for r in self.engine.requests.values()
                         if r.num_computed_tokens > 0]
                 if done:
-                    observe_prefill(runner.model, self.engine.config.block_size, runner.kv_cache_dtype, done, recorder)
+                    observe_prefill(runner.model, self.engine.config.cache_config.block_size, runner.kv_cache_dtype,
+                                    done, recorder)
                 runner.set_observer(recorder)
                 self._recorder = recorder
             return self._recorder
