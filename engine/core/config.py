@@ -5,6 +5,7 @@ range, so a bad knob never reaches the engine's state.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from collections.abc import Mapping, Sequence
@@ -454,13 +455,13 @@ class EngineConfig:
         return self.dtype if dtype == "auto" else dtype
 
 
-def _section(cls: type, name: str, fields: Mapping[str, Any]) -> Any:
+def _section(cls: type, name: str, values: Mapping[str, Any]) -> Any:
     """A sub-config from a dict of its own fields; an unknown key is a ValueError naming it."""
-    own = cls.__dataclass_fields__  # type: ignore[attr-defined]
-    for key in fields:
+    own = [f.name for f in dataclasses.fields(cls)]
+    for key in values:
         if key not in own:
             raise ValueError(f"{name}.{str(key)[:40]}: unknown field (its fields: {', '.join(own)})")
-    return cls(**fields)
+    return cls(**values)
 
 
 # vLLM SamplingParams keywords InferScope does not implement -> why, and what to use instead.
