@@ -58,7 +58,8 @@ def test_a_config_must_be_an_object(cfg: Any) -> None:
 
 
 def test_an_empty_object_names_the_first_missing_field() -> None:
-    _refused({}, "hidden_size")
+    _refused({}, "missing 'model_type'")
+    _refused({"model_type": "llama"}, "hidden_size")
 
 
 @pytest.mark.parametrize("text", ["[]", "5", "null", '"x"'])

@@ -408,8 +408,10 @@ def test_bad_safetensors(tmp_path):
     ("", "empty"), ("{", "malformed"), ("42", "JSON object"), ('{"model_type": "llama"}', "missing 'hidden_size'"),
     ('{"model_type": "llama", "hidden_size": 64.5, "num_hidden_layers": 2, "num_attention_heads": 2,'
      ' "vocab_size": 9, "intermediate_size": 3}', "integer"),
-    ('{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 9,'
+    ('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 9,'
      ' "intermediate_size": 3, "vision_config": 5}', "vision_config"),
+    ('{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 9,'
+     ' "intermediate_size": 3}', "missing 'model_type'"),
     ('{"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 9}', "mamba2"),
 ])
 def test_pasted_config_errors(text, fragment):
@@ -417,10 +419,12 @@ def test_pasted_config_errors(text, fragment):
         parse_config_text(text)
 
 
-def test_unknown_model_type_is_counted_as_llama_with_a_note():
-    m = parse_config_text(json.dumps({**TINY, "model_type": "brandnew"}))
-    assert any("brandnew" in n for n in m.notes)
-    assert m.params_total == model_from_config(TINY).params_total
+@pytest.mark.parametrize("model_type", ["brandnew", "jamba", "bloom", "opt", "gptj", "cohere"])
+def test_a_family_the_calculator_does_not_count_is_refused_by_name(model_type):
+    """Issue #21: never counted as another family (Jamba as Llama was +78% parameters, 8x the KV)."""
+    with pytest.raises(SizingError, match=rf"^model_type '{model_type}' is not a family the calculator sizes.*"
+                                          r"Supported: .*\bllama\b.*\bmamba\b"):
+        parse_config_text(json.dumps({**TINY, "model_type": model_type}))
 
 
 def test_models_by_display_name_and_hub_id():

@@ -5,8 +5,9 @@ Pure Python. Parameter counts follow the modules transformers builds for each ar
 per token follow sizing.md §3.3 (GQA/MQA, MLA latent, sliding windows, Mamba state).
 
 Families handled:
-  llama-like  llama, mistral, mixtral, qwen2(_moe), qwen3(_moe), gemma(2/3), phi3, internlm2,
-              and any unknown decoder that has the Llama field names (counted as Llama, noted)
+  llama-like  llama, mistral, mixtral, qwen2(_moe), qwen3(_moe), gemma(2/3), phi3, internlm2, ...
+              (``_KNOWN_LLAMA_LIKE``); any other model_type is refused by name (``unknown_family``),
+              never counted as another family
   mla         deepseek_v2, deepseek_v3 (kimi_k2): latent KV, routed + shared experts
   falcon      falcon / RefinedWeb (MQA, parallel attention, LayerNorm, GELU MLP)
   mamba       mamba (v1) selective SSM
@@ -988,6 +989,7 @@ def _clip_vit(vc: dict[str, Any], llm_hidden: int) -> VisionSpec:
 # entry point
 
 _GPT_FAMILIES = {"gpt2": _gpt2, "gpt_neox": _gpt_neox, "phi": _phi, "starcoder2": _starcoder2}
+_OTHER_FAMILIES = {"deepseek_v2", "deepseek_v3", "kimi_k2", "falcon", "mamba", "mamba2"}
 _ARCH_NAMES = {"gpt2lmheadmodel": "gpt2", "gptneoxforcausallm": "gpt_neox", "phiforcausallm": "phi",
                "starcoder2forcausallm": "starcoder2"}
 _DEFAULT_DTYPE = {"gpt2": "fp32"}  # GPT-2's config.json names no dtype; its checkpoint is fp32
@@ -1025,10 +1027,28 @@ def _family_parser(cfg: dict[str, Any], where: str = "") -> tuple[str, _Parser, 
         return model_type or "mamba", _mamba, notes
     if not model_type and "internlm2" in arch:
         model_type = "internlm2"
+    if not model_type and where:  # a composite's nested text config without one: transformers' default
+        model_type = "llama"
     if model_type not in _KNOWN_LLAMA_LIKE:
-        notes.append(f"model_type {model_type[:80] or '(none)'!r} is not one the calculator knows by name;"
-                     " counted as a Llama-style decoder (gated MLP, RMSNorm) from its fields")
-    return model_type or "llama", _llama_like, notes
+        raise unknown_family(model_type)
+    return model_type, _llama_like, notes
+
+
+def supported_model_types() -> list[str]:
+    """Every decoder ``model_type`` the calculator counts exactly (vision-language wrappers size
+    their text model by its own model_type)."""
+    return sorted(_KNOWN_LLAMA_LIKE | set(_GPT_FAMILIES) | _OTHER_FAMILIES)
+
+
+def unknown_family(model_type: str) -> SizingError:
+    """Refusal of a family the calculator does not count: counting it as another family would give
+    a confident wrong answer (Jamba as Llama: +78% parameters, 8x the KV bytes)."""
+    if not model_type:
+        return SizingError(f"config is missing 'model_type' (and names no architecture the calculator knows): "
+                           f"the family decides how parameters and KV are counted. Supported: "
+                           f"{', '.join(supported_model_types())}")
+    return SizingError(f"model_type {model_type[:80]!r} is not a family the calculator sizes, and counting it as "
+                       f"another family would be silently wrong. Supported: {', '.join(supported_model_types())}")
 
 
 def _decoder(cfg: dict[str, Any], where: str = "") -> tuple[dict[str, Any], str, list[str]]:

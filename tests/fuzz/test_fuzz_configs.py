@@ -188,7 +188,6 @@ EXTREME: dict[str, dict[str, Any]] = {
     "qwen2.5-vl vision defaults only": {**BASES["qwen2.5-vl-7b-instruct"],
                                        "vision_config": {"intermediate_size": 8}},
     "mamba 1 state": {**BASES["mamba-1.4b"], "state_size": 1, "conv_kernel": 1},
-    "unknown model_type counted as llama": _llama(model_type="my_new_decoder"),
     "integers as 1/0 booleans": _llama(tie_word_embeddings=1, attention_bias=0),
     "dtype spelled torch.float16": _llama(torch_dtype="torch.float16"),
 }
@@ -209,3 +208,10 @@ def test_refusals_are_sizing_errors_not_other_value_errors() -> None:
     for name, field, _, value in CASES[::37]:
         with pytest.raises(SizingError):
             model_from_config(_mutate(BASES[name], field, value))
+
+
+@pytest.mark.parametrize("model_type", ["my_new_decoder", "jamba", "MODEL", ""])
+def test_an_unknown_family_is_refused_by_name_not_counted_as_llama(model_type: str) -> None:
+    cfg = _llama(model_type=model_type)
+    expect_rejected(lambda: model_from_config(cfg), f"'{model_type.lower()}' is not a family" if model_type
+                    else "missing 'model_type'", exc=SizingError, seconds=SECONDS)

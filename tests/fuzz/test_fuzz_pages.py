@@ -128,7 +128,7 @@ def test_bad_upload_during_a_replay_keeps_the_replay(page: str, valid: str) -> N
 LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
          "intermediate_size": 128, "vocab_size": 100}
 CONFIGS: list[tuple[str, str, str]] = [
-    ("empty object", "{}", "hidden_size"),
+    ("empty object", "{}", "model_type"),
     ("array", "[]", "JSON object"),
     ("not json", "nope", "malformed config JSON"),
     ("truncated", json.dumps(LLAMA)[:-5], "malformed config JSON"),
