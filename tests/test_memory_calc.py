@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from engine.memory import (GiB, MiB, Plan, Settings, SizingError, Workload, checkpoint_from_folder, custom_hardware,
                            estimate, get_hardware, get_model, kv_bytes_per_token, measure_this_machine,
-                           model_from_config, model_from_folder, parse_config_text, read_safetensors_header,
+                           model_from_config, model_from_folder, model_from_path, parse_config_text,
+                           read_safetensors_header,
                            weight_format)
 from engine.memory import WEIGHT_FORMATS, kv_dtype
 
@@ -543,3 +544,21 @@ def test_speed_and_command_are_also_given_where_it_fits():
     assert "--tensor-parallel-size 8" in there.serve_command
     assert there.decode_tokens_per_s_roofline > 5 * e.decode_tokens_per_s_roofline
     assert estimate("llama-3-8b", "h100-sxm", detail=False).at_devices_needed is None
+
+
+def test_a_config_files_model_name(tmp_path):
+    """Issue #21: the name comes from _name_or_path / name_or_path, else the file, never a folder
+    like ``configs`` that merely holds a named config file."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "llama-tiny.json").write_text(json.dumps(TINY))
+    assert model_from_path(folder / "llama-tiny.json").display_name == "llama-tiny"
+    (folder / "hub.json").write_text(json.dumps({**TINY, "_name_or_path": "org/hub-model"}))
+    assert model_from_path(folder / "hub.json").hf_id == "org/hub-model"
+    (folder / "old.json").write_text(json.dumps({**TINY, "name_or_path": "org/old-model"}))
+    assert model_from_path(folder / "old.json").display_name == "org/old-model"
+    model_dir = tmp_path / "Tiny-Llama-1B"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(TINY))
+    assert model_from_path(model_dir / "config.json").display_name == "Tiny-Llama-1B"
+    assert "configs" not in estimate(model_from_path(folder / "llama-tiny.json"), "h100-sxm").serve_command

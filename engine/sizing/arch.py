@@ -1173,7 +1173,7 @@ def model_from_config(cfg: Any, key: str = "custom", source: dict[str, Any] | No
     max_pos = _max_position(parts, text_cfg, cfg, where)
     has_dtype = any(cfg.get(k) is not None for k in ("torch_dtype", "dtype", "quantization_config"))
     dtype = checkpoint_dtype(cfg if has_dtype else text_cfg, _DEFAULT_DTYPE.get(model_type, "bf16"))
-    name_or_path = _str(cfg, "_name_or_path") or None
+    name_or_path = _str(cfg, "_name_or_path") or _str(cfg, "name_or_path") or None
     display = src.get("display_name") or name_or_path or key
     return ModelSpec(
         key=key, display_name=str(display), hf_id=src.get("hf_id") or name_or_path,

@@ -169,8 +169,15 @@ def model_from_path(path: str | Path, key: str | None = None) -> ModelSpec:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise SizingError(f"cannot read {path}: {exc}") from None
-    spec = parse_config_text(text, key or path.parent.name or path.stem)
-    return spec
+    return parse_config_text(text, key or config_file_name(path))
+
+
+def config_file_name(path: Path) -> str:
+    """A config file's model name when the config names none (``_name_or_path`` wins, in
+    ``model_from_config``): the file's own name (``llama-3-8b.json`` -> ``llama-3-8b``); for a file
+    called ``config.json``, its folder's (a model folder). Never an arbitrary folder such as
+    ``configs/`` for a named file (issue #21: ``vllm serve configs``)."""
+    return path.parent.resolve().name if path.stem == "config" else path.stem
 
 
 def get_model(name: str) -> ModelSpec:
