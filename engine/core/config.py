@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
@@ -309,12 +309,23 @@ _SECTIONS: dict[str, type] = {"cache_config": CacheConfig, "scheduler_config": S
                               "parallel_config": ParallelConfig, "quant_config": QuantConfig}
 
 
+def unknown_knob(keys: Iterable[str]) -> tuple[str, str | None] | None:
+    """The first of ``keys`` that is no engine knob, with the closest knob name (None: none close);
+    None when every key is a knob. The engine's and the replay loader's messages both use it."""
+    name = next((k for k in keys if k not in KNOB_PLACES), None)
+    if name is None:
+        return None
+    close = difflib.get_close_matches(name, KNOB_NAMES, 1)
+    return name, close[0] if close else None
+
+
 def check_knob_names(knobs: Mapping[str, object]) -> None:
-    """A ValueError naming the first knob that is not an engine knob (a typo gets a suggestion)."""
-    unknown = sorted(str(k) for k in knobs if k not in KNOB_PLACES)
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], KNOB_NAMES, 1)
-        raise ValueError(f"{unknown[0][:60]}: unknown engine option" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    """A ValueError naming the first knob (in sorted order) that is not an engine knob (a typo
+    gets a suggestion)."""
+    found = unknown_knob(sorted(str(k) for k in knobs))
+    if found is not None:
+        name, close = found
+        raise ValueError(f"{name[:60]}: unknown engine option" + (f" (did you mean {close!r}?)" if close else ""))
 
 
 @dataclass(frozen=True)

@@ -28,15 +28,14 @@ num_tokens: must be an integer >= 1, got -2``):
 """
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Annotated, Any, Literal, Mapping
 
-from engine.core.config import (KNOB_NAMES, KNOB_PLACES, MAX_MODEL_LEN, MAX_TOKENS, MAX_MICROBATCHES,
-                                MAX_SPECULATIVE_TOKENS, MAX_WORKERS, EngineConfig)
+from engine.core.config import (KNOB_PLACES, MAX_MODEL_LEN, MAX_TOKENS, MAX_MICROBATCHES,
+                                MAX_SPECULATIVE_TOKENS, MAX_WORKERS, EngineConfig, unknown_knob)
 from engine.replay.run import Name, PolicyRun, RunMeta, Title
 from engine.core.schema import Nested, SchemaError, decode, key_segment, show
 from engine.core.trace import (TAGGED, Positive, ParallelLayout, PipelineTimeline, PrefixCacheEvents, PrefixNode, RequestState,
@@ -672,12 +671,12 @@ def check_meta(meta: MetaEntry, first: Snapshot) -> RunMeta:
     bytes per token and parallel layout (p, t, schedule, m, layers per stage); checked before
     the snapshots' own rules, and every later snapshot repeats the first's (``check_history``).
     Returns the RunMeta with the config as an EngineConfig."""
-    for key in meta.config:
-        if key not in KNOB_PLACES:
-            close = difflib.get_close_matches(key, KNOB_NAMES, 1)
-            raise SchemaError("unknown engine setting" + (f" (did you mean {close[0]!r}?)" if close else
-                              " (the engine knobs are listed in engine/core/config.py KNOB_PLACES)"),
-                              f"meta.config.{key_segment(key)}")
+    found = unknown_knob(meta.config)
+    if found is not None:
+        key, close = found
+        raise SchemaError("unknown engine setting" + (f" (did you mean {close!r}?)" if close else
+                          " (the engine knobs are listed in engine/core/config.py KNOB_PLACES)"),
+                          f"meta.config.{key_segment(key)}")
     try:
         config = EngineConfig.from_knobs(**meta.config)
     except (ValueError, TypeError) as e:  # EngineConfig names the knob first: "block_size: must be >= 1, got 0"
