@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import os
+
 import pytest
 
 if TYPE_CHECKING:
@@ -83,6 +85,40 @@ def recording_data(recording_text: str) -> dict:
     import json
 
     return json.loads(recording_text)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test` runs two processes on the two cores) each process gets one
+    torch thread, so the two never contend for a core (``torch_single_thread`` says what that
+    costs). Set before torch is imported: the engine's worker processes inherit it too."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The browser tests share one Streamlit server and one Chromium (tests/browser/conftest.py):
+    under ``--dist loadgroup`` they all run in one xdist process, one after another."""
+    for item in items:
+        if "tests/browser/" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("browser"))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist process hands its fuzz tallies to the controlling process (``workeroutput``)."""
+    from dataclasses import asdict
+
+    from tests.fuzz.harness import TALLY
+
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["fuzz_tally"] = asdict(TALLY)
+
+
+def pytest_testnodedown(node: object, error: object) -> None:
+    """The controlling process adds up each xdist process's fuzz tallies."""
+    from tests.fuzz.harness import TALLY
+
+    for name, count in getattr(node, "workeroutput", {}).get("fuzz_tally", {}).items():
+        setattr(TALLY, name, getattr(TALLY, name) + count)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
