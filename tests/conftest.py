@@ -95,6 +95,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The browser tests share one Streamlit server and one Chromium (tests/browser/conftest.py):
     under ``--dist loadgroup`` they all run in one xdist process, one after another."""

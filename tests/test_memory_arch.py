@@ -1,4 +1,4 @@
-"""The calculator's config parser (engine/sizing/arch.py): bad configs are refused clearly.
+"""The calculator's config parser (engine/sizing/arch/): bad configs are refused clearly.
 
 Every malformed config.json (pasted, uploaded or read from a folder) must give one
 ``SizingError`` (a ``ValueError``) whose one-line message names the offending field, never a

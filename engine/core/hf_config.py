@@ -1,5 +1,5 @@
 """Typed readers for the fields of a Hugging Face ``config.json``, shared by the engine's parser
-(``engine/model/model_config.py``) and the hardware-fit calculator's (``engine/sizing/arch.py``),
+(``engine/model/model_config.py``) and the hardware-fit calculator's (``engine/sizing/arch/``),
 and the one dtype vocabulary both use. Pure Python: no torch, no streamlit.
 
 A ``Fields`` reader either returns a value of the promised type inside its bounds or raises the

@@ -1,0 +1,53 @@
+"""State-space layers (Mamba): a constant state per sequence instead of a per-token KV cache."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..formats import SizingError
+from ..units import tokens as _n  # a count with thousands separators
+from .fields import get_bool, get_int
+from .records import LayerSpec
+
+
+
+def mamba(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Mamba v1: in_proj h*2*Di + conv Di*K (+Di) + x_proj Di*(R+2N) + dt_proj R*Di+Di + A, D
+    Di*N+Di + out_proj Di*h + norm h; no per-token KV, a state of L*(Di*(K-1) + Di*N) per sequence."""
+    if model_type == "mamba2":
+        raise SizingError("mamba2 configs are not supported yet (mamba v1 is)")
+    h = get_int(cfg, "hidden_size", "d_model", what="every layer's width")
+    n_layers = get_int(cfg, "num_hidden_layers", "n_layer", what="the layer count")
+    vocab = get_int(cfg, "vocab_size", what="the embedding table")
+    n_state = get_int(cfg, "state_size", "d_state", default=16)
+    expand = get_int(cfg, "expand", default=2)
+    d_inner = get_int(cfg, "intermediate_size", default=expand * h)
+    k_conv = get_int(cfg, "conv_kernel", "d_conv", default=4)
+    dt_rank = cfg.get("time_step_rank", "auto")
+    dt_rank = math.ceil(h / 16) if dt_rank in (None, "auto") else get_int(cfg, "time_step_rank")
+    use_bias = get_bool(cfg, "use_bias", False)
+    conv_bias = get_bool(cfg, "use_conv_bias", True)
+    in_proj = h * 2 * d_inner + (2 * d_inner if use_bias else 0)
+    conv = d_inner * k_conv + (d_inner if conv_bias else 0)
+    x_proj = d_inner * (dt_rank + 2 * n_state)
+    dt_proj = dt_rank * d_inner + d_inner
+    a_d = d_inner * n_state + d_inner
+    out_proj = d_inner * h + (h if use_bias else 0)
+    params = in_proj + conv + x_proj + dt_proj + a_d + out_proj + h
+    linear = h * 2 * d_inner + d_inner * (dt_rank + 2 * n_state) + dt_rank * d_inner + d_inner * h
+    state = d_inner * (k_conv - 1) + d_inner * n_state
+    layer = LayerSpec("mamba", params, linear, params, state_elems=state)
+    tied = get_bool(cfg, "tie_word_embeddings", True)
+    formula = (
+        f"mamba/layer = in_proj h*2*Di + conv Di*K (+bias) + x_proj Di*(R+2N) + dt_proj R*Di+Di + A,D Di*N+Di"
+        f" + out_proj Di*h + norm h, with h={h}, Di={d_inner}, K={k_conv}, R={dt_rank}, N={n_state} = {_n(params)}",
+    )
+    return dict(
+        hidden=h, num_layers=n_layers, num_heads=0, num_kv_heads=0, head_dim=0, vocab=vocab, tied=tied,
+        embed_params=vocab * h, lm_head_params=0 if tied else vocab * h, final_norm_params=h,
+        layers=(layer,) * n_layers, family="SSM (Mamba): constant state per sequence, no per-token KV",
+        param_formula=formula,
+        kv_formula=(f"no per-token KV; state/sequence = L x (Di x (K-1) + Di x N) = {n_layers} x ({d_inner} x {k_conv - 1}"
+                    f" + {d_inner} x {n_state}) = {_n(n_layers * state)} elements"),
+    )
+
