@@ -41,14 +41,14 @@ run: setup model
 # tests/test_architecture.py runs lint-imports again), then the suite: every path, each sweep by its
 # covering part (`make bench` runs the sweeps whole).
 test: setup model browser typecheck
-	$(PY) -m pytest -q -m "not sweep" -n 2 --dist loadgroup
+	$(PY) -m pytest -q -m "not sweep" -n 2 --dist loadfile
 
 typecheck: setup
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-logo
 
 test-fast: setup model
-	$(PY) -m pytest -q -m "not browser and not sweep" -n 2 --dist loadgroup
+	$(PY) -m pytest -q -m "not browser and not sweep" -n 2 --dist loadfile
 
 # The exhaustive sweeps first (every case of each matrix), then the benchmarks.
 bench: setup model browser

@@ -95,13 +95,21 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The browser tests share one Streamlit server and one Chromium (tests/browser/conftest.py):
-    under ``--dist loadgroup`` they all run in one xdist process, one after another."""
-    for item in items:
-        if "tests/browser/" in item.nodeid:
-            item.add_marker(pytest.mark.xdist_group("browser"))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``make test`` runs ``-n 2 --dist loadfile``: each test file is one unit of work, except that
+    every browser test (tests/browser/) is in one unit, so they share one Streamlit server and one
+    Chromium in one xdist process (tests/browser/conftest.py) while the other process runs the
+    rest. (xdist's own ``--dist loadgroup`` cannot do it under pytest 9.2: it renames
+    ``item._nodeid``, which pytest no longer reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class BrowserTestsTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/browser/" if nodeid.startswith("tests/browser/") else super()._split_scope(nodeid)
+
+    return BrowserTestsTogether(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
