@@ -45,6 +45,8 @@ def _alt_formats(plan: Plan) -> list[str]:
 
 def _support_note(plan: Plan, key: str) -> str:
     hw, fw = plan.hw, plan.framework
+    if key not in WEIGHT_FORMATS:  # the checkpoint's own quantized format: its kernel was checked
+        return f"the checkpoint's format ({plan.fmt.vllm_quantization} kernels)"
     if hw.is_310p:
         return {"fp16": "supported", "w8a8": "supported (msmodelslim W8A8 / W8A8SC)"}.get(
             key, "not documented for 310P")
@@ -185,7 +187,7 @@ def format_alternatives(plan: Plan) -> list[FormatOption]:
         sp = alt.speed(alt.batch, alt.context)
         roof = alt.speed(alt.batch, alt.context, efficiency=False)
         rows.append(FormatOption(
-            format=key, label=WEIGHT_FORMATS[key].label, weight_bytes=ceil_exact(alt.weights.total),
+            format=key, label=alt.fmt.label, weight_bytes=ceil_exact(alt.weights.total),
             total_bytes_per_device=worst.total, fits=all(s.fits for s in mem),
             kv_room_tokens=min(s.kv_room_tokens for s in mem), decode_tokens_per_s=sp.decode_tokens_per_s,
             decode_tokens_per_s_roofline=roof.decode_tokens_per_s, prefill_seconds=sp.prefill_s,

@@ -40,6 +40,8 @@ class WeightFormat:
     #: the bandwidth roofline. sizing.md §9 (llama.cpp, same GPUs): Q4_K_M eta 0.35-0.65 vs F16
     #: 0.45-0.90, about 0.7x; 8-bit formats sit between (assumed 0.9x).
     eta_factor: float = 1.0
+    #: Only the routed experts are stored in this format, everything else 16-bit (MXFP4 checkpoints).
+    experts_only: bool = False
 
     @property
     def bits_per_param(self) -> float:

@@ -2,11 +2,14 @@
 and the weight bytes per group of parameters that follow from them.
 
 Rules (sizing.md §3.2):
-  weights "auto"  the checkpoint's dtype; FP32 checkpoints are served in 16 bit; FP8 ones in
-                  16 bit where the device has no FP8 path; BF16 becomes FP16 without BF16 units.
+  weights "auto"  a quantized checkpoint's own format (``arch.quantization``; refused where no
+                  kernel runs it: ``kernels``); else the checkpoint's dtype: FP32 checkpoints are
+                  served in 16 bit, FP8 ones in 16 bit where the device has no FP8 path, BF16
+                  becomes FP16 without BF16 units.
   bytes           layers' matmul params x format bytes + norms/biases x 2 B (x 4 B in GGUF and
                   FP32) + embeddings/LM head x format bytes if the format quantises them (GGUF),
-                  else x 2 B + vision tower x its own format's bytes.
+                  else x 2 B + vision tower x its own format's bytes; an experts-only format
+                  (MXFP4) stores the routed experts in it and every other weight in 16 bit.
   exact bytes     with a local checkpoint and "auto", the groups are scaled so that they add up to
                   the safetensors headers' stored bytes.
   KV "auto"       the activation dtype (FP32 with FP32 weights).
@@ -20,6 +23,7 @@ from .arch import ModelSpec
 from .checks import Remarks
 from .formats import KVDtype, WeightFormat, kv_dtype, weight_format
 from .hardware import Hardware
+from .kernels import checkpoint_kernel
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,14 @@ def group_bytes(model: ModelSpec, fmt: WeightFormat, vision_fmt: WeightFormat) -
     bpp = fmt.bytes_per_param
     small_layers = small_layer_bytes(fmt)
     emb_bpp = bpp if fmt.quantizes_embeddings else small_bytes(fmt)
+    if fmt.experts_only:  # MXFP4 checkpoints: routed experts in the format, every other weight 16-bit
+        return WeightGroups(
+            layers=tuple(lay.routed_params * bpp + (lay.params - lay.routed_params) * small_layers
+                         for lay in model.layers),
+            experts=tuple(lay.expert_params * bpp for lay in model.layers),
+            embed=model.embed_params * emb_bpp, lm_head=model.lm_head_params * emb_bpp,
+            final_norm=model.final_norm_params * small_layers,
+            vision=(model.vision.total_params * vision_fmt.bytes_per_param) if model.vision else F(0))
     return WeightGroups(
         layers=tuple(lay.linear_params * bpp + (lay.params - lay.linear_params) * small_layers
                      for lay in model.layers),
@@ -92,7 +104,24 @@ def sixteen_bit(hw: Hardware, ckpt: str) -> str:
     return "fp16" if ckpt == "fp16" or not hw.supports_bf16 else "bf16"
 
 
+def checkpoint_format(model: ModelSpec) -> WeightFormat:
+    """The format the checkpoint stores its weights in: a quantized checkpoint's own (``quantization``,
+    FP8 excepted: the calculator's fp8), else its float dtype's."""
+    scheme = model.quantization
+    if scheme is not None and not scheme.is_fp8:
+        return scheme.weight_format(model.hidden)
+    return weight_format(model.checkpoint_dtype)
+
+
 def _auto_weights(model: ModelSpec, hw: Hardware, remarks: Remarks) -> WeightFormat:
+    scheme = model.quantization
+    if scheme is not None and not scheme.is_fp8:
+        fmt = checkpoint_kernel(scheme, checkpoint_format(model), hw)
+        remarks.note(f"weights: the checkpoint's {fmt.label.removesuffix(' (checkpoint)')},"
+                     f" {fmt.bits_per_param:.2f} bits per quantized weight ({fmt.note})")
+        if scheme.lm_head_quantized:
+            remarks.note("the checkpoint quantizes its LM head too; sized at 16 bit (a small overestimate)")
+        return fmt
     ckpt = model.checkpoint_dtype
     if ckpt == "fp8" and (hw.is_ascend or hw.device_class in ("apple", "cpu")):
         fmt = weight_format(sixteen_bit(hw, "bf16"))
@@ -166,7 +195,7 @@ def _weights(model: ModelSpec, fmt: WeightFormat, vision_fmt: WeightFormat, auto
         remarks.note(f"checkpoint on disk: {ck.stored_bytes:,} B ({', '.join(ck.dtypes)});"
                      f" sized as {fmt.label} instead")
         return groups, None
-    stored_fmt = weight_format(model.checkpoint_dtype)
+    stored_fmt = checkpoint_format(model)
     formula_total = group_bytes(model, stored_fmt, stored_fmt).total
     if not formula_total:
         return groups, None

@@ -17,6 +17,7 @@ Modules (one family per module; ``config`` picks the family, the others count it
              (Phi-1/1.5/2), starcoder2: LayerNorm, non-gated GELU MLP, biases
   vision     InternVL chat (vision_config + llm_config), HF-native internvl, Qwen2-VL and
              Qwen2.5-VL (their own ViT + patch merger), llava-style (generic CLIP formula, approximate)
+  quantization  a quantized checkpoint's stored format (quantization_config)
   config     the entry point: model_type -> family; any other model_type is refused by name
              (``unknown_family``), never counted as another family
 
@@ -32,7 +33,8 @@ from .fields import MAX_DIM as MAX_DIM
 from .fields import MAX_LAYERS as MAX_LAYERS
 from .fields import MAX_POSITIONS as MAX_POSITIONS
 from .fields import MAX_VOCAB as MAX_VOCAB
-from .fields import checkpoint_dtype as checkpoint_dtype
+from .quantization import QuantScheme as QuantScheme
+from .quantization import quant_scheme as quant_scheme
 from .records import Checkpoint as Checkpoint
 from .records import LayerSpec as LayerSpec
 from .records import ModelSpec as ModelSpec

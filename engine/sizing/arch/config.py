@@ -8,9 +8,10 @@ from typing import Any
 from ..formats import SizingError
 from .dense import gpt2, gpt_neox, phi, starcoder2
 from .falcon import falcon
-from .fields import checkpoint_dtype, get_bool, get_float, get_int, get_obj, get_str, get_str_list, opt_int, req_int
+from .fields import float_dtype, get_bool, get_float, get_int, get_obj, get_str, get_str_list, opt_int, req_int
 from .llama import KNOWN_LLAMA_LIKE, llama_like
 from .mla import mla
+from .quantization import quant_scheme
 from .records import ModelSpec, VisionSpec
 from .ssm import mamba
 from .vision import clip_vit, internvit, qwen_vl_vision
@@ -198,13 +199,16 @@ def model_from_config(cfg: Any, key: str = "custom", source: dict[str, Any] | No
     if model_type in ("internlm2", "internlm3"):
         trust_remote_code = True
     max_pos = _max_position(parts, text_cfg, cfg, where)
-    has_dtype = any(cfg.get(k) is not None for k in ("torch_dtype", "dtype", "quantization_config"))
-    dtype = checkpoint_dtype(cfg if has_dtype else text_cfg, _DEFAULT_DTYPE.get(model_type, "bf16"))
+    quantization = quant_scheme(cfg) or (quant_scheme(text_cfg) if where else None)
+    has_dtype = any(cfg.get(k) is not None for k in ("torch_dtype", "dtype"))
+    dtype = float_dtype(cfg if has_dtype else text_cfg, _DEFAULT_DTYPE.get(model_type, "bf16"))
+    if quantization is not None and quantization.is_fp8:  # fp8 checkpoints: the calculator's fp8 format
+        dtype = "fp8"
     name_or_path = get_str(cfg, "_name_or_path") or get_str(cfg, "name_or_path") or None
     display = src.get("display_name") or name_or_path or key
     return ModelSpec(
         key=key, display_name=str(display), hf_id=src.get("hf_id") or name_or_path,
-        model_type=top_type or model_type, max_position=max_pos, checkpoint_dtype=dtype,
+        model_type=top_type or model_type, max_position=max_pos, checkpoint_dtype=dtype, quantization=quantization,
         vision=vision, trust_remote_code=trust_remote_code, notes=tuple(notes), source=src,
         rope_positions=_rope_scaled_positions(text_cfg, model_type, max_pos, where), **parts,
     )

@@ -116,12 +116,8 @@ def get_side(cfg: dict[str, Any], name: str, default: int, where: str = "") -> i
     return fields.check_int(label, value, 1, MAX_DIM)
 
 
-def checkpoint_dtype(cfg: dict[str, Any], default: str = "bf16") -> str:
-    """The checkpoint's storage dtype: ``quantization_config.quant_method == "fp8"`` -> fp8, else
-    ``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) read through the one dtype
-    vocabulary (``engine.core.hf_config.config_dtype``), one of ``CHECKPOINT_DTYPES`` (fp32/bf16/fp16/fp8);
-    ``default`` when neither is given. An unknown spelling is an error naming the field."""
-    quant = get_obj(cfg, "quantization_config") or {}
-    key = config_dtype(fields_of(cfg), default) or default
-    return "fp8" if str(quant.get("quant_method", "")).lower() == "fp8" else key
-
+def float_dtype(cfg: dict[str, Any], default: str = "bf16") -> str:
+    """``torch_dtype`` (transformers 4) or ``dtype`` (transformers 5) read through the one dtype
+    vocabulary (``engine.core.hf_config.config_dtype``); ``default`` when neither is given. An
+    unknown spelling is an error naming the field."""
+    return config_dtype(fields_of(cfg), default) or default

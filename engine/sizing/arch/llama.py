@@ -18,7 +18,7 @@ _FOUR_NORM_TYPES = {"gemma2", "gemma3", "gemma3_text"}
 KNOWN_LLAMA_LIKE = {
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
     "gemma3", "gemma3_text", "phi3", "internlm2", "internlm3", "yi", "baichuan", "qwen2_vl", "qwen2_5_vl",
-    "qwen2_vl_text", "qwen2_5_vl_text", "granite", "olmo", "olmo2", "smollm3", "ministral", "glm",
+    "qwen2_vl_text", "qwen2_5_vl_text", "granite", "olmo", "olmo2", "smollm3", "ministral", "glm", "gpt_oss",
 }
 
 
@@ -49,12 +49,11 @@ def _moe_fields(cfg: dict[str, Any]) -> _Moe:
                 opt_int(cfg, "decoder_sparse_step", default=1), frozenset(get_int_list(cfg, "mlp_only_layers")))
 
 
-
-
 def llama_like(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     """Llama-style decoder: attention h*d*nh (q) + 2*h*d*nkv (k, v) + d*nh*h (o) [+ q/k/v bias
     for Qwen2], gated MLP 3*h*I [+ biases], RMSNorms 2*h (4*h for Gemma-2/3) [+ q/k-norm 2*d];
-    MoE layers: E experts x 3*h*I_moe + router h*E [+ shared expert]; KV/token = L*nkv*(d_k+d_v)."""
+    MoE layers: E experts x 3*h*I_moe + router h*E [+ shared expert] [gpt-oss: + sinks nh + router
+    bias E + expert biases E*(2*I + h)]; KV/token = L*nkv*(d_k+d_v)."""
     h = req_int(cfg, "hidden_size", "n_embd", "d_model", what="every layer's width")
     n_layers = req_int(cfg, "num_hidden_layers", "n_layer", "num_layers", what="the layer count")
     nh, nkv, d = heads(cfg, h)
@@ -77,6 +76,11 @@ def llama_like(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     dense_I: int = get_int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner",
                         default=moe.inter if moe.experts else MISSING, what="the MLP")
     shared_gate = h if moe.shared_inter and model_type == "qwen2_moe" else 0
+    # gpt-oss: attention sinks (one per head), a router bias, biases on every expert's gate_up and down
+    gpt_oss = model_type == "gpt_oss"
+    sinks = nh if gpt_oss else 0
+    router_bias = moe.experts if gpt_oss else 0
+    expert_bias = 2 * moe.inter + h if gpt_oss else 0
     mlp_per_I = 3 * h  # gated (SwiGLU / GeGLU)
     mlp_bias_params = 2 * dense_I + h if mlp_bias else 0
 
@@ -89,9 +93,10 @@ def llama_like(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
             expert = mlp_per_I * moe.inter
             router = h * moe.experts
             shared = mlp_per_I * moe.shared_inter + shared_gate
-            params = attn + norms + router + moe.experts * expert + shared
+            extra = sinks + router_bias + moe.experts * expert_bias  # 16-bit in every checkpoint format
+            params = attn + norms + router + moe.experts * expert + shared + extra
             linear = attn_linear + router + moe.experts * expert + shared
-            active = attn + norms + router + moe.top_k * expert + shared
+            active = attn + norms + router + moe.top_k * (expert + expert_bias) + shared + sinks + router_bias
             layers.append(LayerSpec("attention", params, linear, active, moe.experts * expert, expert,
                                     moe.experts, moe.top_k, kv_elems, nkv, 2 * nkv, windows[i],
                                     attn_flops_per_ctx_token=flops))
@@ -113,6 +118,8 @@ def llama_like(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
             f" = {_n(moe.experts * mlp_per_I * moe.inter)} + router h*E = {_n(h * moe.experts)}"
             + (f" + shared 3*h*{moe.shared_inter} = {_n(mlp_per_I * moe.shared_inter + shared_gate)}"
                if moe.shared_inter else "")
+            + (f" + sinks, router and expert biases {_n(sinks + router_bias + moe.experts * expert_bias)}"
+               if gpt_oss else "")
             + f"; active per token: top-{moe.top_k} experts")
         if n_moe_layers < n_layers:
             formula.append(f"dense layers ({n_layers - n_moe_layers}): mlp 3*h*I = 3*{h}*{dense_I}"

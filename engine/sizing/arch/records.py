@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .quantization import QuantScheme
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class ModelSpec:
     head_dim: int
     vocab: int
     max_position: int | None
-    checkpoint_dtype: str  # fp32 | bf16 | fp16 | fp8
+    checkpoint_dtype: str  # fp32 | bf16 | fp16 | fp8 (the float dtype of a checkpoint quantized otherwise)
     tied: bool
     embed_params: int
     lm_head_params: int
@@ -89,6 +90,8 @@ class ModelSpec:
     notes: tuple[str, ...] = ()
     source: dict[str, Any] = field(default_factory=dict)
     checkpoint: Checkpoint | None = None
+    #: a quantized checkpoint's stored format (``quantization_config``); None for float checkpoints
+    quantization: QuantScheme | None = None
     #: (scaled length, words) when rope_scaling extends max_position_embeddings (``_rope_scaled_positions``)
     rope_positions: tuple[int, str] | None = None
 
