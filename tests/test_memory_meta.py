@@ -292,7 +292,8 @@ def _expected_kv(name: str) -> int:
     cfg = _preset(name)
     text = cfg.get("text_config", cfg)
     if name == "jamba-v0.1":
-        attn = sum(1 for i in range(text["num_hidden_layers"]) if i % text["attn_layer_period"] == text["attn_layer_offset"])
+        period, offset = text["attn_layer_period"], text["attn_layer_offset"]
+        attn = sum(1 for i in range(text["num_hidden_layers"]) if i % period == offset)
         return _attention_kv(attn, text["num_key_value_heads"], text["hidden_size"] // text["num_attention_heads"])
     if name == "mamba-codestral-7b":
         return 0
@@ -421,3 +422,16 @@ def test_new_family_variants_match_meta_device_exactly(label):
     model_type, cfg = NEW_SYNTHETIC[label]
     expected = _meta_count(model_type, cfg)
     assert model_from_config({"model_type": model_type, **copy.deepcopy(cfg)}).params_total == expected
+
+
+def test_layouts_of_the_variants():
+    """Windows and expert placement the parameter count cannot see."""
+    c2 = model_from_config({"model_type": "cohere2", **NEW_SYNTHETIC["cohere2 sliding 3 of 4, untied"][1]})
+    assert [layer.window for layer in c2.layers] == [64, 64, 64, None]
+    assert c2.kv_elems_per_token == 4 * 2 * 1 * 32
+    mav = model_from_config({"model_type": "llama4_text",
+                             **NEW_SYNTHETIC["llama4 text, Maverick-style interleave 2"][1]})
+    assert [bool(layer.num_experts) for layer in mav.layers] == [False, True, False, True]
+    assert [layer.window for layer in mav.layers] == [32, 32, 32, None]
+    opt = get_model("opt-350m")
+    assert opt.final_norm_params == 0 and opt.max_model_len == 2048  # LayerNorm after each block: no final one

@@ -100,7 +100,8 @@ def _dense_parts(s: _Dense, formula_head: str) -> dict[str, Any]:
     return dict(
         hidden=h, num_layers=s.layers, num_heads=nh, num_kv_heads=nkv, head_dim=d, vocab=s.vocab, tied=s.tied,
         embed_params=embed, lm_head_params=(0 if s.tied else s.vocab * w) + lm_bias,
-        final_norm_params=s.norm_size * h if s.final_norm else 0, layers=(layer,) * s.layers, family=f"dense {', '.join(kinds)} ({s.label})",
+        final_norm_params=s.norm_size * h if s.final_norm else 0, layers=(layer,) * s.layers,
+        family=f"dense {', '.join(kinds)} ({s.label})",
         param_formula=formula,
         kv_formula=kv + (f"; sliding window {s.window:,}: a sequence holds at most {s.window:,} tokens' KV"
                          if s.window else ""),

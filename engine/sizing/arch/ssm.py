@@ -96,5 +96,6 @@ def mamba2(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
         layers=(layer,) * n_layers, family="SSM (Mamba2): constant state per sequence, no per-token KV",
         param_formula=formula,
         kv_formula=(f"no per-token KV; state/sequence = L x (C x (K-1) + nheads x head_dim x N) = {n_layers} x"
-                    f" ({conv_dim} x {k_conv - 1} + {n_heads} x {head_dim} x {n_state}) = {_n(n_layers * state)} elements"),
+                    f" ({conv_dim} x {k_conv - 1} + {n_heads} x {head_dim} x {n_state})"
+                    f" = {_n(n_layers * state)} elements"),
     )
