@@ -253,3 +253,14 @@ def test_fits_with_room():
     assert "(2.99 GiB to spare)" in at.success[0].value
     metrics = _metrics(at)
     assert metrics["Decode on 2"].endswith(" tok/s") and not any("fewest" in k or "asked" in k for k in metrics)
+
+
+@pytest.mark.parametrize("model, shown", [
+    ("jamba-v0.1", "Jamba-v0.1"), ("command-r-v01", "Command-R v01"), ("llama-4-scout-17b-16e", "Llama-4-Scout"),
+    ("gemma-3-4b-it", "Gemma-3-4B-it"), ("mamba-codestral-7b", "Mamba-Codestral-7B"), ("bloom-560m", "BLOOM-560M"),
+    ("opt-350m", "OPT-350M"), ("gpt-j-6b", "GPT-J-6B")])
+def test_the_issue_21_families_are_listed_and_answered(model, shown):
+    """The page lists every preset in presets/models; the new families answer without a traceback."""
+    at = open_page(model=model, hw="h100-80gb")
+    no_traceback(at)
+    assert shown in at.markdown[0].value

@@ -40,7 +40,8 @@ def test_at_least_eight_architectures_are_checked():
     assert len(TEXT_PRESETS) >= 8
     kinds = {_preset(n)["model_type"] for n in TEXT_PRESETS}
     assert {"llama", "qwen2", "qwen3", "mistral", "mixtral", "deepseek_v2", "gemma2", "phi3", "falcon",
-            "mamba", "gpt2", "gpt_neox", "phi", "starcoder2"} <= kinds
+            "mamba", "gpt2", "gpt_neox", "phi", "starcoder2", "jamba", "cohere", "mamba2", "bloom", "opt",
+            "gptj"} <= kinds
 
 
 @pytest.mark.parametrize("name", TEXT_PRESETS)
@@ -273,3 +274,164 @@ def test_qwen_vl_presets_match_meta_device():
         cfg = {k: v for k, v in _preset(name).items() if not k.startswith("_") and k != "model_type"}
         _, expected, _ = _qwen_vl_meta(model_type, cls_name, cfg)
         assert get_model(name).params_total == pytest.approx(expected, rel=TOLERANCE)
+
+
+# --------------------------------------------------------------------------------------------
+# Issue #21 item 2: Jamba, Command-R (cohere / cohere2), Llama-4, Gemma-3 multimodal, Mamba2,
+# BLOOM, OPT, GPT-J. The presets hold the published config.json of each checkpoint; text-only
+# ones are checked by test_preset_params_match_meta_device above, the composites (Llama-4,
+# Gemma-3) here with their ForConditionalGeneration class. Expected KV elements per token are
+# computed from the config fields here, independently of the parser.
+
+
+def _attention_kv(layers: int, nkv: int, head_dim: int) -> int:
+    return layers * 2 * nkv * head_dim
+
+
+def _expected_kv(name: str) -> int:
+    cfg = _preset(name)
+    text = cfg.get("text_config", cfg)
+    if name == "jamba-v0.1":
+        period, offset = text["attn_layer_period"], text["attn_layer_offset"]
+        attn = sum(1 for i in range(text["num_hidden_layers"]) if i % period == offset)
+        return _attention_kv(attn, text["num_key_value_heads"], text["hidden_size"] // text["num_attention_heads"])
+    if name == "mamba-codestral-7b":
+        return 0
+    if name == "gemma-3-4b-it":  # Gemma3TextConfig defaults: 4 KV heads of 256
+        return _attention_kv(text["num_hidden_layers"], 4, 256)
+    if name in ("bloom-560m", "gpt-j-6b"):
+        width = text.get("hidden_size") or text["n_embd"]
+        return _attention_kv(text.get("n_layer"), text["n_head"], width // text["n_head"])
+    if name == "opt-350m":
+        return _attention_kv(text["num_hidden_layers"], text["num_attention_heads"],
+                             text["hidden_size"] // text["num_attention_heads"])
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    return _attention_kv(text["num_hidden_layers"], text["num_key_value_heads"], head_dim)
+
+
+NEW_FAMILY_PRESETS = ["jamba-v0.1", "command-r-v01", "llama-4-scout-17b-16e", "gemma-3-4b-it", "mamba-codestral-7b",
+                      "bloom-560m", "opt-350m", "gpt-j-6b"]
+
+
+@pytest.mark.parametrize("name", NEW_FAMILY_PRESETS)
+def test_new_family_kv_elements_per_token_are_exact(name):
+    assert get_model(name).kv_elems_per_token == _expected_kv(name)
+
+
+def test_jamba_kv_only_on_attention_layers_and_mamba_state_on_the_rest():
+    cfg = _preset("jamba-v0.1")
+    spec = get_model("jamba-v0.1")
+    attn = [i for i in range(32) if i % 8 == 4]
+    assert [i for i, layer in enumerate(spec.layers) if layer.kind == "attention"] == attn == [4, 12, 20, 28]
+    d_inner = cfg["mamba_expand"] * cfg["hidden_size"]
+    state = d_inner * (cfg["mamba_d_conv"] - 1) + d_inner * cfg["mamba_d_state"]
+    assert spec.state_elems_per_seq == (32 - len(attn)) * state
+    assert sum(1 for layer in spec.layers if layer.num_experts) == 16  # odd layers
+    assert spec.params_active < spec.params_total / 2  # top-2 of 16 experts (~12 B of ~52 B)
+
+
+def test_mamba2_state_per_sequence():
+    cfg = _preset("mamba-codestral-7b")
+    spec = get_model("mamba-codestral-7b")
+    conv_dim = cfg["expand"] * cfg["hidden_size"] + 2 * cfg["n_groups"] * cfg["state_size"]
+    per_layer = conv_dim * (cfg["conv_kernel"] - 1) + cfg["num_heads"] * cfg["head_dim"] * cfg["state_size"]
+    assert spec.state_elems_per_seq == cfg["num_hidden_layers"] * per_layer
+    assert not spec.has_kv
+
+
+def _composite_meta(cfg: dict, cls_name: str) -> tuple[int, int]:
+    """(all parameters, vision tower + projector parameters) of a composite on the meta device."""
+    clean = {k: v for k, v in copy.deepcopy(cfg).items() if not k.startswith("_") and k != "model_type"}
+    text = clean.get("text_config", {})
+    if isinstance(text.get("attn_temperature_tuning"), int):  # published as 4; transformers 5 types it bool
+        text["attn_temperature_tuning"] = bool(text["attn_temperature_tuning"])
+    config = transformers.CONFIG_MAPPING[cfg["model_type"]](**clean)
+    with torch.device("meta"):
+        model = getattr(transformers, cls_name)(config)
+    total = sum(p.numel() for p in model.parameters())
+    vision = sum(p.numel() for n, p in model.named_parameters()
+                 if any(k in n for k in ("vision_model.", "vision_tower.", "multi_modal_projector.")))
+    return total, vision
+
+
+@pytest.mark.parametrize("name, cls_name", [("llama-4-scout-17b-16e", "Llama4ForConditionalGeneration"),
+                                            ("gemma-3-4b-it", "Gemma3ForConditionalGeneration")])
+def test_composite_presets_match_meta_device(name, cls_name):
+    expected, expected_vision = _composite_meta(_preset(name), cls_name)
+    spec = get_model(name)
+    assert spec.params_total == pytest.approx(expected, rel=TOLERANCE), f"{name}: {spec.params_total:,} vs {expected:,}"
+    assert spec.vision is not None and spec.vision.total_params == expected_vision
+
+
+def test_llama4_scout_active_and_total_params():
+    spec = get_model("llama-4-scout-17b-16e")
+    assert 16.5e9 < spec.params_active < 17.5e9  # "17B active"
+    assert 108e9 < spec.params_total < 110e9  # "109B total"
+    windows = [layer.window for layer in spec.layers]
+    assert windows == [None if (i + 1) % 4 == 0 else 8192 for i in range(48)]  # NoPE layers attend globally
+    assert spec.max_model_len == 262144
+
+
+def test_gemma3_nested_and_flat_text_configs_give_the_same_text_figures():
+    nested_cfg = _preset("gemma-3-4b-it")
+    nested = model_from_config(copy.deepcopy(nested_cfg))
+    flat = model_from_config(copy.deepcopy(nested_cfg["text_config"]))
+    assert flat.model_type == "gemma3_text" and flat.vision is None
+    for field in ("llm_params", "kv_elems_per_token", "head_dim", "num_heads", "num_kv_heads", "vocab", "max_model_len"):
+        assert getattr(nested, field) == getattr(flat, field), field
+    assert [layer.window for layer in nested.layers] == [layer.window for layer in flat.layers]
+    assert nested.head_dim == 256 and nested.vocab == 262208 and nested.max_model_len == 131072
+    # and the flat text config is exactly transformers' Gemma3ForCausalLM
+    assert flat.params_total == _meta_count("gemma3_text", nested_cfg["text_config"])
+
+
+NEW_SYNTHETIC = {
+    "cohere with qk-norm and biases (Command-R+ style)": ("cohere", dict(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+        vocab_size=1000, use_qk_norm=True, attention_bias=True)),
+    "cohere2 sliding 3 of 4, untied": ("cohere2", dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1,
+        vocab_size=500, sliding_window=64, tie_word_embeddings=False)),
+    "llama4 text, Maverick-style interleave 2": ("llama4_text", dict(
+        hidden_size=128, intermediate_size=64, intermediate_size_mlp=256, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, num_local_experts=8, num_experts_per_tok=1, interleave_moe_layer_step=2,
+        vocab_size=500, attention_chunk_size=32)),
+    "jamba with proj bias, tied": ("jamba", dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=4, num_experts_per_tok=2, attn_layer_period=3, attn_layer_offset=1, expert_layer_period=2,
+        expert_layer_offset=0, mamba_proj_bias=True, mamba_conv_bias=False, vocab_size=300, tie_word_embeddings=True)),
+    "mamba2 with biases": ("mamba2", dict(
+        hidden_size=128, num_hidden_layers=2, num_heads=8, head_dim=32, n_groups=2, state_size=16, expand=2,
+        vocab_size=300, use_bias=True, use_conv_bias=False)),
+    "opt-125m style (no projection, final LayerNorm)": ("opt", dict(
+        hidden_size=128, ffn_dim=512, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
+        vocab_size=300, do_layer_norm_before=True, word_embed_proj_dim=128)),
+    "opt without biases or affine LayerNorms, untied": ("opt", dict(
+        hidden_size=128, ffn_dim=256, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=32,
+        vocab_size=300, enable_bias=False, layer_norm_elementwise_affine=False, word_embed_proj_dim=64,
+        tie_word_embeddings=False)),
+    "bloom untied": ("bloom", dict(hidden_size=128, n_layer=2, n_head=4, vocab_size=300, tie_word_embeddings=False)),
+    "gptj with n_inner, tied (the head keeps its bias)": ("gptj", dict(
+        n_embd=128, n_layer=2, n_head=4, n_inner=300, rotary_dim=16, n_positions=64, vocab_size=300,
+        tie_word_embeddings=True)),
+}
+
+
+@pytest.mark.parametrize("label", list(NEW_SYNTHETIC))
+def test_new_family_variants_match_meta_device_exactly(label):
+    model_type, cfg = NEW_SYNTHETIC[label]
+    expected = _meta_count(model_type, cfg)
+    assert model_from_config({"model_type": model_type, **copy.deepcopy(cfg)}).params_total == expected
+
+
+def test_layouts_of_the_variants():
+    """Windows and expert placement the parameter count cannot see."""
+    c2 = model_from_config({"model_type": "cohere2", **NEW_SYNTHETIC["cohere2 sliding 3 of 4, untied"][1]})
+    assert [layer.window for layer in c2.layers] == [64, 64, 64, None]
+    assert c2.kv_elems_per_token == 4 * 2 * 1 * 32
+    mav = model_from_config({"model_type": "llama4_text",
+                             **NEW_SYNTHETIC["llama4 text, Maverick-style interleave 2"][1]})
+    assert [bool(layer.num_experts) for layer in mav.layers] == [False, True, False, True]
+    assert [layer.window for layer in mav.layers] == [32, 32, 32, None]
+    opt = get_model("opt-350m")
+    assert opt.final_norm_params == 0 and opt.max_model_len == 2048  # LayerNorm after each block: no final one

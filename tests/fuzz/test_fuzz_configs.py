@@ -54,6 +54,14 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "internvl2-8b": tuple(f"llm_config.{f}" for f in LLAMA) + (
         "vision_config.hidden_size", "vision_config.num_hidden_layers", "vision_config.intermediate_size"),
     "qwen2.5-vl-7b-instruct": LLAMA + ("vision_config.intermediate_size",),
+    "mamba-codestral-7b": ("hidden_size", "num_hidden_layers", "vocab_size"),
+    "bloom-560m": ("hidden_size", "n_layer", "n_head", "vocab_size"),
+    "opt-350m": ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "ffn_dim",
+                 "max_position_embeddings"),
+    "gpt-j-6b": ("n_embd", "n_layer", "n_head", "n_positions", "vocab_size"),
+    "llama-4-scout-17b-16e": tuple(f"text_config.{f}" for f in LLAMA),
+    # the published Gemma-3 text_config leaves heads and vocabulary to Gemma3TextConfig's defaults
+    "gemma-3-4b-it": ("text_config.hidden_size", "text_config.num_hidden_layers", "text_config.intermediate_size"),
 }
 # Optional integer fields: absent/null take a default, but a value of the wrong kind is refused.
 OPTIONAL: dict[str, tuple[str, ...]] = {
@@ -68,6 +76,15 @@ OPTIONAL: dict[str, tuple[str, ...]] = {
     "internvl2-8b": ("max_dynamic_patch", "vision_config.patch_size", "vision_config.image_size"),
     "starcoder2-3b": ("sliding_window",),
     "mamba-1.4b": ("state_size", "conv_kernel"),
+    "jamba-v0.1": ("attn_layer_period", "num_experts", "mamba_d_state", "mamba_dt_rank"),
+    "mamba-codestral-7b": ("num_heads", "n_groups", "state_size"),
+    "opt-350m": ("word_embed_proj_dim",),
+    "gpt-j-6b": ("n_inner", "rotary_dim"),
+    "llama-4-scout-17b-16e": ("text_config.num_local_experts", "text_config.attention_chunk_size",
+                              "text_config.intermediate_size_mlp", "vision_config.num_hidden_layers",
+                              "vision_config.projector_input_dim"),
+    "gemma-3-4b-it": ("text_config.num_attention_heads", "text_config.head_dim", "text_config.vocab_size",
+                      "vision_config.num_hidden_layers", "vision_config.hidden_size", "mm_tokens_per_image"),
 }
 
 DELETE = object()
@@ -210,7 +227,7 @@ def test_refusals_are_sizing_errors_not_other_value_errors() -> None:
             model_from_config(_mutate(BASES[name], field, value))
 
 
-@pytest.mark.parametrize("model_type", ["my_new_decoder", "jamba", "MODEL", ""])
+@pytest.mark.parametrize("model_type", ["my_new_decoder", "rwkv", "MODEL", ""])
 def test_an_unknown_family_is_refused_by_name_not_counted_as_llama(model_type: str) -> None:
     cfg = _llama(model_type=model_type)
     expect_rejected(lambda: model_from_config(cfg), f"'{model_type.lower()}' is not a family" if model_type

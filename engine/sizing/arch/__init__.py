@@ -8,15 +8,19 @@ Modules (one family per module; ``config`` picks the family, the others count it
   records    ModelSpec, LayerSpec, VisionSpec, Checkpoint
   fields     the field readers (type and range checked) and the checkpoint dtype
   attention  head layouts (MHA/GQA/MQA) and sliding windows per layer
-  llama      llama, mistral, mixtral, qwen2(_moe), qwen3(_moe), gemma(2/3), phi3, internlm2, ...
-             (``KNOWN_LLAMA_LIKE``)
+  llama      llama, mistral, mixtral, qwen2(_moe), qwen3(_moe), gemma(2/3), phi3, internlm2,
+             cohere(2) (Command-R), ... (``KNOWN_LLAMA_LIKE``)
+  llama4     Llama-4 text (Scout, Maverick): routed + shared experts, chunked local attention
   mla        deepseek_v2, deepseek_v3 (kimi_k2): latent KV, routed + shared experts
   falcon     falcon / RefinedWeb (MQA, parallel attention, LayerNorm, GELU MLP)
-  ssm        mamba (v1) selective SSM
+  ssm        mamba (v1) and mamba2 selective SSMs
+  hybrid     jamba: attention + Mamba layers, MoE on every other layer
   dense      GPT-style: gpt2 (learned positions, n_inner null = 4h), gpt_neox (Pythia), phi
-             (Phi-1/1.5/2), starcoder2: LayerNorm, non-gated GELU MLP, biases
+             (Phi-1/1.5/2), starcoder2, bloom (ALiBi), opt (offset positions, projections), gptj:
+             LayerNorm, non-gated GELU/ReLU MLP, biases
   vision     InternVL chat (vision_config + llm_config), HF-native internvl, Qwen2-VL and
-             Qwen2.5-VL (their own ViT + patch merger), llava-style (generic CLIP formula, approximate)
+             Qwen2.5-VL (their own ViT + patch merger), Gemma-3 (SigLIP + projector), Llama-4
+             (its ViT + pixel-shuffle adapter), llava-style (generic CLIP formula, approximate)
   quantization  a quantized checkpoint's stored format (quantization_config)
   config     the entry point: model_type -> family; any other model_type is refused by name
              (``unknown_family``), never counted as another family

@@ -13,6 +13,7 @@ _QWEN_WINDOW_TYPES = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "q
 def layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> list[int | None]:
     """Sliding window per layer (None = full attention): ``layer_types`` when given; Qwen: layers
     >= ``max_window_layers`` when ``use_sliding_window``; Gemma-2: every other layer; Gemma-3: 5 of 6;
+    Cohere2: 3 of 4;
     other families with a ``sliding_window``: every layer (Mistral v0.1, Phi-3, StarCoder2)."""
     if cfg.get("sliding_window") is False:  # some exporters write false for "no window"
         cfg = {**cfg, "sliding_window": None}
@@ -29,8 +30,9 @@ def layer_windows(cfg: dict[str, Any], model_type: str, n_layers: int) -> list[i
         return [None] * n_layers
     if model_type == "gemma2" and window:
         return [window if (i + 1) % 2 else None for i in range(n_layers)]
-    if model_type in ("gemma3", "gemma3_text") and window:
-        pattern = opt_int(cfg, "sliding_window_pattern", default=6)
+    if model_type in ("gemma3", "gemma3_text", "cohere2") and window:
+        # Gemma-3: 5 local layers of 6; Command-R7B (cohere2): 3 of 4
+        pattern = opt_int(cfg, "sliding_window_pattern", default=4 if model_type == "cohere2" else 6)
         return [window if (i + 1) % pattern else None for i in range(n_layers)]
     if window and model_type != "llama" and get_bool(cfg, "use_sliding_window", True):
         return [window] * n_layers

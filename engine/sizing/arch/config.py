@@ -6,21 +6,28 @@ from collections.abc import Callable
 from typing import Any
 
 from ..formats import SizingError
-from .dense import gpt2, gpt_neox, phi, starcoder2
+from .dense import bloom, gpt2, gpt_neox, gptj, opt, phi, starcoder2
 from .falcon import falcon
 from .fields import float_dtype, get_bool, get_float, get_int, get_obj, get_str, get_str_list, opt_int, req_int
+from .hybrid import jamba
 from .llama import KNOWN_LLAMA_LIKE, llama_like
+from .llama4 import llama4_text
 from .mla import mla
 from .quantization import quant_scheme
 from .records import ModelSpec, VisionSpec
 from .ssm import mamba
-from .vision import clip_vit, internvit, qwen_vl_vision
+from .vision import clip_vit, internvit, llama4_vision, qwen_vl_vision, siglip_gemma3
 
-_GPT_FAMILIES = {"gpt2": gpt2, "gpt_neox": gpt_neox, "phi": phi, "starcoder2": starcoder2}
-_OTHER_FAMILIES = {"deepseek_v2", "deepseek_v3", "kimi_k2", "falcon", "mamba", "mamba2"}
+_GPT_FAMILIES = {"gpt2": gpt2, "gpt_neox": gpt_neox, "phi": phi, "starcoder2": starcoder2, "bloom": bloom,
+                 "opt": opt, "gptj": gptj}
+_OWN_PARSERS = {"jamba": jamba, "llama4_text": llama4_text}
+_OTHER_FAMILIES = {"deepseek_v2", "deepseek_v3", "kimi_k2", "falcon", "mamba", "mamba2", "llama4"}
 _ARCH_NAMES = {"gpt2lmheadmodel": "gpt2", "gptneoxforcausallm": "gpt_neox", "phiforcausallm": "phi",
-               "starcoder2forcausallm": "starcoder2"}
-_DEFAULT_DTYPE = {"gpt2": "fp32"}  # GPT-2's config.json names no dtype; its checkpoint is fp32
+               "starcoder2forcausallm": "starcoder2", "bloomforcausallm": "bloom", "optforcausallm": "opt",
+               "gptjforcausallm": "gptj", "jambaforcausallm": "jamba", "llama4forcausallm": "llama4_text"}
+#: a composite's nested text config that names no model_type: the text model its top-level type builds
+_NESTED_TEXT_TYPES = {"llama4": "llama4_text", "gemma3": "gemma3_text"}
+_DEFAULT_DTYPE = {"gpt2": "fp32", "gptj": "fp32"}  # their config.json names no dtype; the checkpoints are fp32
 _QWEN_VL_TYPES = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl"}
 _QWEN_VL_VISION_TYPES = {"qwen2_vl_vision": "qwen2-vl", "qwen2_5_vl_vision": "qwen2.5-vl"}
 _Parser = Callable[[dict[str, Any], str], dict[str, Any]]
@@ -47,6 +54,10 @@ def _family_parser(cfg: dict[str, Any], where: str = "") -> tuple[str, _Parser, 
     arch = " ".join(archs)
     if model_type in _GPT_FAMILIES:
         return model_type, _GPT_FAMILIES[model_type], notes
+    if model_type == "llama4":  # a flat Llama-4 config (the text fields at the top level)
+        model_type = "llama4_text"
+    if model_type in _OWN_PARSERS:
+        return model_type, _OWN_PARSERS[model_type], notes
     if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2") or "kv_lora_rank" in cfg:
         return model_type or "deepseek_v3", mla, notes
     if model_type in ("falcon", "refinedweb", "refinedwebmodel") or "falcon" in arch or "refinedweb" in arch:
@@ -65,7 +76,7 @@ def _family_parser(cfg: dict[str, Any], where: str = "") -> tuple[str, _Parser, 
 def supported_model_types() -> list[str]:
     """Every decoder ``model_type`` the calculator counts exactly (vision-language wrappers size
     their text model by its own model_type)."""
-    return sorted(KNOWN_LLAMA_LIKE | set(_GPT_FAMILIES) | _OTHER_FAMILIES)
+    return sorted(KNOWN_LLAMA_LIKE | set(_GPT_FAMILIES) | set(_OWN_PARSERS) | _OTHER_FAMILIES)
 
 
 def unknown_family(model_type: str) -> SizingError:
@@ -90,7 +101,8 @@ def _text_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The language model's config and its dotted prefix: ``llm_config`` (InternVL chat),
     ``text_config`` (transformers composites, when the top level has no ``hidden_size``), or the
     config itself (flat form, e.g. Qwen2-VL as published). The top level's
-    ``tie_word_embeddings`` applies to a nested text config that does not set its own."""
+    ``tie_word_embeddings`` applies to a nested text config that does not set its own; a nested
+    config without a model_type gets the one its composite builds (llama4 -> llama4_text)."""
     get_bool(cfg, "tie_word_embeddings", False)  # validated even where the nested config decides
     llm = get_obj(cfg, "llm_config")
     if llm is not None:
@@ -99,6 +111,9 @@ def _text_config(cfg: dict[str, Any]) -> tuple[dict[str, Any], str]:
     if text is not None and "hidden_size" not in cfg:
         if "tie_word_embeddings" in cfg and "tie_word_embeddings" not in text:
             text = {**text, "tie_word_embeddings": cfg["tie_word_embeddings"]}
+        nested_type = _NESTED_TEXT_TYPES.get(_model_type(cfg))
+        if nested_type and not text.get("model_type"):
+            text = {**text, "model_type": nested_type}
         return text, "text_config"
     return cfg, ""
 
@@ -119,6 +134,10 @@ def _vision(cfg: dict[str, Any], top_type: str, llm_hidden: int) -> tuple[Vision
     qwen = _QWEN_VL_TYPES.get(top_type) or _QWEN_VL_VISION_TYPES.get(vision_type)
     if qwen:
         return qwen_vl_vision(vc, qwen, llm_hidden), [], False
+    if top_type == "llama4" or vision_type == "llama4_vision_model":
+        return llama4_vision(vc, llm_hidden), [], False
+    if top_type == "gemma3":
+        return siglip_gemma3(vc, llm_hidden, opt_int(cfg, "mm_tokens_per_image", default=256)), [], False
     downsample = get_float(cfg, "downsample_ratio", 0.5, high=1.0)
     if "llm_config" in cfg or top_type == "internvl_chat":
         return internvit(vc, llm_hidden, downsample, hf_native=False, max_tiles=_tiles(cfg)), [], True

@@ -1,4 +1,4 @@
-"""State-space layers (Mamba): a constant state per sequence instead of a per-token KV cache."""
+"""State-space layers (Mamba v1, Mamba2): a constant state per sequence instead of a per-token KV cache."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ from typing import Any
 
 from ..formats import SizingError
 from ..units import tokens as _n  # a count with thousands separators
-from .fields import get_bool, get_int
+from .fields import get_bool, get_int, opt_int, req_int
 from .records import LayerSpec
 
 
@@ -15,7 +15,7 @@ def mamba(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     """Mamba v1: in_proj h*2*Di + conv Di*K (+Di) + x_proj Di*(R+2N) + dt_proj R*Di+Di + A, D
     Di*N+Di + out_proj Di*h + norm h; no per-token KV, a state of L*(Di*(K-1) + Di*N) per sequence."""
     if model_type == "mamba2":
-        raise SizingError("mamba2 configs are not supported yet (mamba v1 is)")
+        return mamba2(cfg, model_type)
     h = get_int(cfg, "hidden_size", "d_model", what="every layer's width")
     n_layers = get_int(cfg, "num_hidden_layers", "n_layer", what="the layer count")
     vocab = get_int(cfg, "vocab_size", what="the embedding table")
@@ -51,3 +51,51 @@ def mamba(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
                     f" + {d_inner} x {n_state}) = {_n(n_layers * state)} elements"),
     )
 
+
+
+def mamba2(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Mamba2 (``Mamba2ForCausalLM``): Di = expand*h = nheads*head_dim, conv channels
+    C = Di + 2*ngroups*N; in_proj h*(Di + C + nheads) (+ bias), depthwise conv C*K (+ C),
+    dt_bias / A_log / D 3*nheads, gated RMSNorm Di, out_proj Di*h (+ h), pre-norm h; no per-token KV,
+    a state of L*(C*(K-1) + nheads*head_dim*N) per sequence."""
+    h = req_int(cfg, "hidden_size", "d_model", what="every layer's width")
+    n_layers = req_int(cfg, "num_hidden_layers", "n_layer", what="the layer count")
+    vocab = req_int(cfg, "vocab_size", what="the embedding table")
+    n_state = opt_int(cfg, "state_size", "d_state", default=128)
+    expand = opt_int(cfg, "expand", default=2)
+    n_heads = opt_int(cfg, "num_heads", default=128)
+    head_dim = opt_int(cfg, "head_dim", default=64)
+    groups = opt_int(cfg, "n_groups", "ngroups", default=8)
+    k_conv = opt_int(cfg, "conv_kernel", "d_conv", default=4)
+    d_inner = expand * h
+    if n_heads * head_dim != d_inner:
+        raise SizingError(f"config fields 'num_heads' x 'head_dim' ({n_heads} x {head_dim}) must equal expand x"
+                          f" hidden_size ({expand} x {h})")
+    if n_heads % groups:
+        raise SizingError(f"config field 'n_groups': num_heads {n_heads} is not a multiple of {groups}")
+    use_bias = get_bool(cfg, "use_bias", False)
+    conv_bias = get_bool(cfg, "use_conv_bias", True)
+    conv_dim = d_inner + 2 * groups * n_state
+    in_linear = h * (d_inner + conv_dim + n_heads)
+    in_proj = in_linear + ((d_inner + conv_dim + n_heads) if use_bias else 0)
+    conv = conv_dim * k_conv + (conv_dim if conv_bias else 0)
+    out_proj = d_inner * h + (h if use_bias else 0)
+    params = in_proj + conv + 3 * n_heads + d_inner + out_proj + h
+    linear = in_linear + d_inner * h
+    state = conv_dim * (k_conv - 1) + n_heads * head_dim * n_state
+    layer = LayerSpec("mamba", params, linear, params, state_elems=state)
+    tied = get_bool(cfg, "tie_word_embeddings", False)
+    formula = (
+        f"mamba2/layer = in_proj h*(Di + C + nheads) + conv C*K (+bias) + dt_bias,A_log,D 3*nheads + gated norm Di"
+        f" + out_proj Di*h + norm h, with h={h}, Di={d_inner}, C = Di + 2*ngroups*N = {conv_dim},"
+        f" nheads={n_heads}, K={k_conv}, N={n_state} = {_n(params)}",
+    )
+    return dict(
+        hidden=h, num_layers=n_layers, num_heads=0, num_kv_heads=0, head_dim=0, vocab=vocab, tied=tied,
+        embed_params=vocab * h, lm_head_params=0 if tied else vocab * h, final_norm_params=h,
+        layers=(layer,) * n_layers, family="SSM (Mamba2): constant state per sequence, no per-token KV",
+        param_formula=formula,
+        kv_formula=(f"no per-token KV; state/sequence = L x (C x (K-1) + nheads x head_dim x N) = {n_layers} x"
+                    f" ({conv_dim} x {k_conv - 1} + {n_heads} x {head_dim} x {n_state})"
+                    f" = {_n(n_layers * state)} elements"),
+    )

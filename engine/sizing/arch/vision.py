@@ -1,6 +1,8 @@
-"""Vision towers of vision-language models: Qwen2-VL / Qwen2.5-VL, InternViT, CLIP-style."""
+"""Vision towers of vision-language models: Qwen2-VL / Qwen2.5-VL, InternViT, SigLIP (Gemma-3),
+Llama-4, CLIP-style."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,3 +174,86 @@ def clip_vit(vc: dict[str, Any], llm_hidden: int) -> VisionSpec:
     return VisionSpec("clip (approximate)", tower, vl * linear, projector, vl, vh, heads, vi, n_patches + 1,
                       n_patches, 1, formula)
 
+
+
+def siglip_gemma3(vc: dict[str, Any], llm_hidden: int, mm_tokens: int) -> VisionSpec:
+    """Gemma-3's SigLIP vision tower (``SiglipVisionModel``) + its projector: patch embed Conv2d
+    C*p*p*e + e, positions (image/patch)^2 x e (no class token), layers of q/k/v/out 4e^2 + 4e,
+    fc1/fc2 2*e*I + I + e and two LayerNorms 4e, post LayerNorm 2e [+ the attention-pooling head
+    when ``vision_use_head``]; projector = RMSNorm e + e*h (mm_input_projection). Each image is
+    average-pooled to ``mm_tokens_per_image`` (256) LLM tokens."""
+    w = "vision_config"
+    e = opt_int(vc, "hidden_size", default=768, where=w)
+    depth = opt_int(vc, "num_hidden_layers", default=12, where=w)
+    inter = opt_int(vc, "intermediate_size", default=3072, where=w)
+    n_heads = opt_int(vc, "num_attention_heads", default=12, where=w)
+    channels = opt_int(vc, "num_channels", default=3, where=w)
+    patch = get_side(vc, "patch_size", 16, where=w)
+    image = get_side(vc, "image_size", 224, where=w)
+    if image < patch:
+        raise SizingError(f"config field 'vision_config.image_size' ({image}) is smaller than its patch_size ({patch})")
+    side = image // patch
+    if mm_tokens < 1 or math.isqrt(mm_tokens) ** 2 != mm_tokens or side % math.isqrt(mm_tokens):
+        raise SizingError(f"config field 'mm_tokens_per_image' ({mm_tokens}) must be a square whose side divides"
+                          f" image_size / patch_size ({side})")
+    n_patches = side * side
+    embed = channels * patch * patch * e + e + n_patches * e
+    layer_linear = 4 * e * e + 2 * e * inter
+    layer = layer_linear + 4 * e + inter + e + 4 * e
+    head = 0
+    if get_bool(vc, "vision_use_head", True, where=w):
+        head = e + 4 * e * e + 4 * e + 2 * e + 2 * e * inter + inter + e  # probe, MHA, LayerNorm, MLP
+    tower = embed + depth * layer + 2 * e + head
+    projector = e + e * llm_hidden
+    formula = (
+        f"vision (SigLIP) = patch embed {channels}*{patch}*{patch}*{e} + {e} + positions {n_patches}*{e}"
+        f" + {depth} layers x {_n(layer)} (q/k/v/out 4e^2 + MLP 2*e*I, I = {inter}, biases, 2 LayerNorms)"
+        f" + post LayerNorm" + (f" + pooling head {_n(head)}" if head else "") + f" = {_n(tower)}",
+        f"projector = RMSNorm e + e*h = {e} + {e}*{llm_hidden} = {_n(projector)}",
+        f"tokens/image = mm_tokens_per_image = {mm_tokens} ({n_patches} patches average-pooled)",
+    )
+    return VisionSpec("siglip (gemma3)", tower, depth * layer_linear + channels * patch * patch * e, projector, depth,
+                      e, n_heads, inter, n_patches, mm_tokens, 1, formula)
+
+
+LLAMA4_DEFAULT_TILES = 17  # the image processor's max_patches (16) + the global thumbnail tile
+
+
+def llama4_vision(vc: dict[str, Any], llm_hidden: int) -> VisionSpec:
+    """Llama-4's vision tower (``Llama4VisionModel``) + projector: patch embed (unfold + Linear
+    C*p*p*e, no bias), class embedding e, positions ((image/patch)^2 + 1)*e, pre/post LayerNorms 4e,
+    layers of q/k/v/o 4e^2 + 4e, fc1/fc2 2*e*I + I + e, two LayerNorms 4e; pixel-shuffle adapter
+    I*P_in + P_out^2 (no bias); projector vision_output_dim*h (no bias). Tokens per tile =
+    (image/patch)^2 x pixel_shuffle_ratio^2 (144 for 336 px, patch 14, ratio 0.5)."""
+    w = "vision_config"
+    e = opt_int(vc, "hidden_size", default=768, where=w)
+    depth = opt_int(vc, "num_hidden_layers", default=34, where=w)
+    inter = opt_int(vc, "intermediate_size", default=5632, where=w)
+    n_heads = opt_int(vc, "num_attention_heads", default=16, where=w)
+    channels = opt_int(vc, "num_channels", default=3, where=w)
+    patch = get_side(vc, "patch_size", 14, where=w)
+    image = get_side(vc, "image_size", 448, where=w)
+    if image < patch:
+        raise SizingError(f"config field 'vision_config.image_size' ({image}) is smaller than its patch_size ({patch})")
+    p_in = opt_int(vc, "projector_input_dim", default=4096, where=w)
+    p_out = opt_int(vc, "projector_output_dim", default=4096, where=w)
+    out_dim = opt_int(vc, "vision_output_dim", default=7680, where=w)
+    ratio = get_float(vc, "pixel_shuffle_ratio", 0.5, high=1.0, where=w)
+    n_patches = (image // patch) ** 2
+    embed = channels * patch * patch * e + e + (n_patches + 1) * e
+    layer_linear = 4 * e * e + 2 * e * inter
+    layer = layer_linear + 4 * e + inter + e + 4 * e
+    adapter = inter * p_in + p_out * p_out
+    tower = embed + 4 * e + depth * layer + adapter
+    projector = out_dim * llm_hidden
+    tokens = max(1, int(n_patches * ratio * ratio))
+    formula = (
+        f"vision (Llama-4 ViT) = patch embed {channels}*{patch}*{patch}*{e} + class + positions {n_patches + 1}*{e}"
+        f" + {depth} layers x {_n(layer)} (q/k/v/o 4e^2 + MLP 2*e*I, I = {inter}, biases, 2 LayerNorms)"
+        f" + pre/post LayerNorms + pixel-shuffle adapter {inter}*{p_in} + {p_out}*{p_out} = {_n(tower)}",
+        f"projector = vision_output_dim*h = {out_dim}*{llm_hidden} = {_n(projector)}",
+        f"tokens/tile = (image/patch)^2 * ratio^2 = ({image}/{patch})^2 * {ratio}^2 = {tokens};"
+        f" default {LLAMA4_DEFAULT_TILES} tiles (16 + global)",
+    )
+    return VisionSpec("llama4-vit", tower, depth * layer_linear + channels * patch * patch * e + adapter, projector,
+                      depth, e, n_heads, inter, n_patches + 1, tokens, LLAMA4_DEFAULT_TILES, formula)
