@@ -264,3 +264,14 @@ def test_the_issue_21_families_are_listed_and_answered(model, shown):
     at = open_page(model=model, hw="h100-80gb")
     no_traceback(at)
     assert shown in at.markdown[0].value
+
+
+def test_a_differing_variant_and_a_server_are_shown():
+    """Issue #21 item 4: the 24 GB Atlas 300V Pro's verdict beside the 48 GB one; a server preset
+    says how many of its devices the workload needs."""
+    at = open_page(model="internvl2-8b", hw="atlas-300v-pro", batch="2", ctx="16384")
+    no_traceback(at)
+    assert any("Atlas 300V Pro 24 GB" in w.value and "does not fit" in w.value for w in at.warning)
+    at = open_page(model="llama-3-70b", hw="dgx-h100")
+    no_traceback(at)
+    assert any("DGX H100" in i.value and "2 of its 8 devices" in i.value for i in at.info)

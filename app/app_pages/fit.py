@@ -248,6 +248,12 @@ def render(est: calc.Estimate, hardware: calc.Hardware) -> None:
         f"{md(est.reason)}.",
         icon={"fits": "✅", "needs_more_devices": "⛔", "does_not_fit": "⛔"}[est.verdict_key])
 
+    if est.server:
+        st.info(md(est.server), icon="🗄️")
+    for v in est.variants:  # the same product with other memory: its verdict where it differs
+        st.warning(f"**{md(v.hardware_name)}** ({v.device_memory_bytes / calc.GiB:.0f} GiB): {md(v.verdict)}"
+                   + (f" (fewest that fit: {v.devices_needed})" if v.devices_needed and not v.fits else ""), icon="🔀")
+
     m = st.columns(3)
     m[0].metric("Weights", f"{est.weight_bytes / calc.GiB:.2f} GiB", f"{est.weights_format.upper()}", delta_color="off")
     m[1].metric("KV per token", f"{est.kv_bytes_per_token / 1024:,.1f} KiB", f"{est.kv_dtype.upper()}", delta_color="off")

@@ -93,7 +93,7 @@ def _list_hardware(as_json: bool) -> str:
                          "fp16_tflops": None, "devices_per_card": 1, "note": "measured when selected"})
             continue
         hw = get_hardware(key)
-        rows.append({"name": key, "display_name": hw.name, "memory_gib": round(hw.memory_bytes / GiB, 2),
+        rows.append({"name": key, "display_name": info.name, "memory_gib": round(hw.memory_bytes / GiB, 2),
                      "bandwidth_gb_s": hw.bandwidth / 1e9, "fp16_tflops": hw.fp16_flops / 1e12,
                      "devices_per_card": hw.devices_per_card, "note": ""})
     if as_json:
@@ -167,6 +167,11 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
     if e.devices_needed:
         lines.append(f"  devices  fewest that fit: {e.devices_needed} (tp {e.devices_needed_tp}, pp {e.devices_needed_pp})"
                      + (f": {e.devices_note}" if e.devices_note else ""))
+    if e.server:
+        lines.append(f"  server   {e.server}")
+    for v in e.variants:
+        lines.append(f"  variant  {v.hardware_name} ({gib(v.device_memory_bytes)}): {v.verdict.upper()}"
+                     + (f", fewest that fit: {v.devices_needed}" if v.devices_needed and not v.fits else ""))
     lines += _speed_lines(e)
     there = e.at_devices_needed
     others = [a for a in e.alternatives if not a.current]

@@ -12,7 +12,7 @@ from fractions import Fraction as F
 
 from .advice import format_alternatives, format_suggestions, serve_command, serve_len_note, serve_target
 from .arch import ModelSpec
-from .result import Estimate, FittedLayout, FormatOption
+from .result import Estimate, FittedLayout, FormatOption, VariantAnswer
 from .formats import SizingError, kv_dtype, weight_format
 from .formulas import formulas
 from .hardware import Hardware, get_hardware
@@ -171,8 +171,46 @@ def estimate(model: ModelSpec | str, hardware: Hardware | str, workload: Workloa
     if detail:
         est.alternatives = format_alternatives(plan)
         est.suggestions = format_suggestions(plan, est)
+    est.variants, same = _variant_answers(spec, hw, workload, settings, est)
+    if same:
+        est.notes.append(f"{' and '.join(same)}: the same verdict")
+    est.server = _server_words(hw, est)
     est.formulas = formulas(plan, est, sp, roof)
     return est
+
+
+def _variant_answers(spec: ModelSpec, hw: Hardware, workload: Workload, settings: Settings,
+                     main: Estimate) -> tuple[list[VariantAnswer], list[str]]:
+    """(the variants whose verdict differs from ``main``, the names of those that agree). A variant
+    that cannot be sized at all (its memory too small for a setting) counts as differing."""
+    differ, same = [], []
+    for variant in hw.variants:
+        try:
+            v = estimate(spec, variant, workload, settings, detail=False)
+        except SizingError as exc:
+            differ.append(VariantAnswer(variant.name, variant.memory_bytes, False, str(exc), None, 0))
+            continue
+        if (v.fits, v.devices_needed) == (main.fits, main.devices_needed):
+            same.append(variant.name)
+        else:
+            differ.append(VariantAnswer(variant.name, variant.memory_bytes, v.fits, v.verdict, v.devices_needed,
+                                        v.kv_room_tokens))
+    return differ, same
+
+
+def _server_words(hw: Hardware, est: Estimate) -> str:
+    """For a server preset: which of its devices the answer uses, or how many servers it needs."""
+    if not hw.server or not hw.devices_per_node:
+        return ""
+    n, unit = hw.devices_per_node, est.device_unit
+    whole = hw.server
+    needed = est.devices_needed
+    if needed is None:
+        return f"{whole}: no layout within {MAX_DEVICES} {unit}s fits"
+    if needed <= n:
+        return f"{whole}: {needed} of its {n} {unit}s hold this workload"
+    servers = -(-needed // n)
+    return f"{whole}: it needs {servers} servers ({needed} {unit}s)"
 
 
 def kv_bytes_per_token(model: ModelSpec | str, kv: str = "fp16") -> int:

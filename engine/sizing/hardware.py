@@ -1,7 +1,9 @@
 """Hardware presets (presets/hardware/*.json), custom hardware, and "this machine".
 
 Every preset figure is an object ``{"value", "source", "confidence"}``; user-written files may
-also give plain numbers. Compute figures are dense (no 2:4 sparsity).
+also give plain numbers. Compute figures are dense (no 2:4 sparsity). A preset may list
+``variants`` (the same product with other memory or bandwidth, each answered too) and a server
+preset (DGX H100, Atlas 800I A2) names its device preset and how many one server holds.
 """
 from __future__ import annotations
 
@@ -84,6 +86,11 @@ class Hardware:
     notes: tuple[str, ...] = ()
     sources: Mapping[str, Source] = field(default_factory=dict)  # figure name -> where it comes from
     alias_note: str = ""  # set when an ambiguous alias (e.g. "a100") was resolved to one preset
+    #: a server preset: "DGX H100 (8 x H100 SXM 80GB)"; "" for a single device
+    server: str = ""
+    devices_per_node: int | None = None  # devices one server holds (None: the usual 8)
+    #: the same product with other figures (Atlas 300V Pro 24 GB beside 48 GB): each answered too
+    variants: tuple[Hardware, ...] = ()
 
     @property
     def is_310p(self) -> bool:
@@ -283,26 +290,78 @@ def _required_tera(d: dict[str, Any], name: str) -> float:
     return _positive(name, _raw(d, name)) * _SCALE.get(name, 1e12)
 
 
+MAX_SERVER_DEVICES = 64
+#: the figures a variant may change (everything else is the preset's)
+VARIANT_FIELDS = ("name", "memory_gib", "memory_visible_mib", "bandwidth_gb_s", "fp16_tflops", "bf16_tflops",
+                  "int8_tops", "chip", "notes")
+
+
+def _server(d: dict[str, Any]) -> tuple[str, int | None]:
+    """``server: {"name": "DGX H100", "devices": 8}`` -> ("DGX H100 (8 x H100 SXM 80GB)", 8): the
+    words name the device preset the server is made of; ("", None) for a single device."""
+    server = d.get("server")
+    if server is None:
+        return "", None
+    if not isinstance(server, dict):
+        raise _bad("server", 'must be an object {"name": ..., "devices": ...}', server)
+    name = _text(server, "name", "")
+    if not name:
+        raise _bad("server.name", "must be a non-empty string", server.get("name"))
+    devices = server.get("devices")
+    if isinstance(devices, bool) or not isinstance(devices, int) or not 2 <= devices <= MAX_SERVER_DEVICES:
+        raise _bad("server.devices", f"must be a whole number between 2 and {MAX_SERVER_DEVICES}", devices)
+    return f"{name} ({devices} x {_text(server, 'device_name', '') or _text(d, 'name', 'devices')})", devices
+
+
+def _device_name(d: dict[str, Any], key: str) -> str:
+    """The name answers use: a server preset's device ("H100 SXM 80GB"), else the preset's name."""
+    server = d.get("server")
+    if isinstance(server, dict) and isinstance(server.get("device_name"), str) and server["device_name"]:
+        return str(server["device_name"])
+    return _text(d, "name", key)
+
+
+def _variants(d: dict[str, Any], key: str) -> tuple[Hardware, ...]:
+    """``variants: [{"name": ..., "memory_gib": ...}, ...]``: the preset with those figures changed."""
+    raw = d.get("variants")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise _bad("variants", "must be a list of objects", raw)
+    base = {k: v for k, v in d.items() if k not in ("variants", "aliases")}
+    out = []
+    for i, variant in enumerate(raw):
+        if not isinstance(variant, dict) or not isinstance(variant.get("name"), str):
+            raise _bad(f"variants[{i}]", 'must be an object with a "name"', variant)
+        unknown = sorted(set(variant) - set(VARIANT_FIELDS))
+        if unknown:
+            raise _bad(f"variants[{i}]", f"may only change {', '.join(VARIANT_FIELDS)}", unknown)
+        out.append(hardware_from_dict({**base, **variant}, f"{key}#{i + 1}"))
+    return tuple(out)
+
+
 def hardware_from_dict(d: dict[str, Any], key: str = "custom") -> Hardware:
     """Build Hardware from a preset-style dict (values plain or {"value": ...}).
 
     Every field is validated and named on failure (SizingError, a ValueError): required
     ``memory_gib``, ``bandwidth_gb_s``, ``fp16_tflops`` positive and finite; optional rates positive
     or null; ``memory_visible_mib`` <= ``memory_gib``; ``usable_fraction`` and efficiencies in (0, 1];
-    ``devices_per_card`` a whole number 1..16; ``runtime_overhead_mb`` >= 0 and below the memory.
+    ``devices_per_card`` a whole number 1..16; ``runtime_overhead_mb`` >= 0 and below the memory;
+    ``server`` {"name", "devices" 2..64}; ``variants`` a list of objects changing only ``VARIANT_FIELDS``.
     """
     if not isinstance(d, dict):
         raise SizingError("a hardware description must be a JSON object")
     if d.get("measure"):
         return this_machine(d, key)
     memory, nominal = _memory_bytes(d)
+    server, server_devices = _server(d)
     fp16 = _required_tera(d, "fp16_tflops")
     bf16 = _tera(d, "bf16_tflops") if "bf16_tflops" in d else fp16
     bandwidth = _positive("bandwidth_gb_s", _raw(d, "bandwidth_gb_s"))
     usable = _raw(d, "usable_fraction")
     eta_m, eta_c = _efficiency(d)
     return Hardware(
-        key=key, name=_text(d, "name", key), device_class=_choice(d, "device_class", "custom", DEVICE_CLASSES),
+        key=key, name=_device_name(d, key), device_class=_choice(d, "device_class", "custom", DEVICE_CLASSES),
         memory_bytes=memory, bandwidth=bandwidth * 1e9, fp16_flops=fp16, bf16_flops=bf16,
         fp8_flops=_tera(d, "fp8_tflops"), int8_ops=_tera(d, "int8_tops"), fp32_flops=_tera(d, "fp32_tflops"),
         interconnect=_tera(d, "interconnect_gb_s"), devices_per_card=_devices_per_card(d),
@@ -310,6 +369,7 @@ def hardware_from_dict(d: dict[str, Any], key: str = "custom") -> Hardware:
         eta_memory=eta_m, eta_compute=eta_c, runtime_overhead_bytes=_overhead_bytes(d, memory, 650),
         default_framework=_choice(d, "default_framework", "none", FRAMEWORKS), vendor=_text(d, "vendor", ""),
         chip=_text(d, "chip", ""), nominal_memory_bytes=nominal, notes=_notes(d), sources=_sources(d),
+        server=server, devices_per_node=server_devices, variants=_variants(d, key),
     )
 
 
@@ -453,10 +513,24 @@ def _preset_files() -> dict[str, Path]:
 
 @functools.lru_cache(maxsize=64)
 def _preset_dict(key: str) -> dict[str, Any]:
+    """A preset file's object. A server preset names its device preset (``"device": "h100-sxm"``)
+    and holds only what differs (name, aliases, ``server``): the device's figures are filled in."""
     data = json.loads(_preset_files()[key].read_text())
     if not isinstance(data, dict):
         raise SizingError(f"hardware preset {key}: not a JSON object")
-    return data
+    device = data.get("device")
+    if device is None:
+        return data
+    if not isinstance(device, str) or device not in _preset_files() or device == key:
+        raise SizingError(f"hardware preset {key}: 'device' must name another preset, got {device!r}")
+    base = _preset_dict(device)
+    if "device" in base:
+        raise SizingError(f"hardware preset {key}: its device {device!r} is itself a server preset")
+    inherited = {k: v for k, v in base.items() if k not in ("name", "aliases", "variants", "_source")}
+    merged = {**inherited, **{k: v for k, v in data.items() if k != "device"}}
+    if isinstance(merged.get("server"), dict):
+        merged["server"] = {"device_name": base.get("name", device), **merged["server"]}
+    return merged
 
 
 def hardware_presets() -> list[str]:

@@ -68,9 +68,13 @@ class Parallel:
 
 
 def resolve_parallel(model: ModelSpec, hw: Hardware, tp: int | None, pp: int, remarks: Remarks) -> Parallel:
-    """TP defaults to the chips on one card (when valid), else 1; both <= 64; PP <= layers."""
+    """TP defaults to the chips on one card, or to a server preset's devices (the largest of them
+    in 8, 4, 2 that splits the model's heads), when valid, else 1; both <= 64; PP <= layers."""
     pp_ok = whole_number("pp (pipeline parallel size)", pp, 1, MAX_DEVICES)
-    if tp is None:
+    if tp is None and hw.server and hw.devices_per_node:
+        tp_ok = next((t for t in (hw.devices_per_node, *sorted(TP_SIZES, reverse=True))
+                      if t <= hw.devices_per_node and tp_valid(model, t)), 1)
+    elif tp is None:
         tp_ok = hw.devices_per_card if tp_valid(model, hw.devices_per_card) else 1
     else:
         tp_ok = whole_number("tp (tensor parallel size)", tp, 1, MAX_DEVICES)

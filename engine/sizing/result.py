@@ -28,6 +28,19 @@ class FormatOption:
     current: bool
 
 
+@dataclass(frozen=True)
+class VariantAnswer:
+    """The verdict on another variant of the same product (Atlas 300V Pro 24 GB beside 48 GB),
+    listed where it differs from the main answer."""
+
+    hardware_name: str
+    device_memory_bytes: int
+    fits: bool
+    verdict: str
+    devices_needed: int | None
+    kv_room_tokens: int
+
+
 _NOT_CONTRACT = {"contract": False}
 
 
@@ -127,6 +140,10 @@ class Estimate:
     alternatives: list[FormatOption] = field(default_factory=list)
     formulas: dict[str, str] = field(default_factory=dict)
     stages: list[StageMemory] = field(default_factory=list)
+    #: the hardware's other variants whose verdict differs from this one (module doc of hardware: variants)
+    variants: list[VariantAnswer] = field(default_factory=list)
+    #: for a server preset (DGX H100, Atlas 800I A2): how the answer uses its devices; "" otherwise
+    server: str = ""
     # not in the JSON contract
     serve_heading: str = field(default="", metadata=_NOT_CONTRACT)  # which tool the serve line is for, and why
     devices_note: str = field(default="", metadata=_NOT_CONTRACT)  # how the fewest-devices layout was chosen
