@@ -200,7 +200,7 @@ CONTRACT_TOP_KEYS = frozenset({
     "decode_bytes_per_step", "decode_flops_per_step", "decode_tokens_per_s", "decode_tokens_per_s_roofline",
     "decode_tokens_per_s_total", "device_memory_bytes", "device_unit", "devices", "devices_needed",
     "devices_needed_pp", "devices_needed_tp", "efficiency_compute", "efficiency_memory", "fits", "framework",
-    "hardware", "hardware_name", "image_tokens", "images", "kv_bytes", "kv_bytes_per_device", "kv_bytes_per_token",
+    "framework_version", "budget_rule", "hardware", "hardware_name", "image_tokens", "images", "kv_bytes", "kv_bytes_per_device", "kv_bytes_per_token",
     "kv_bytes_per_token_per_device", "kv_dtype", "kv_pool_bytes", "kv_room_tokens", "mask_bytes", "max_batch",
     "max_context", "model", "model_name", "notes", "output_tokens", "over_bytes_per_device", "overhead_bytes",
     "params_active", "params_total", "params_vision", "peak_flops", "peak_label", "pp", "prefill_bound",
