@@ -295,3 +295,12 @@ def test_vl7_torch_peak_is_not_the_forward():
     forward, 0.84 GiB. The KV tokens still land within 5 % (above)."""
     from engine.sizing.activations import forward_peak
     assert forward_peak(_model("llama-3.1-8b"), 8192, 2) / GiB == pytest.approx(0.84, abs=0.01)
+
+
+def test_the_comparison_keeps_the_version_where_the_device_runs_that_framework():
+    from engine.memory import compare_hardware
+    rows = {r.hardware: r for r in compare_hardware("llama-3-8b", ["h100-sxm", "atlas-300v-pro", "apple-m2-ultra"],
+                                                   Workload(), Settings(framework_version="0.7"))}
+    assert not any(r.error for r in rows.values()), rows
+    one = estimate("llama-3-8b", "h100-sxm", Workload(), Settings(framework_version="0.7"), detail=False)
+    assert rows["h100-sxm"].total_gib == pytest.approx(one.total_bytes_per_device / GiB)

@@ -197,6 +197,9 @@ def _compare_settings(hw: Hardware, settings: Settings | None) -> Settings:
     """The caller's settings on another device: its own TP default, and its own framework unless
     one was picked (vllm-ascend only on Ascend)."""
     s = replace(settings or Settings(), framework="auto", tp=None, framework_version=None)
+    if settings is not None and settings.framework in ("auto", None) and hw.default_framework in ("vllm", "sglang") \
+            and not hw.is_ascend:  # "auto" with a version: the version of whatever vLLM / SGLang that device runs
+        s = replace(s, framework_version=settings.framework_version)
     if settings is not None and settings.framework not in ("auto", None):
         fw = settings.framework
         if fw == "vllm-ascend" and not hw.is_ascend:
