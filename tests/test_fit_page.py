@@ -212,8 +212,9 @@ def _metrics(at: AppTest) -> dict:
 
 
 def test_over_by_a_little_reads_does_not_fit_with_speed_only_where_it_fits():
-    """The speaker's case: Llama-3-70B on 2 x H100 at 32,768 tokens, over by ~1.4 GiB per device."""
-    at = open_page(model="llama-3-70b", hw="h100-sxm", tp="2", ctx="32768")
+    """The speaker's case: Llama-3-70B on 2 x H100 at 32,768 tokens, over by ~1.4 GiB per device (vLLM V0's
+    rule, picked by the page's framework version box through the link)."""
+    at = open_page(model="llama-3-70b", hw="h100-sxm", tp="2", ctx="32768", fwv="0.7")
     no_traceback(at)
     assert at.markdown[0].value == ("## :orange[Does not fit on 2 × H100 SXM 80GB — needs 4] — Llama-3-70B,"
                                     " over by 1.38 GiB per device")
@@ -247,7 +248,7 @@ def test_an_exact_fit_and_one_token_over():
 
 
 def test_fits_with_room():
-    at = open_page(model="llama-3-70b", hw="h100-sxm", tp="2")
+    at = open_page(model="llama-3-70b", hw="h100-sxm", tp="2", fwv="0.7")  # V0's rule: 2.99 GiB to spare
     no_traceback(at)
     assert at.markdown[0].value == "## :green[Fits] — Llama-3-70B on 2 × H100 SXM 80GB"
     assert "(2.99 GiB to spare)" in at.success[0].value
@@ -274,4 +275,26 @@ def test_a_differing_variant_and_a_server_are_shown():
     assert any("Atlas 300V Pro 24 GB" in w.value and "does not fit" in w.value for w in at.warning)
     at = open_page(model="llama-3-70b", hw="dgx-h100")
     no_traceback(at)
-    assert any("DGX H100" in i.value and "2 of its 8 devices" in i.value for i in at.info)
+    assert any("DGX H100" in i.value and "of its 8 devices hold this workload" in i.value for i in at.info)
+
+
+# --- framework version: the page and the CLI apply the same budget rule ------------------------------------------
+
+@pytest.mark.parametrize("fw, fwv, rule", [("vllm", "0.7", "v0"), ("vllm", "0.10.1", "v1"), ("vllm", "", "v1-graphs"),
+                                           ("sglang", "0.4.3.post4", "0.4"), ("sglang", "0.5", "0.5")])
+def test_framework_version_page_and_cli_agree(capsys, fw, fwv, rule):
+    from engine.memory import main
+    args = ["--model", "qwen2.5-7b", "--hardware", "a100-80gb", "--framework", fw, "--json"]
+    assert main(args + (["--framework-version", fwv] if fwv else [])) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["budget_rule"] == rule and d["framework_version"] == fwv
+    at = open_page(model="qwen2.5-7b", hw="a100-80gb", fw=fw, **({"fwv": fwv} if fwv else {}))
+    no_traceback(at)
+    room = next(m.value for m in at.markdown if m.value.startswith("KV room:"))
+    assert f"≈ {d['kv_room_tokens']:,} " in room
+
+
+def test_a_bad_framework_version_names_the_field():
+    at = open_page(model="qwen2.5-7b", hw="a100-80gb", fw="vllm", fwv="seven")
+    assert not at.exception
+    assert at.error and "framework_version 'seven' is not a version number" in at.error[0].value

@@ -95,8 +95,9 @@ def test_every_contract_option_is_honoured(args, key, value):
 
 
 def test_tp_halves_weights_per_device():
-    one = run_json("--model", "llama-3-70b", "--hardware", "h100-sxm")
-    four = run_json("--model", "llama-3-70b", "--hardware", "h100-sxm", "--tp", "4")
+    v0 = ("--framework-version", "0.7")  # under V0's rule 70B needs 2 H100s (V1 >= 0.21 with its graph estimate: 4)
+    one = run_json("--model", "llama-3-70b", "--hardware", "h100-sxm", *v0)
+    four = run_json("--model", "llama-3-70b", "--hardware", "h100-sxm", "--tp", "4", *v0)
     assert not one["fits"] and one["devices_needed"] == 2
     assert four["fits"]
     assert four["weight_bytes_per_device"] == pytest.approx(one["weight_bytes"] / 4, rel=1e-6)
@@ -200,7 +201,7 @@ CONTRACT_TOP_KEYS = frozenset({
     "decode_bytes_per_step", "decode_flops_per_step", "decode_tokens_per_s", "decode_tokens_per_s_roofline",
     "decode_tokens_per_s_total", "device_memory_bytes", "device_unit", "devices", "devices_needed",
     "devices_needed_pp", "devices_needed_tp", "efficiency_compute", "efficiency_memory", "fits", "framework",
-    "hardware", "hardware_name", "image_tokens", "images", "kv_bytes", "kv_bytes_per_device", "kv_bytes_per_token",
+    "framework_version", "budget_rule", "hardware", "hardware_name", "image_tokens", "images", "kv_bytes", "kv_bytes_per_device", "kv_bytes_per_token",
     "kv_bytes_per_token_per_device", "kv_dtype", "kv_pool_bytes", "kv_room_tokens", "mask_bytes", "max_batch",
     "max_context", "model", "model_name", "notes", "output_tokens", "over_bytes_per_device", "overhead_bytes",
     "params_active", "params_total", "params_vision", "peak_flops", "peak_label", "pp", "prefill_bound",

@@ -45,10 +45,10 @@ def boundary(model: str) -> int:
 
 
 def test_cli_over_by_a_little_says_does_not_fit_and_quotes_speed_only_where_it_fits():
-    """The speaker's case: Llama-3-70B on 2 x H100 at 32,768 tokens is over by ~1.4 GiB."""
-    out = cli("--model", "llama-3-70b", *TWO_H100, "--context", "32768")
+    """The speaker's case: Llama-3-70B on 2 x H100 at 32,768 tokens is over by ~1.4 GiB (vLLM V0's rule)."""
+    out = cli("--model", "llama-3-70b", *TWO_H100, "--context", "32768", "--framework-version", "0.7")
     first = out.splitlines()[0]
-    assert first.endswith("with vLLM: DOES NOT FIT ON 2 DEVICES — NEEDS 4 (over by 1.38 GiB per device)")
+    assert first.endswith("with vLLM 0.7: DOES NOT FIT ON 2 DEVICES — NEEDS 4 (over by 1.38 GiB per device)")
     assert "FITS WITH" not in out and "(over by 1.38 GiB;" in out
     assert "  speed    not quoted for 2 devices: it does not fit there" in out
     assert not re.search(r"^  (decode|prefill) ", out, re.M)  # no speed as if it ran on 2
@@ -68,7 +68,7 @@ def test_cli_exact_fit_and_one_token_over():
 
 
 def test_cli_fits_with_room():
-    out = cli("--model", "llama-3-70b", *TWO_H100)
+    out = cli("--model", "llama-3-70b", *TWO_H100, "--framework-version", "0.7")  # V0's rule: 2.99 GiB spare
     assert out.splitlines()[0].endswith(": FITS ON 2 DEVICES")
     assert "(2.99 GiB to spare)" in out and "not quoted" not in out and "fewest   " not in out
 

@@ -53,7 +53,7 @@ FORMAT_COLUMNS = {
     "support": _text("support", width=300),
 }
 BOUND_KEYS = ("model", "hw", "c_mem", "c_bw", "c_tf", "c_int8", "c_bf16", "c_fw", "batch", "ctx", "out", "img",
-              "tiles", "w", "kv", "vis", "fw", "tp", "pp", "util", "block", "eta_m", "eta_c")
+              "tiles", "w", "kv", "vis", "fw", "fwv", "tp", "pp", "util", "block", "eta_m", "eta_c")
 
 
 def _format_label(key: str) -> str:
@@ -150,6 +150,9 @@ with st.sidebar:
     st.header("Serving")
     framework = st.selectbox("Framework (budget rule)", FRAMEWORK_OPTIONS, key="fw", bind="query-params",
                              help="; ".join(f"{k}: {_framework_label(k)}" for k in FRAMEWORK_OPTIONS))
+    framework_version = st.text_input("Framework version", key="fwv", bind="query-params", placeholder="latest",
+                                      help="vLLM or SGLang version whose budget rule applies, e.g. 0.7 (vLLM V0),"
+                                           " 0.10.1 (vLLM V1), 0.4.3 (SGLang); empty: vLLM >= 0.21, SGLang 0.4")
     c1, c2 = st.columns(2)
     tp = c1.number_input("Tensor parallel", min_value=1, max_value=64, value=None, step=1, key="tp",
                          bind="query-params", placeholder="auto")
@@ -178,7 +181,8 @@ if dropped:
 workload = calc.Workload(batch=int(batch), context=int(context), output=int(output),
                          images=None if images is None else int(images), tiles=None if tiles is None else int(tiles))
 settings = calc.Settings(weights=weights, kv_dtype=kv, vision_dtype=vision, tp=None if tp is None else int(tp),
-                         pp=int(pp), framework=framework, gpu_memory_utilization=util,
+                         pp=int(pp), framework=framework, framework_version=framework_version or None,
+                         gpu_memory_utilization=util,
                          block_size=None if block is None else int(block), eta_memory=eta_m, eta_compute=eta_c)
 
 try:

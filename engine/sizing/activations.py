@@ -57,6 +57,7 @@ ACT_COEFF = 11  # aiconfigurator's LLAMA activation coefficient at TP1 (sizing.m
 SAMPLER_BYTES_PER_LOGIT = 38.8  # vLLM V0 sampler with top-p/top-k, fitted (module docstring)
 PLAIN_BYTES_PER_LOGIT = 4  # fp32 logits of the last token per sequence
 VLLM_FAMILY = ("vllm", "vllm-ascend")  # profile with the sort-based top-p/top-k sampler
+V1_RULES = ("v1-early", "v1", "v1-graphs")  # budget.VLLM_RULES after V0: no sampler in the profiled peak
 ROPE_CACHE_FRAMEWORKS = ("vllm", "vllm-ascend", "sglang")
 
 
@@ -114,8 +115,11 @@ def forward_peak(model: ModelSpec, tokens: int, act_bytes: int, tp: int = 1) -> 
     return tokens * forward_bytes_per_token(model, act_bytes, tp)
 
 
-def sampler_peak(model: ModelSpec, tokens: int, seqs: int, act_bytes: int, framework: str) -> int:
-    """T x h x b_a (final hidden states) + S x V x c (c = 38.8 B in vLLM, 4 B plain)."""
+def sampler_peak(model: ModelSpec, tokens: int, seqs: int, act_bytes: int, framework: str, rule: str = "") -> int:
+    """T x h x b_a (final hidden states) + S x V x c (c = 38.8 B in vLLM V0, 4 B plain); 0 under vLLM V1,
+    which samples only after the KV pool is allocated (its profiled peak is the forward)."""
+    if rule in V1_RULES:
+        return 0
     per_logit = SAMPLER_BYTES_PER_LOGIT if framework in VLLM_FAMILY else PLAIN_BYTES_PER_LOGIT
     return int(tokens * model.hidden * act_bytes + seqs * model.vocab * per_logit)
 
@@ -135,10 +139,10 @@ def rope_cache_bytes(model: ModelSpec, act_bytes: int, framework: str) -> int:
 
 
 def profile_peak(model: ModelSpec, *, tokens: int, seqs: int, act_bytes: int = 2, tp: int = 1,
-                 framework: str = "vllm", images: int = 0, tiles: int = 0) -> ActivationPeak:
-    """The activation peak vLLM's profiling run would log for these settings."""
+                 framework: str = "vllm", images: int = 0, tiles: int = 0, rule: str = "v0") -> ActivationPeak:
+    """The activation peak vLLM's profiling run would log for these settings (``rule``: budget.VLLM_RULES)."""
     return ActivationPeak(tokens=tokens, forward=forward_peak(model, tokens, act_bytes, tp),
-                          sampler=sampler_peak(model, tokens, seqs, act_bytes, framework),
+                          sampler=sampler_peak(model, tokens, seqs, act_bytes, framework, rule),
                           vision=vision_bytes(model, images, tiles, act_bytes))
 
 
@@ -173,29 +177,33 @@ class Activations:
 
 def activation_parts(model: ModelSpec, framework: str, *, batch: int, prompt_tokens: int | None,
                      batched_tokens: int, act_bytes: int, images: int | None = 0, tiles: int | None = 0,
-                     tp: int = 1) -> Activations:
-    """The activation memory per device for these settings (see ``Activations``)."""
+                     tp: int = 1, rule: str = "") -> Activations:
+    """The activation memory per device for these settings (see ``Activations``; ``rule``: the budget's)."""
     tokens = profiled_tokens(framework, batch, prompt_tokens, batched_tokens)
     peak = profile_peak(model, tokens=tokens, seqs=batch, act_bytes=act_bytes, tp=tp, framework=framework,
-                        images=images or 0, tiles=tiles or 0)
+                        images=images or 0, tiles=tiles or 0, rule=rule)
     return Activations(tokens=tokens, llm=peak.forward, logits=max(0, peak.sampler - peak.forward),
                        vision=peak.vision, rope_cache=rope_cache_bytes(model, act_bytes, framework))
 
 
 def formula_text(model: ModelSpec, act: Activations, *, act_bytes: int, batch: int, framework: str,
-                 tp: int = 1, images: int = 0, tiles: int = 0) -> str:
+                 tp: int = 1, images: int = 0, tiles: int = 0, rule: str = "") -> str:
     """The activation formula with its numbers (``--formula``, the page's expander): the larger of the
-    forward and sampler peaks, + the vision tower, + the RoPE cache, = ``act.total`` bytes."""
+    forward and sampler peaks (vLLM V1: the forward alone), + the vision tower, + the RoPE cache, =
+    ``act.total`` bytes."""
     h = model.hidden
     widest = max((mlp_width(model, layer) for layer in model.layers), default=0)
-    per_logit = SAMPLER_BYTES_PER_LOGIT if framework in VLLM_FAMILY else PLAIN_BYTES_PER_LOGIT
-    sampler = act.llm + act.logits if act.logits else sampler_peak(model, act.tokens, batch, act_bytes, framework)
-    text = (f"activations = max(forward, sampler): forward T x b x (2h + max(mlp/tp + h, attn/tp))"
-            f" = {act.tokens:,} x {act_bytes} x (2 x {h:,} + max({widest:,}/{tp} + {h:,},"
-            f" {attention_width(model):,}/{tp})) = {act.llm:,} B;"
-            f" sampler T x h x b + S x V x {per_logit:g} = {act.tokens:,} x {h:,} x {act_bytes}"
-            f" + {batch:,} x {model.vocab:,} x {per_logit:g} = {sampler:,} B"
-            f" -> {'sampler' if act.logits else 'forward'} {act.llm + act.logits:,} B")
+    forward = (f"T x b x (2h + max(mlp/tp + h, attn/tp)) = {act.tokens:,} x {act_bytes} x (2 x {h:,} + max({widest:,}/{tp}"
+               f" + {h:,}, {attention_width(model):,}/{tp})) = {act.llm:,} B")
+    if rule in V1_RULES:
+        text = f"activations = forward (vLLM V1 samples only after allocating the KV pool): {forward}"
+    else:
+        per_logit = SAMPLER_BYTES_PER_LOGIT if framework in VLLM_FAMILY else PLAIN_BYTES_PER_LOGIT
+        sampler = act.llm + act.logits if act.logits else sampler_peak(model, act.tokens, batch, act_bytes, framework)
+        text = (f"activations = max(forward, sampler): forward {forward};"
+                f" sampler T x h x b + S x V x {per_logit:g} = {act.tokens:,} x {h:,} x {act_bytes}"
+                f" + {batch:,} x {model.vocab:,} x {per_logit:g} = {sampler:,} B"
+                f" -> {'sampler' if act.logits else 'forward'} {act.llm + act.logits:,} B")
     if act.vision and model.vision:
         text += (f" + vision images x tiles x patch tokens x hidden x b x {ACT_COEFF} = {images} x {tiles} x"
                  f" {model.vision.patch_tokens} x {model.vision.hidden} x {act_bytes} x {ACT_COEFF} = {act.vision:,} B")

@@ -112,13 +112,18 @@ def _llama_server(plan: Plan) -> str:
     return " ".join(parts)
 
 
+def _fraction(x: float) -> str:
+    """0.88 -> '0.88', 0.835 -> '0.835' (SGLang 0.5's defaults have three decimals)."""
+    return f"{x:.2f}" if round(x, 2) == round(x, 3) else f"{x:.3f}"
+
+
 def _sglang(plan: Plan) -> str:
     m, fmt, b = plan.model, plan.fmt, plan.budget
     parts = ["python -m sglang.launch_server", f"--model-path {m.hf_id or m.display_name}"]
     if m.trust_remote_code:
         parts.append("--trust-remote-code")
     parts += [f"--dtype {torch_dtype_name(plan.precision.act_dtype)}", f"--context-length {serve_len(plan)}",
-              f"--max-running-requests {plan.batch}", f"--mem-fraction-static {b.static_fraction(plan.tp):.2f}",
+              f"--max-running-requests {plan.batch}", f"--mem-fraction-static {_fraction(b.static_fraction(plan.tp, plan.pp))}",
               f"--chunked-prefill-size {plan.batched_tokens}"]
     if plan.tp > 1:
         parts.append(f"--tp-size {plan.tp}")

@@ -17,9 +17,27 @@ Block sizes each framework accepts (anything else is refused, never copied into 
                                                 with prefix caching / chunked prefill)
   sglang              --page-size 1..1024      (any positive page size; 1 is its default)
 max_num_batched_tokens: 1..2**24.
+
+Framework versions (``Settings.framework_version``, CLI ``--framework-version``, the page's
+"Framework version" box; docs/calculator.md "Framework versions"). A version picks the rule:
+  vllm    < 0.8         V0: activation peak = max(forward, sampler) at max_num_batched_tokens;
+                        overhead = the preset's CUDA context + NCCL (what V0 logs as non-torch)
+          0.8 - 0.9.1   V1 before PR #19312: forward peak only (V1 samples after the pool is
+                        allocated); overhead = the CUDA context + NCCL, as V0
+          0.9.2 - 0.20  V1: the memory snapshot is taken after the CUDA context and NCCL exist, so
+                        only the *increase* during profiling counts: V1_NON_TORCH at TP 1, more
+                        with TP (``v1_non_torch``); CUDA graphs come out of the (1 - util) headroom
+          >= 0.21       (the default) as 0.9.2 - 0.20, plus the CUDA-graph estimate
+                        (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default since 0.21)
+  sglang  < 0.5         (the default) mem_fraction_static by TP (0.88 / 0.87 / 0.85 / 0.81 / 0.79)
+          >= 0.5        mem_fraction_static = (GPU MiB - reserved) / GPU MiB, reserved from the
+                        chunked prefill size, CUDA-graph batch and TP x PP (``sglang_fraction_v05``)
+  Both SGLang rules: pool = mem_fraction_static x (device total - CUDA context) - weights, x 0.95
+  for vision-language models (SGLang lowers the fraction for them).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .checks import Remarks, fraction_in, whole_number
@@ -34,6 +52,83 @@ MAX_BATCHED_TOKENS = 1 << 24
 DEFAULT_UTIL = 0.9  # vLLM's gpu_memory_utilization default
 FRAMEWORK_LABELS = {"none": "no serving framework (plain)", "vllm": "vLLM", "sglang": "SGLang",
                     "vllm-ascend": "vllm-ascend"}
+
+
+VLLM_RULES = ("v0", "v1-early", "v1", "v1-graphs")  # oldest to newest (module doc)
+SGLANG_RULES = ("0.4", "0.5")
+DEFAULT_RULE = {"vllm": "v1-graphs", "sglang": "0.4"}
+RULE_LABELS = {"v0": "vLLM < 0.8 (V0 engine)", "v1-early": "vLLM 0.8 - 0.9.1 (V1, early profiler)",
+               "v1": "vLLM 0.9.2 - 0.20 (V1)", "v1-graphs": "vLLM >= 0.21 (V1, CUDA-graph estimate)",
+               "0.4": "SGLang <= 0.4.x (fraction by TP)", "0.5": "SGLang 0.5.x (fraction from reserved memory)"}
+# vLLM V1's "non-torch forward increase" at TP 1: 0.25 GiB on an H100 (vLLM 0.19.0 DEBUG log, llm-d-planner
+# accuracy/results/v0.19.0; 0.24 GiB for Qwen2.5-7B), 0.30 GiB on an RTX 4090 (0.27.1): cuBLAS workspace etc.
+V1_NON_TORCH = 256 * MiB
+# With TP > 1 on NVSwitch H100/H200 (>= 450 GB/s links) vLLM 0.19 logs 2.07 GiB (TP 2) and 2.13 GiB (TP 4) of
+# non-torch increase: NCCL's NVLink-SHARP buffers come on top. Elsewhere: aiconfigurator's NCCL buffers.
+V1_NVLS_EXTRA = 1856 * MiB
+NVLS_MIN_LINK = 450e9  # bytes/s per direction: H100/H200 SXM
+# CUDA-graph estimate (>= 0.21): 0.84 GiB logged for Llama-3.1-8B (32 layers, 51 capture sizes, FULL_AND_PIECEWISE;
+# llm-d-planner v0.19.0 log), scaled by layers (one piecewise graph per layer and size).
+CUDAGRAPH_BYTES_PER_LAYER = int(0.84 * GiB / 32)
+SGLANG_VLM_FACTOR = 0.95
+
+
+_VERSION = re.compile(r"v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?(?:\.(\d{1,4}))?(?:[.+-]?(?:post|rc|dev|a|b)[0-9a-z.+]*)?")
+
+
+def parse_version(framework: str, text: str | None) -> tuple[int, ...] | None:
+    """'0.7', '0.10.1.1', 'v0.19.0', '0.4.3.post4' -> (0, 7), (0, 10, 1, 1), ...; None / '' / 'latest' -> None.
+    Anything else is a SizingError naming the field."""
+    if text is None:
+        return None
+    raw = str(text).strip().lower()
+    if len(raw) > 40:
+        raise SizingError(f"framework_version is too long ({len(raw):,} characters): write e.g. 0.7 or 0.10.1")
+    if raw in ("", "auto", "latest", "default"):
+        return None
+    if framework not in DEFAULT_RULE:
+        raise SizingError(f"framework_version {text!r} applies to vllm and sglang only, not {framework}")
+    match = _VERSION.fullmatch(raw)
+    if match is None:
+        raise SizingError(f"framework_version {text!r} is not a version number (write e.g. 0.7, 0.10.1 or"
+                          " 0.4.3.post4)")
+    nums = [int(g) for g in match.groups() if g is not None]
+    if nums[0] > 1:
+        raise SizingError(f"framework_version {text!r}: {framework} versions start with 0. or 1.")
+    return tuple(nums)
+
+
+def version_rule(framework: str, version: tuple[int, ...] | None) -> str:
+    """The budget rule for ``framework`` at ``version`` (module doc); '' for none / vllm-ascend."""
+    if framework not in DEFAULT_RULE:
+        return ""
+    if version is None:
+        return DEFAULT_RULE[framework]
+    if framework == "sglang":
+        return "0.4" if version < (0, 5) else "0.5"
+    if version < (0, 8):
+        return "v0"
+    if version < (0, 9, 2):
+        return "v1-early"
+    return "v1" if version < (0, 21) else "v1-graphs"
+
+
+def sglang_fraction_v05(gpu_mib: float, chunked_prefill: int, tp: int, pp: int) -> float:
+    """SGLang 0.5.x default mem_fraction_static (server_args._handle_gpu_memory_settings):
+    reserved MiB = 512 + max(chunked prefill, 2048) x 1.5 + cuda_graph_max_bs x 2 + tp x pp / 8 x 1024,
+    at least 10,240 on > 60 GiB GPUs; cuda_graph_max_bs by GPU size (8 / 24-80 / 32-160 / 256-512)."""
+    if gpu_mib < 20 * 1024:
+        graph_bs = 8
+    elif gpu_mib < 35 * 1024:
+        graph_bs = 24 if tp < 4 else 80
+    elif gpu_mib < 60 * 1024:
+        graph_bs = 32 if tp < 4 else 160
+    else:
+        graph_bs = 256 if tp < 4 else 512
+    reserved = 512 + max(chunked_prefill, 2048) * 1.5 + graph_bs * 2 + tp * pp / 8 * 1024
+    if gpu_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return max(0.05, round((gpu_mib - reserved) / gpu_mib, 3))
 
 
 def nccl_bytes(devices: int) -> int:
@@ -70,6 +165,12 @@ class Budget:
     ascend_310p_rules: bool
     capacity: int  # device memory, bytes
     usable_fraction: float  # unified-memory share (1 on discrete devices)
+    rule: str = ""  # VLLM_RULES / SGLANG_RULES entry ('' for none / vllm-ascend)
+    version: str = ""  # the framework version asked for ('' = the default rule)
+    context_bytes: int = 0  # CUDA context + libraries before the framework measures (preset runtime overhead)
+    nvls: bool = False  # NVSwitch-class links (NCCL NVLink-SHARP buffers with TP > 1)
+    multimodal: bool = False  # a vision-language model (SGLang lowers its fraction x 0.95)
+    nominal_bytes: int = 0  # the board's memory (SGLang 0.5 sizes its fraction from it)
 
     @property
     def usable(self) -> int:
@@ -79,26 +180,52 @@ class Budget:
             return int(self.capacity * min(util, self.usable_fraction))
         return int(self.capacity * self.usable_fraction)
 
-    def static_fraction(self, tp: int) -> float:
-        """SGLang's mem_fraction_static: the caller's, else its default for this TP."""
-        return self.util if self.util is not None else sglang_fraction(tp)
+    @property
+    def rule_label(self) -> str:
+        """The rule in words ('' for none / vllm-ascend)."""
+        return RULE_LABELS.get(self.rule, "")
+
+    def static_fraction(self, tp: int, pp: int = 1) -> float:
+        """SGLang's --mem-fraction-static: the caller's, else its default for this TP (and version)."""
+        if self.util is not None:
+            return self.util
+        if self.rule == "0.5":
+            gpu = self.nominal_bytes or self.capacity
+            return sglang_fraction_v05(gpu / MiB, self.batched_tokens, tp, pp)
+        return sglang_fraction(tp)
+
+    def pool_fraction(self, tp: int, pp: int = 1) -> float:
+        """The fraction SGLang applies: the flag's, x 0.95 for a vision-language model."""
+        frac = self.static_fraction(tp, pp)
+        return frac * SGLANG_VLM_FACTOR if self.multimodal else frac
+
+    def overhead(self, devices: int, stage_layers: int) -> int:
+        """Non-KV memory besides weights and activations, per device.
+        vLLM >= 0.9.2: the non-torch increase while profiling (V1_NON_TORCH, + NCCL with TP), + the
+        CUDA-graph estimate from 0.21; otherwise the CUDA context (preset) + NCCL buffers."""
+        if self.rule in ("v1", "v1-graphs"):
+            comm = 0 if devices <= 1 else (V1_NVLS_EXTRA if self.nvls else nccl_bytes(devices))
+            graphs = CUDAGRAPH_BYTES_PER_LAYER * stage_layers if self.rule == "v1-graphs" else 0
+            return V1_NON_TORCH + comm + graphs
+        return self.context_bytes + nccl_bytes(devices)
 
     def mask_bytes(self, context: int) -> int:
         """The 310P dense attention mask (0 elsewhere)."""
         return ascend_mask_bytes(context) if self.ascend_310p_rules else 0
 
     def reserve_and_pool(self, weights: int, kv: int, activations: int, overhead: int, mask: int,
-                         tp: int) -> tuple[int, int]:
+                         tp: int, pp: int = 1) -> tuple[int, int]:
         """(reserve, KV pool) on one device.
-        sglang:      reserve = max(0, (1 - f) x total - activations - overhead);
-                     pool = min(f x total - weights, usable - non-KV)
+        sglang:      T = total - CUDA context (free memory when weights start loading);
+                     pool = min(f x T - weights, usable - non-KV), f = pool_fraction;
+                     reserve = max(0, total - f x T - activations - overhead)
         310P ascend: reserve = this workload's KV (the held-back half); pool = (usable - non-KV) / 2
         otherwise:   reserve = 0; pool = usable - non-KV"""
         non_kv = weights + activations + mask + overhead
         if self.framework == "sglang":
-            frac = self.static_fraction(tp)
-            reserve = max(0, int((1 - frac) * self.capacity) - activations - overhead)
-            return reserve, min(int(frac * self.capacity) - weights, self.usable - non_kv)
+            static = int(self.pool_fraction(tp, pp) * (self.capacity - self.context_bytes))
+            reserve = max(0, self.capacity - static - activations - overhead)
+            return reserve, min(static - weights, self.usable - non_kv)
         if self.ascend_310p_rules:
             return kv, (self.usable - non_kv) // 2
         return 0, self.usable - non_kv
@@ -150,10 +277,12 @@ def check_block_size(framework: str, value: object) -> int:
 
 def resolve_budget(hw: Hardware, framework: str | None, util: float | None, block_size: int | None,
                    max_num_batched_tokens: int | None, eta_memory: float | None, eta_compute: float | None,
-                   remarks: Remarks) -> Budget:
-    """The rule for ``framework`` on ``hw``, every number checked against its range.
+                   remarks: Remarks, framework_version: str | None = None, multimodal: bool = False) -> Budget:
+    """The rule for ``framework`` (at ``framework_version``) on ``hw``, every number checked against its range.
     Step token budget default: 8192 on >= 70 GiB devices under a framework, else 2048."""
     fw = _framework(hw, framework, remarks)
+    version = parse_version(fw, framework_version)
+    rule = version_rule(fw, version)
     if fw in ("vllm", "vllm-ascend"):
         util_ok: float | None = fraction_in("gpu_memory_utilization", DEFAULT_UTIL if util is None else util)
     elif fw == "sglang" and util is not None:
@@ -170,4 +299,7 @@ def resolve_budget(hw: Hardware, framework: str | None, util: float | None, bloc
         eta_memory=fraction_in("memory efficiency", hw.eta_memory if eta_memory is None else eta_memory),
         eta_compute=fraction_in("compute efficiency", hw.eta_compute if eta_compute is None else eta_compute),
         ascend_310p_rules=fw == "vllm-ascend" and hw.is_310p, capacity=hw.memory_bytes,
-        usable_fraction=hw.usable_fraction)
+        usable_fraction=hw.usable_fraction, rule=rule, version=str(framework_version or "").strip() if version else "",
+        context_bytes=hw.runtime_overhead_bytes,
+        nvls=hw.device_class == "nvidia-datacenter" and (hw.interconnect or 0) >= NVLS_MIN_LINK,
+        multimodal=multimodal, nominal_bytes=hw.nominal_memory_bytes or hw.memory_bytes)

@@ -2,7 +2,7 @@
 
     python -m engine.memory --model NAME_OR_CONFIG_PATH --hardware NAME [--weights FORMAT]
         [--kv-dtype DTYPE] [--batch N] [--context TOKENS] [--tp N] [--pp N]
-        [--framework none|vllm|sglang|vllm-ascend] [--json]
+        [--framework none|vllm|sglang|vllm-ascend] [--framework-version 0.7|0.10.1|...] [--json]
     python -m engine.memory --list-models | --list-hardware
 
 A bad value exits with status 2 and one line on stderr; never a traceback.
@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, help="tensor-parallel size (default: chips per card)")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
     p.add_argument("--framework", default="auto", help="none | vllm | sglang | vllm-ascend (default: by hardware)")
+    p.add_argument("--framework-version", help="vllm / sglang version whose budget rule to apply, e.g. 0.7 (vLLM V0),"
+                                               " 0.10.1 (V1), 0.4.3 (SGLang); default: vLLM >= 0.21, SGLang 0.4")
     p.add_argument("--gpu-memory-utilization", "--util", type=float, dest="util",
                    help="vLLM gpu_memory_utilization / SGLang mem_fraction_static")
     p.add_argument("--block-size", type=int, help="KV block size (default 16 on GPUs, 128 on Ascend): vLLM takes"
@@ -134,7 +136,8 @@ def render_text(e: Estimate, formulas: bool = False) -> str:
     """The answer for people: verdict, why, memory, room, devices, speed, formats, advice, command."""
     unit = e.device_unit
     lines = [f"{e.model_name} on {e.devices} x {e.hardware_name} ({gib(e.device_memory_bytes)}, "
-             f"{e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s each) with {FRAMEWORK_LABELS[e.framework]}: {e.verdict.upper()}"
+             f"{e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s each) with {FRAMEWORK_LABELS[e.framework]}"
+             f"{' ' + e.framework_version if e.framework_version else ''}: {e.verdict.upper()}"
              + ("" if e.fits else f" ({e.margin} per {unit})"),
              f"  why      {e.reason}"]
     split = (f": LLM {(e.params_total - e.params_vision) / 1e9:.3f} B + vision/projector {e.params_vision / 1e9:.3f} B"
@@ -219,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         workload = Workload(batch=args.batch, context=args.context, prompt=args.prompt, output=args.output,
                             images=args.images, tiles=args.tiles)
         settings = Settings(weights=args.weights, kv_dtype=args.kv_dtype, vision_dtype=args.vision_dtype, tp=args.tp,
-                            pp=args.pp, framework=args.framework, gpu_memory_utilization=args.util,
+                            pp=args.pp, framework=args.framework, framework_version=args.framework_version,
+                            gpu_memory_utilization=args.util,
                             block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
                             eta_memory=args.efficiency_memory, eta_compute=args.efficiency_compute)
         est = estimate(args.model, args.hardware, workload, settings)

@@ -127,7 +127,8 @@ def estimate(model: ModelSpec | str, hardware: Hardware | str, workload: Workloa
     target = serve_target(plan)
     est = Estimate(
         model=spec.key, model_name=spec.display_name, hardware=hw.key, hardware_name=hw.name,
-        framework=plan.framework, weights_format=plan.fmt.key, kv_dtype=plan.kv.key,
+        framework=plan.framework, framework_version=plan.budget.version, budget_rule=plan.budget.rule,
+        weights_format=plan.fmt.key, kv_dtype=plan.kv.key,
         vision_dtype=plan.precision.vision_fmt.key if spec.vision else None,
         batch=B, context=S, prompt_tokens=plan.work.prompt_total, output_tokens=plan.work.output,
         images=plan.work.images, tiles=plan.work.tiles, image_tokens=plan.work.image_tokens, tp=plan.tp, pp=plan.pp,
@@ -233,12 +234,17 @@ def weight_bytes(model: ModelSpec | str, weights: str = "fp16") -> int:
 def _compare_settings(hw: Hardware, settings: Settings | None) -> Settings:
     """The caller's settings on another device: its own TP default, and its own framework unless
     one was picked (vllm-ascend only on Ascend)."""
-    s = replace(settings or Settings(), framework="auto", tp=None)
+    s = replace(settings or Settings(), framework="auto", tp=None, framework_version=None)
+    if settings is not None and settings.framework in ("auto", None) and hw.default_framework in ("vllm", "sglang") \
+            and not hw.is_ascend:  # "auto" with a version: the version of whatever vLLM / SGLang that device runs
+        s = replace(s, framework_version=settings.framework_version)
     if settings is not None and settings.framework not in ("auto", None):
         fw = settings.framework
         if fw == "vllm-ascend" and not hw.is_ascend:
             fw = "auto"
-        s = replace(s, framework=fw)
+        # the version travels with an explicit vllm / sglang (not to vllm-ascend on an Ascend preset)
+        same = fw == settings.framework and not (fw == "vllm" and hw.is_ascend)
+        s = replace(s, framework=fw, framework_version=settings.framework_version if same else None)
     return s
 
 

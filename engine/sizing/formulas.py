@@ -5,7 +5,7 @@ One function per formula; ``formulas`` puts them together in the order they are 
 from __future__ import annotations
 
 
-from .budget import DEFAULT_UTIL, nccl_bytes
+from .budget import CUDAGRAPH_BYTES_PER_LAYER, DEFAULT_UTIL, V1_NON_TORCH, nccl_bytes
 from . import activations
 from .plan import Plan, Speed
 from .result import Estimate
@@ -62,7 +62,7 @@ def _activations(plan: Plan, est: Estimate) -> str:
     ap = plan.activation_parts(est.batch)
     text = activations.formula_text(plan.model, ap, act_bytes=plan.precision.act_bytes, batch=est.batch,
                                     framework=plan.framework, tp=plan.tp, images=plan.work.images,
-                                    tiles=plan.work.tiles)
+                                    tiles=plan.work.tiles, rule=plan.budget.rule)
     text += f" ({fmt_bytes(ap.total)})"
     return text + ("  (vLLM profiles at max_num_batched_tokens)" if plan.framework in ("vllm", "vllm-ascend")
                    else "  (SGLang: chunked prefill size)" if plan.framework == "sglang"
@@ -70,6 +70,16 @@ def _activations(plan: Plan, est: Estimate) -> str:
 
 
 def _overhead(plan: Plan, est: Estimate) -> str:
+    b = plan.budget
+    if b.rule in ("v1", "v1-graphs"):
+        layers = max(st.num_layers for st in plan.static(plan.tp, plan.pp))
+        comm = b.overhead(est.devices, 0) - V1_NON_TORCH
+        graphs = est.overhead_bytes - V1_NON_TORCH - comm
+        return (f"overhead = vLLM V1 non-torch increase while profiling {fmt_bytes(V1_NON_TORCH)}"
+                + (f" + NCCL {'NVLink-SHARP ' if b.nvls else ''}buffers {fmt_bytes(comm)}" if comm else "")
+                + (f" + CUDA-graph estimate {layers} layers x {fmt_bytes(CUDAGRAPH_BYTES_PER_LAYER)} = {fmt_bytes(graphs)}"
+                   if graphs else "")
+                + f" = {fmt_bytes(est.overhead_bytes)} (the CUDA context is outside vLLM V1's budget)")
     return (f"overhead = runtime context {plan.hw.runtime_overhead_bytes / 1e6:,.0f} MB"
             + (f" + NCCL/HCCL buffers {fmt_bytes(nccl_bytes(est.devices))}" if est.devices > 1 else "")
             + f" = {fmt_bytes(est.overhead_bytes)}")
@@ -84,9 +94,12 @@ def _budget(plan: Plan, est: Estimate) -> str:
         if hw.usable_fraction < 1:
             text += f" (capped at the unified-memory share {hw.usable_fraction:.2f})"
     elif plan.framework == "sglang":
-        frac = b.static_fraction(plan.tp)
-        text = (f"SGLang: weights + KV pool <= mem_fraction_static x total = {frac:.2f} x {gib(cap)} = {gib(frac * cap)};"
-                f" reserve = (1 - {frac:.2f}) x total - activations - overhead = {gib(est.reserve_bytes)}")
+        frac = b.pool_fraction(plan.tp, plan.pp)
+        free = cap - b.context_bytes
+        vlm = f" ({b.static_fraction(plan.tp, plan.pp):.3f} x 0.95 for a vision-language model)" if b.multimodal else ""
+        text = (f"SGLang: weights + KV pool <= mem_fraction_static x (total - CUDA context) = {frac:.3f}{vlm} x"
+                f" ({gib(cap)} - {fmt_bytes(b.context_bytes)}) = {gib(frac * free)};"
+                f" reserve = total - that - activations - overhead = {gib(est.reserve_bytes)}")
     else:
         text = (f"usable = device memory {gib(cap)}"
                 + (f" x unified-memory share {hw.usable_fraction:.2f}" if hw.usable_fraction < 1 else "")

@@ -57,6 +57,7 @@ class Settings:
     tp: int | None = None
     pp: int = 1
     framework: str = "auto"
+    framework_version: str | None = None  # "0.7", "0.10.1", ...: picks the framework's budget rule (budget.py)
     gpu_memory_utilization: float | None = None  # vLLM util / SGLang mem_fraction_static
     block_size: int | None = None
     max_num_batched_tokens: int | None = None
@@ -193,7 +194,12 @@ class Plan:
         self.remarks = Remarks(notes=list(model.notes) + ([hw.alias_note] if hw.alias_note else []))
         s = settings
         self.budget: Budget = resolve_budget(hw, s.framework, s.gpu_memory_utilization, s.block_size,
-                                             s.max_num_batched_tokens, s.eta_memory, s.eta_compute, self.remarks)
+                                             s.max_num_batched_tokens, s.eta_memory, s.eta_compute, self.remarks,
+                                             framework_version=s.framework_version,
+                                             multimodal=model.vision is not None)
+        if self.budget.rule_label:
+            self.remarks.note(f"budget rule: {self.budget.rule_label}"
+                              + ("" if self.budget.version else " (the default; set framework_version for another)"))
         self.precision: Precision = resolve_precision(model, hw, s.weights, s.kv_dtype, s.vision_dtype,
                                                       self.budget.framework, self.remarks)
         self.parallel: Parallel = resolve_parallel(model, hw, s.tp, s.pp, self.remarks)
@@ -353,7 +359,8 @@ class Plan:
         plan's TP unless ``tp`` is given: the one call site of the estimator."""
         return activations.activation_parts(self.model, self.framework, batch=batch, prompt_tokens=self.prompt_total,
                                             batched_tokens=self.batched_tokens, act_bytes=self.act_bytes,
-                                            images=self.images, tiles=self.tiles, tp=self.tp if tp is None else tp)
+                                            images=self.images, tiles=self.tiles, tp=self.tp if tp is None else tp,
+                                            rule=self.budget.rule)
 
     def kv_bytes_stage(self, st: StageStatic, batch: int, context: int) -> F:
         """KV = B x sum over windows of round_up(min(S, window), block) x bytes/token, + B x state."""
@@ -376,7 +383,8 @@ class Plan:
         if pool <= 0 or not st.kv_by_window:
             return 0
         block = self.budget.block
-        if list(st.kv_by_window) == [None] or None not in st.kv_by_window:
+        if list(st.kv_by_window) == [None] or None not in st.kv_by_window or self.framework == "sglang":
+            # SGLang's pool sizes every layer as full attention: token slots (whole pages)
             return int(pool // (st.kv_per_token_full * block)) * block
 
         def ok(s: int) -> bool:
@@ -402,12 +410,12 @@ class Plan:
         b = self.budget
         act = self.activation_parts(batch, tp).total
         mask = b.mask_bytes(context)
-        overhead = self.hw.runtime_overhead_bytes + nccl_bytes(tp * pp)
         out = []
         for st in self.static(tp, pp):
+            overhead = b.overhead(tp * pp, st.num_layers)
             weights = ceil_exact(st.weights)
             kv = ceil_exact(self.kv_bytes_stage(st, batch, context))
-            reserve, pool = b.reserve_and_pool(weights, kv, act, overhead, mask, tp)
+            reserve, pool = b.reserve_and_pool(weights, kv, act, overhead, mask, tp, pp)
             total = weights + act + mask + overhead + kv + reserve
             out.append(StageMemory(
                 weights=weights, weights_vision=ceil_exact(st.weights_vision), kv=kv, activations=act, mask=mask,

@@ -66,6 +66,8 @@ class Estimate:
     hardware: str
     hardware_name: str
     framework: str
+    framework_version: str  # as asked ("" = the default rule)
+    budget_rule: str  # budget.VLLM_RULES / SGLANG_RULES entry ("" for none / vllm-ascend)
     weights_format: str
     kv_dtype: str
     vision_dtype: str | None

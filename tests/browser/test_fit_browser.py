@@ -18,7 +18,7 @@ pytestmark = pytest.mark.browser
 
 def test_over_by_a_little_reads_as_does_not_fit(app_url: str, chromium, artifacts: Path) -> None:
     page = chromium.new_context(viewport={"width": 1600, "height": 1000}).new_page()
-    load(page, f"{app_url}/fit?model=llama-3-70b&hw=h100-sxm&tp=2&ctx=32768")
+    load(page, f"{app_url}/fit?model=llama-3-70b&hw=h100-sxm&tp=2&ctx=32768&fwv=0.7")  # V0 rule
     headline = page.get_by_test_id("stMain").locator("h2").first
     headline.wait_for()
     text = headline.inner_text()

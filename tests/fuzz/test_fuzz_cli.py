@@ -98,6 +98,10 @@ def test_bad_fractions(capsys: pytest.CaptureFixture[str], flag: str, value: str
     ((*TEXT, "--vision-dtype", "int3"), r"weight format"),
     ((*TEXT, "--framework", "tgi"), r"unknown framework"),
     ((*TEXT, "--framework", "vllm-ascend"), r"Ascend"),
+    ((*TEXT, "--framework", "vllm", "--framework-version", "seven"), r"framework_version 'seven' is not a version"),
+    ((*TEXT, "--framework", "vllm", "--framework-version", "0.7" * 400), r"framework_version is too long"),
+    ((*TEXT, "--framework", "vllm", "--framework-version", "0.7\x00"), r"framework_version"),
+    ((*TEXT, "--framework", "none", "--framework-version", "0.7"), r"applies to vllm and sglang only"),
     ((*TEXT, "--no-such-flag"), r"unrecognized"),
     ((*TEXT, "--batch"), r"batch"),
 ])
