@@ -6,7 +6,8 @@ controls.py, live.py    the live pages' sidebar and their common frame (status r
 session.py              the browser session's state: every key as one typed slot; the only module
                         that touches st.session_state (tests/test_app_modules.py checks it)
 models.py               the one process-wide model cache (weights shared by every session)
-scenarios.py, knobs.py  which scenario runs, and the controls as engine knobs (RunSpec)
+scenarios.py, knobs.py  which scenario runs, and the controls as engine knobs
+run_spec.py             the record a run is built from (RunSpec): model, scenario, EngineConfig
 current_run.py          the session's run (live or replay): build, rebuild, close, errors
 playback.py             Step / Step back / Run N / Play / Reset and the history cursor
 step_queue.py           the browser-side Step counter and key map (a component)

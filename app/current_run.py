@@ -12,8 +12,9 @@ import sys
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
-from app import knobs, session, session_reaper
+from app import session, session_reaper
 from app.models import shared_model
+from app.run_spec import RunSpec
 from app.scenarios import requested_spec, spec_scenario
 from engine.replay.run import LiveRun, ReplayRun
 
@@ -71,7 +72,7 @@ def close_run() -> None:
         session_reaper.release(session.session_id())
 
 
-def build_run(spec: knobs.RunSpec) -> None:
+def build_run(spec: RunSpec) -> None:
     """A new live run for ``spec``; the old one's workers are stopped first. When workers stop
     or start, a progress bar shows it from the first moment (``WorkerProgress``)."""
     old = run()

@@ -1,5 +1,5 @@
-"""The controls as engine knobs: what a widget holds vs what the engine takes, and the
-``RunSpec`` the session's run is built from (rebuilt whenever it changes).
+"""The controls as engine knobs: what a widget holds vs what the engine takes; ``app.scenarios``
+turns them into the ``RunSpec`` (app/run_spec.py) the session's run is built from.
 
 Most knobs are one widget each (``session.knob(name)``); three come from several widgets:
 speculative_config (``SpecChoice``: four widgets), pipeline_layer_split (two: ``layer_split``)
@@ -93,23 +93,6 @@ class SpecChoice:
         elif self.method == "draft_model":
             config.update(model=model, quantization=None if self.draft_quant == "none" else self.draft_quant)
         return config
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """What the controls ask for: the model, the scenario and the engine config of its knobs with
-    the controls' on top (``app.scenarios.requested_spec``); a run is rebuilt whenever this changes.
-    ``config`` is None when the engine refuses the knobs, and ``problem`` is its message."""
-
-    model: str
-    scenario: str
-    config: EngineConfig | None
-    problem: str = ""
-
-    @property
-    def parallel(self) -> bool:
-        """The config runs worker processes (p or t above 1)."""
-        return self.config is not None and self.config.parallel_config.world_size > 1
 
 
 def requested_knobs(model: str) -> dict[str, Any]:

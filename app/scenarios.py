@@ -13,6 +13,7 @@ import streamlit as st
 
 from app import knobs, session
 from app.models import MODELS
+from app.run_spec import RunSpec
 from engine.replay.run import ReplayRun
 from engine.core.config import EngineConfig
 from engine.replay.scenario import Scenario, list_scenarios, load_scenario
@@ -99,7 +100,7 @@ def on_scenario_change() -> None:
     session.playing.set(False)
 
 
-def requested_spec() -> knobs.RunSpec:
+def requested_spec() -> RunSpec:
     """What the controls ask for: the scenario's knobs with the controls' on top (a None knob
     replaces too: quantization "none" turns off a scenario's quantization), as an EngineConfig;
     a knob the engine refuses leaves the config None, with the engine's message naming it."""
@@ -107,11 +108,11 @@ def requested_spec() -> knobs.RunSpec:
     try:
         config = EngineConfig.from_knobs(**{**scenario(name).knobs, **knobs.requested_knobs(model)})
     except ValueError as e:
-        return knobs.RunSpec(model, name, None, str(e))
-    return knobs.RunSpec(model, name, config)
+        return RunSpec(model, name, None, str(e))
+    return RunSpec(model, name, config)
 
 
-def spec_scenario(spec: knobs.RunSpec) -> Scenario:
+def spec_scenario(spec: RunSpec) -> Scenario:
     """The spec's scenario with the spec's config as its knobs; ValueError with the spec's
     problem when the engine refused the controls' knobs."""
     if spec.config is None:

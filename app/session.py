@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from streamlit.delta_generator import DeltaGenerator
     from streamlit.runtime.uploaded_file_manager import UploadedFile
 
-    from app.knobs import RunSpec
+    from app.run_spec import RunSpec
     from engine.serving.generation import GenerateResult
     from engine.replay.run import LiveRun, PolicyRun, ReplayRun, SweepPoint
 
