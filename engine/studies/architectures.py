@@ -72,13 +72,6 @@ class ArchitectureRow:
     formulas: tuple[tuple[str, str], ...]  # (heading, the calculator's line with its numbers)
     warnings: tuple[str, ...]
 
-    @property
-    def kv_share_of_full_step(self) -> float:
-        """Of the bytes one decode step reads with the device full, the share that is KV."""
-        if not self.full_decode_bytes_per_step:
-            return 0.0
-        return 1 - self.weight_bytes / self.full_decode_bytes_per_step
-
 
 def _roofline_total(est: Estimate) -> float:
     return est.decode_tokens_per_s_roofline * est.batch
