@@ -1,7 +1,7 @@
 """Attention architectures views: ArchitectureRow / LayoutStudy records -> plotly Figures / DataFrames.
 
 Pure functions (no streamlit, no engine mutation). The calculator side: one table and one bar
-chart (log scales: KV per sequence spans four decades from Mamba's state to Llama-2's MHA). The
+chart (log scales: KV per sequence spans over two decades, from Mamba's state to Llama-2's MHA). The
 live side: the three engines' block pools drawn as squares of the same area (the same bytes), so
 a block of the MHA pool is four times the area of an MQA block and one request covers four
 times the share of memory; and the sequences running per step.
