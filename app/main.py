@@ -27,6 +27,8 @@ def main() -> None:
         "Engine": [GENERATE, KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE, PIPELINE],
         "Sizing": [
             st.Page("app_pages/fit.py", title="Will it fit?", icon="📐", url_path="fit"),
+            st.Page("app_pages/architectures.py", title="Attention architectures", icon="🧠",
+                    url_path="architectures"),
         ],
     }
     LIVE = [KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE, PIPELINE]  # the order of the page keys

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from app.run_spec import RunSpec
     from engine.serving.generation import GenerateResult
     from engine.replay.run import LiveRun, PolicyRun, ReplayRun, SweepPoint
+    from engine.studies.attention_layouts import LayoutWorkload
 
 T = TypeVar("T")
 
@@ -75,6 +76,14 @@ class K:
     page = "_live_page"  # url_path of the live page being drawn
     download_slot = "_download_slot"  # the sidebar slot the views fragment draws the download into
     page_step = "_page_step"  # +1 / -1: a page key asked for the next / previous live page
+    # the Attention architectures page: its widgets (bound to the URL) and the live part's cursor
+    arch_hw = "arch_hw"
+    arch_ctx = "arch_ctx"
+    arch_weights = "arch_w"
+    arch_budget = "arch_budget"
+    arch_requests = "arch_requests"
+    arch_tokens = "arch_tokens"
+    arch_cursor = "_arch_cursor"  # (LayoutWorkload, steps done): where the three engines are shown
 
 
 class Slot(Generic[T]):
@@ -173,3 +182,12 @@ gen_max_tokens: Slot[int] = Slot(K.gen_max_tokens, 0)
 gen_temperature: Slot[float] = Slot(K.gen_temperature, 0.0)
 gen_chat: Slot[bool] = Slot(K.gen_chat, True)
 generate: Slot[GenerateResult | None] = Slot(K.generate, None)
+
+# -- the Attention architectures page ---------------------------------------------------------------
+arch_hw: Slot[str] = Slot(K.arch_hw, "h200")
+arch_ctx: Slot[int] = Slot(K.arch_ctx, 4096)
+arch_weights: Slot[str] = Slot(K.arch_weights, "bf16")
+arch_budget: Slot[int] = Slot(K.arch_budget, 64)  # KiB
+arch_requests: Slot[int] = Slot(K.arch_requests, 8)
+arch_tokens: Slot[int] = Slot(K.arch_tokens, 16)
+arch_cursor: Slot[tuple[LayoutWorkload, int] | None] = Slot(K.arch_cursor, None)

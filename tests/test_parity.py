@@ -127,3 +127,18 @@ def test_requests_arriving_mid_run(name: str) -> None:
     arrived_at = {rid: t.step for t in traces for rid in t.arrived}
     assert [arrived_at[str(i)] for i in range(6)] == arrivals
     assert_matches_hf(name, prompts, outputs, MAX_TOKENS)
+
+
+# The attention-layout variants (same hidden size and query heads; 4 and 1 KV heads against
+# tiny-random's 2): the paged forward's logits and greedy outputs under preemption equal HF's.
+LAYOUT_VARIANTS = ["tiny-random-mha", "tiny-random-mqa"]
+
+
+@pytest.mark.parametrize("name", LAYOUT_VARIANTS)
+def test_layout_variant_logits_equal_hf(name: str) -> None:
+    test_logits_equal_hf(name, 5)
+
+
+@pytest.mark.parametrize("name", LAYOUT_VARIANTS)
+def test_layout_variant_greedy_with_preemption(name: str) -> None:
+    test_preemption_by_recompute(name)

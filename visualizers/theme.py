@@ -122,6 +122,18 @@ MEMORY_COLORS: dict[str, str] = {
     "over": "#EE6677",
 }
 
+# Attention architectures (the Attention architectures page): one colour per kind of layout.
+LAYOUT_COLORS: dict[str, str] = {
+    "MHA": "#EE6677",
+    "GQA": "#4477AA",
+    "MQA": "#228833",
+    "MLA": "#AA3377",
+    "sliding + global": "#CCBB44",
+    "SSM": "#66CCEE",
+    "hybrid": "#EE7733",
+    "other": "#BBBBBB",
+}
+
 # Verdicts (also used for table cells).
 VERDICT_COLORS: dict[str, str] = {
     "fits": "#228833",

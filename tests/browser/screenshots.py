@@ -6,7 +6,8 @@ Starts `make run`'s server, steps the chat-burst scenario on SmolLM2-135M as a v
 (clicks), and saves one PNG per view; the Prefix cache page steps its own scenarios
 (shared-prefix, and cache-pressure for LRU eviction). Groups: live (KV cache, batching,
 Generate, fit), prefix, quant (the Quantization page's five tabs), spec (Speculative decoding),
-pipeline (Pipeline parallelism: the Gantt and the calculator view), talk (docs/talk.md: presentation
+pipeline (Pipeline parallelism: the Gantt and the calculator view), architectures (the
+Attention architectures page: the calculator's table and chart, the three pools after 6 steps), talk (docs/talk.md: presentation
 mode at 1920x1080 from a bundled recording, step back, the Pipeline page on its own scenario, the
 bundled-recording entry).
 """
@@ -43,7 +44,7 @@ def _step_to(page, steps: int) -> None:
         wait_for_app(page)
 
 
-GROUPS = ("live", "prefix", "quant", "spec", "pipeline", "talk")
+GROUPS = ("live", "prefix", "quant", "spec", "pipeline", "architectures", "talk")
 
 
 def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
@@ -62,6 +63,8 @@ def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
             _spec(browser, url, out)
         if "pipeline" in groups:
             _pipeline(browser, url, out)
+        if "architectures" in groups:
+            _architectures(browser, url, out)
         if "talk" in groups:
             _talk(browser, url, out)
         browser.close()
@@ -162,6 +165,27 @@ def _pipeline(browser, url: str, out: Path) -> None:
         click(page, "run_n_button")  # 10 steps back to back: batches overlap only between steps that follow
         wait_for_views_at_step(page, 10, timeout=300_000)
         _shoot(page, out, "pipeline-batch-queue")
+
+
+def _architectures(browser, url: str, out: Path) -> None:
+    """The Attention architectures page on an H200 at 4,096 tokens (the table and the log bars),
+    then its live part after 6 steps (the three pools, the step table)."""
+    page = browser.new_page(viewport=VIEWPORT)
+    try:
+        load(page, f"{url}/architectures")
+        # every chart drawn (the bars, the pools, running per step) before the first picture
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3")
+        page.wait_for_timeout(1000)
+        _shoot(page, out, "architectures")
+        for step in range(1, 7):
+            click(page, "arch_step")
+            wait_for_views_at_step(page, step, minimum=2)
+            wait_for_app(page)
+        page.get_by_text("Live: MHA, GQA and MQA on the real engine").scroll_into_view_if_needed()
+        page.mouse.wheel(0, 120)  # the heading at the top, the pools and the step table below it
+        _shoot(page, out, "architectures-live")
+    finally:
+        page.context.close()
 
 
 TALK_VIEWPORT = {"width": 1920, "height": 1080}  # a projector's screen: presentation mode fits it
