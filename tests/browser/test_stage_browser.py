@@ -103,8 +103,9 @@ def test_presentation_link_fits_one_1080p_screen(app_url: str, chromium, artifac
     page = new_page(chromium, f"{app_url}/{path}?{TINY}&live_scenario={LIVE_PAGES[path]}&present=true")
     if path == "pipeline":  # its schedule is drawn from the first step on
         page.keyboard.press("PageDown")
-    page.wait_for_function("() => document.querySelector('[data-testid=\"stMain\"] .js-plotly-plot')",
-                           timeout=60_000)
+    page.wait_for_function("() => document.querySelector('[data-testid=\"stMain\"] .js-plotly-plot')"
+                           " && document.querySelector('[data-testid=\"stMain\"] [data-testid=\"stMetric\"]')",
+                           timeout=60_000)  # the chart and the numbers (on a loaded machine the numbers came later)
     try:  # the mode's style arrives with the page's first run; on a loaded machine a moment later
         page.wait_for_function("() => parseFloat(getComputedStyle(document.documentElement).fontSize) === 21",
                                timeout=30_000)
