@@ -68,15 +68,14 @@ def serve_target(plan: Plan) -> ServeTarget:
     """The tool the command line is for. llama.cpp for GGUF formats (vLLM's GGUF loader is
     experimental and single-file) and, without a framework, on Apple / CPU / Jetson; without a
     framework on GPUs and NPUs, the vLLM (or vllm-ascend) line for the same workload."""
-    fw, fmt, hw = plan.framework, plan.fmt, plan.hw
-    if fmt.family == "gguf":
-        if fw == "none":
+    fw, fmt = plan.framework, plan.fmt
+    tool = plan.serving_tool  # backends.serving_tool: the same choice the decode speed follows
+    if tool == "llama.cpp":
+        if fmt.family != "gguf" or fw == "none":
             return ServeTarget("llama.cpp", "llama.cpp", "")
         asked = FRAMEWORK_LABELS[fw]
         return ServeTarget("llama.cpp", "llama.cpp",
                            f"not {asked}: {fmt.label} is llama.cpp's format ({asked}'s GGUF loader is experimental)")
-    if fw == "none" and hw.device_class in ("apple", "cpu", "nvidia-edge"):
-        return ServeTarget("llama.cpp", "llama.cpp", "")
     if fw == "none":
         return ServeTarget("vllm", "vLLM", "sized without a framework; the vLLM line for the same workload")
     return ServeTarget(fw, FRAMEWORK_LABELS[fw], "")

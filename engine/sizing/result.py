@@ -146,6 +146,10 @@ class Estimate:
     variants: list[VariantAnswer] = field(default_factory=list)
     #: for a server preset (DGX H100, Atlas 800I A2): how the answer uses its devices; "" otherwise
     server: str = ""
+    #: the serving backend whose fitted decode rule gave decode_tokens_per_s (backends.BACKENDS key; "" = the
+    #: preset's efficiency, no fixed cost) and that rule's fixed time per decode step
+    decode_backend: str = ""
+    decode_overhead_s: float = 0.0
     # not in the JSON contract
     serve_heading: str = field(default="", metadata=_NOT_CONTRACT)  # which tool the serve line is for, and why
     devices_note: str = field(default="", metadata=_NOT_CONTRACT)  # how the fewest-devices layout was chosen
