@@ -208,7 +208,8 @@ CONTRACT_TOP_KEYS = frozenset({
     "prefill_bytes", "prefill_flops", "prefill_seconds", "prefill_seconds_roofline", "prompt_tokens", "reason", "reserve_bytes",
     "ridge_flops_per_byte", "serve_command", "suggestions", "tiles", "total_bytes_per_device", "tp",
     "usable_bytes_per_device", "verdict", "verdict_key", "vision_dtype", "vision_weight_bytes_per_device", "warnings",
-    "weight_bytes", "weight_bytes_per_device", "weights_format", "variants", "server"})
+    "weight_bytes", "weight_bytes_per_device", "weights_format", "variants", "server",
+    "decode_backend", "decode_overhead_s"})
 CONTRACT_ALTERNATIVE_KEYS = frozenset({
     "current", "decode_tokens_per_s", "decode_tokens_per_s_roofline", "fits", "format", "kv_room_tokens", "label",
     "prefill_seconds", "support", "total_bytes_per_device", "weight_bytes"})
