@@ -300,8 +300,9 @@ class Plan:
             self.remarks.warn("vllm-ascend halves the KV budget on 310P (workspace reserve): only half of"
                               " the memory left after weights goes to the KV cache")
         if self.framework != "mindie":
-            self.remarks.warn("vllm-ascend's 310P path is experimental (eager mode; documented models: Qwen3"
-                              " dense W8A8SC, Qwen2.5-7B on 2 chips, Qwen3-VL early access): check support"
+            self.remarks.warn("vllm-ascend's 310P path is experimental (documented models: Qwen3 dense W8A8SC,"
+                              " Qwen2.5-7B on 2 chips, Qwen3-VL early access; eager mode before the v0.18 images):"
+                              " check support"
                               f" for {model.display_name} before relying on this verdict")
 
     # -- static per (tp, pp) -----------------------------------------------------------
