@@ -15,7 +15,6 @@ import sys
 
 from typing import Any, NoReturn
 
-from .backends import BACKENDS
 from .budget import (ASCEND_BLOCK_SIZES, FRAMEWORK_LABELS, MAX_BATCHED_TOKENS, SGLANG_MAX_PAGE,
                      VLLM_BLOCK_SIZES)
 from .estimate import Estimate, estimate
@@ -127,19 +126,10 @@ def _speed_lines(e: Estimate) -> list[str]:
         return lines
     return [f"  decode   <= {e.decode_tokens_per_s_roofline:,.1f} tok/s roofline ({e.bound}-bound:"
             f" {e.decode_bytes_per_step / 1e9:,.2f} GB read per step at {e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s);"
-            f" expect ~{e.decode_tokens_per_s:,.1f} tok/s {expect_basis(e)}",
+            f" expect ~{e.decode_tokens_per_s:,.1f} tok/s {e.decode_basis}",
             f"  prefill  >= {e.prefill_seconds_roofline:,.2f} s roofline for {e.batch * e.prompt_tokens:,} prompt tokens"
             f" ({e.prefill_bound}-bound, {e.prefill_flops / 1e12:,.1f} TFLOP at {rate(e.peak_flops)}"
             f" {e.peak_label}); expect ~{e.prefill_seconds:,.2f} s at efficiency {e.efficiency_compute:.2f}"]
-
-
-def expect_basis(e: Estimate) -> str:
-    """How the decode 'expect' was made: the backend's fitted rule, or the preset's efficiency."""
-    rule = BACKENDS.get(e.decode_backend)
-    if rule is None:
-        return f"at efficiency {e.efficiency_memory:.2f}"
-    return (f"at efficiency {e.efficiency_memory:.2f} + {e.decode_overhead_s * 1e3:.1f} ms per step"
-            f" ({rule.label}, fitted to published runs)")
 
 
 def render_text(e: Estimate, formulas: bool = False) -> str:

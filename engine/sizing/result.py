@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .backends import BACKENDS
 from .plan import StageMemory
 from .units import margin
 
@@ -158,6 +159,15 @@ class Estimate:
     #: token slots (shared by sequences), not a context limit. None: some layer keeps every token.
     kv_window: int | None = field(default=None, metadata=_NOT_CONTRACT)
     kv_window_sequences: int | None = field(default=None, metadata=_NOT_CONTRACT)  # sequences at a full window
+
+    @property
+    def decode_basis(self) -> str:
+        """How the decode 'expect' was made: the backend's fitted rule, or the preset's efficiency."""
+        rule = BACKENDS.get(self.decode_backend)
+        if rule is None:
+            return f"at efficiency {self.efficiency_memory:.2f}"
+        return (f"at efficiency {self.efficiency_memory:.2f} + {self.decode_overhead_s * 1e3:.1f} ms per step"
+                f" ({rule.label}, fitted to published runs)")
 
     @property
     def margin(self) -> str:
