@@ -298,3 +298,22 @@ def test_a_bad_framework_version_names_the_field():
     at = open_page(model="qwen2.5-7b", hw="a100-80gb", fw="vllm", fwv="seven")
     assert not at.exception
     assert at.error and "framework_version 'seven' is not a version number" in at.error[0].value
+
+
+# --- MindIE on Ascend: the page and the CLI agree; refused off Ascend ----------------------------------------------
+
+def test_mindie_page_and_cli_agree(capsys):
+    from engine.memory import main
+    assert main(["--model", "qwen3-8b", "--hardware", "ascend-910b", "--framework", "mindie", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    at = open_page(model="qwen3-8b", hw="ascend-910b", fw="mindie")
+    no_traceback(at)
+    room = next(m.value for m in at.markdown if m.value.startswith("KV room:"))
+    assert f"≈ {d['kv_room_tokens']:,} " in room
+    assert any("mindieservice_daemon" in c.value for c in at.code)
+
+
+def test_mindie_off_ascend_is_refused_on_the_page():
+    at = open_page(model="qwen3-8b", hw="h100-sxm", fw="mindie")
+    assert not at.exception
+    assert at.error and "framework 'mindie'" in at.error[0].value

@@ -231,7 +231,7 @@ def test_vllm_ascend_310p_rules():
     e = estimate("internvl2-8b", "atlas-300v-pro", detail=False)
     assert e.reserve_bytes == e.kv_bytes_per_device  # halving: the other half is held back
     assert e.mask_bytes == 4096 * 4096 * 2
-    assert "--block-size 128" in e.serve_command and "--enforce-eager" in e.serve_command
+    assert "--block-size 128" in e.serve_command and "--enforce-eager" not in e.serve_command  # default = latest image: graph mode
     assert "PYTORCH_NPU_ALLOC_CONF=max_split_size_mb:256" in e.serve_command
     e910 = estimate("internvl2-8b", "ascend-910b", detail=False)
     assert e910.framework == "vllm-ascend" and e910.reserve_bytes == 0 and e910.mask_bytes == 0

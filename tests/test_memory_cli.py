@@ -45,7 +45,7 @@ def test_internvl2_on_atlas_300v_pro_text_answer():
     assert "always set --max-model-len on 310P" in out and "default 65,536 would take 8.00 GiB" in out
     assert "KV room  13.51 GiB for the KV pool = 110,592 tokens" in out
     assert "vllm serve OpenGVLab/InternVL2-8B" in out and "--max-model-len 4096" in out
-    assert "--dtype float16" in out and "--enforce-eager" in out
+    assert "--dtype float16" in out and "--enforce-eager" not in out  # latest 310P image: decode graph mode
 
 
 def test_internvl2_on_atlas_300v_pro_json():
@@ -208,7 +208,8 @@ CONTRACT_TOP_KEYS = frozenset({
     "prefill_bytes", "prefill_flops", "prefill_seconds", "prefill_seconds_roofline", "prompt_tokens", "reason", "reserve_bytes",
     "ridge_flops_per_byte", "serve_command", "suggestions", "tiles", "total_bytes_per_device", "tp",
     "usable_bytes_per_device", "verdict", "verdict_key", "vision_dtype", "vision_weight_bytes_per_device", "warnings",
-    "weight_bytes", "weight_bytes_per_device", "weights_format", "variants", "server"})
+    "weight_bytes", "weight_bytes_per_device", "weights_format", "variants", "server",
+    "decode_backend", "decode_overhead_s"})
 CONTRACT_ALTERNATIVE_KEYS = frozenset({
     "current", "decode_tokens_per_s", "decode_tokens_per_s_roofline", "fits", "format", "kv_room_tokens", "label",
     "prefill_seconds", "support", "total_bytes_per_device", "weight_bytes"})

@@ -261,7 +261,7 @@ def test_versions_pick_the_rule(framework, version, rule):
     ("vllm", "0.7.x", "framework_version '0.7.x' is not a version number"),
     ("vllm", "2.0", "framework_version '2.0': vllm versions start with 0. or 1."),
     ("sglang", "0." + "1" * 60, "framework_version is too long"),
-    ("none", "0.7", "framework_version '0.7' applies to vllm and sglang only, not none"),
+    ("none", "0.7", "framework_version '0.7' applies to vllm, sglang and vllm-ascend only, not none"),
 ])
 def test_a_bad_version_names_the_field(framework, version, message):
     from engine.memory import SizingError

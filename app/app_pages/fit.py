@@ -19,7 +19,7 @@ from visualizers.text import escape_markdown as md  # every non-literal text tha
 
 PRESET_MODELS = calc.model_presets()
 PRESET_HARDWARE = calc.hardware_presets()
-FRAMEWORK_OPTIONS = ["auto", "none", "vllm", "sglang", "vllm-ascend"]
+FRAMEWORK_OPTIONS = ["auto", "none", "vllm", "sglang", "vllm-ascend", "mindie"]
 WEIGHT_OPTIONS = ["auto", *calc.WEIGHT_FORMATS]
 KV_OPTIONS = ["auto", *calc.KV_DTYPES]
 VISION_OPTIONS = ["auto", "fp32", "bf16", "fp16", "fp8", "w8a8"]
@@ -228,7 +228,8 @@ def _speed_metrics(est: calc.Estimate) -> None:
     cols = st.columns(4 if there else 2)
     if est.fits:
         cols[0].metric(f"Decode {asked}", f"{est.decode_tokens_per_s:,.1f} tok/s",
-                       f"≤ {est.decode_tokens_per_s_roofline:,.1f} roofline, {est.bound}-bound", **PLAIN_DELTA)
+                       f"≤ {est.decode_tokens_per_s_roofline:,.1f} roofline, {est.bound}-bound", **PLAIN_DELTA,
+                       help=f"Expected {est.decode_basis}; the roofline is the upper bound.")
         cols[1].metric(f"Time to first token {asked}", f"{est.prefill_seconds:,.2f} s",
                        f"≥ {est.prefill_seconds_roofline:,.2f} s roofline", **PLAIN_DELTA)
         return

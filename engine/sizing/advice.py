@@ -20,7 +20,7 @@ from .units import ceil_exact, gib
 class ServeTarget:
     """Which tool the serve line is for, and why when it is not the framework that was sized."""
 
-    tool: str  # "vllm" | "vllm-ascend" | "sglang" | "llama.cpp"
+    tool: str  # "vllm" | "vllm-ascend" | "sglang" | "mindie" | "llama.cpp"
     label: str  # for people: "vLLM", "llama.cpp", ...
     why: str  # "" when it is the sized framework
 
@@ -68,15 +68,14 @@ def serve_target(plan: Plan) -> ServeTarget:
     """The tool the command line is for. llama.cpp for GGUF formats (vLLM's GGUF loader is
     experimental and single-file) and, without a framework, on Apple / CPU / Jetson; without a
     framework on GPUs and NPUs, the vLLM (or vllm-ascend) line for the same workload."""
-    fw, fmt, hw = plan.framework, plan.fmt, plan.hw
-    if fmt.family == "gguf":
-        if fw == "none":
+    fw, fmt = plan.framework, plan.fmt
+    tool = plan.serving_tool  # backends.serving_tool: the same choice the decode speed follows
+    if tool == "llama.cpp":
+        if fmt.family != "gguf" or fw == "none":
             return ServeTarget("llama.cpp", "llama.cpp", "")
         asked = FRAMEWORK_LABELS[fw]
         return ServeTarget("llama.cpp", "llama.cpp",
                            f"not {asked}: {fmt.label} is llama.cpp's format ({asked}'s GGUF loader is experimental)")
-    if fw == "none" and hw.device_class in ("apple", "cpu", "nvidia-edge"):
-        return ServeTarget("llama.cpp", "llama.cpp", "")
     if fw == "none":
         return ServeTarget("vllm", "vLLM", "sized without a framework; the vLLM line for the same workload")
     return ServeTarget(fw, FRAMEWORK_LABELS[fw], "")
@@ -160,13 +159,44 @@ def _vllm(plan: Plan, ascend: bool) -> str:
         parts.append(f"--pipeline-parallel-size {plan.pp}")
     if ascend:
         parts.append(f"--block-size {b.block}")
-        if plan.hw.is_310p:
+        if plan.hw.is_310p and b.version_nums is not None and b.version_nums < ASCEND_310P_GRAPH_VERSION:
             parts.append("--enforce-eager")
     elif b.block_given:
         parts.append(f"--block-size {b.block}")
     if m.vision:
         parts.append(f"--limit-mm-per-prompt '{{\"image\": {max(1, plan.work.images)}}}'")
     return " ".join(parts)
+
+
+# vllm-ascend on 310P: the v0.10.x images' tutorial runs every example with --enforce-eager; the
+# v0.18.0rc1-310p image supports FULL_DECODE_ONLY graph mode and its examples drop the flag
+# (vllm-ascend docs/source/tutorials/310p.md vs tutorials/hardwares/310p.md). Releases in between were not
+# checked, so "older than 0.18" is eager; the default (latest) prints no flag.
+ASCEND_310P_GRAPH_VERSION = (0, 18)
+MINDIE_CONFIG = "$MIES_INSTALL_PATH/conf/config.json"  # .run install: {MindIE}/latest/mindie-service/conf
+
+
+def _mindie(plan: Plan) -> str:
+    """MindIE: the config.json fields that matter, as jq edits, then ``mindieservice_daemon`` (MindIE-LLM
+    docs: npuMemSize -1 = KV from NPU_MEMORY_FRACTION; maxInputTokenLen <= maxSeqLen - 1; maxPrefillTokens
+    >= maxInputTokenLen; cacheBlockSize in ScheduleConfig)."""
+    m, b = plan.model, plan.budget
+    seq = serve_len(plan)
+    inp = max(1, min(plan.prompt_total, seq - 1))
+    devices = plan.tp * plan.pp
+    ids = ",".join(str(i) for i in range(devices))
+    edits = [f".BackendConfig.npuDeviceIds = [[{ids}]]",
+             f".BackendConfig.ModelDeployConfig.maxSeqLen = {seq}",
+             f".BackendConfig.ModelDeployConfig.maxInputTokenLen = {inp}",
+             f".BackendConfig.ModelDeployConfig.ModelConfig[0].modelWeightPath = \"/models/{(m.hf_id or m.display_name).split('/')[-1]}\"",
+             f".BackendConfig.ModelDeployConfig.ModelConfig[0].worldSize = {devices}",
+             ".BackendConfig.ModelDeployConfig.ModelConfig[0].npuMemSize = -1",
+             f".BackendConfig.ScheduleConfig.cacheBlockSize = {b.block}",
+             f".BackendConfig.ScheduleConfig.maxPrefillTokens = {max(plan.batched_tokens, inp)}",
+             f".BackendConfig.ScheduleConfig.maxBatchSize = {plan.batch}"]
+    env = "" if b.util is None or b.util == 0.8 else f"NPU_MEMORY_FRACTION={b.util:.2f} "
+    return (f"jq '{' | '.join(edits)}' {MINDIE_CONFIG} > config.tmp && mv config.tmp {MINDIE_CONFIG}"
+            f" && cd $MIES_INSTALL_PATH && {env}./bin/mindieservice_daemon")
 
 
 def serve_command(plan: Plan) -> str:
@@ -176,6 +206,8 @@ def serve_command(plan: Plan) -> str:
         return _llama_server(plan)
     if tool == "sglang":
         return _sglang(plan)
+    if tool == "mindie":
+        return _mindie(plan)
     return _vllm(plan, ascend=tool == "vllm-ascend")
 
 

@@ -10,12 +10,16 @@ the framework's reserve (sizing.md §3.5, §1).
                activations (shown as "reserve" when the activations need less).
   vllm-ascend  as vLLM with block size 128; on 310P also a dense FP16 mask of
                max_model_len^2 x 2 B and the KV budget halved ("reserve" = the other half).
+  mindie       (Ascend only) npuMemSize -1: KV cache = total x NPU_MEMORY_FRACTION (0.8) - weights
+               - runtime variables (activations) - system memory (overhead); cacheBlockSize 128;
+               maxPrefillTokens 8192 (MindIE-LLM docs, config.json "npuMemSize").
 
 Block sizes each framework accepts (anything else is refused, never copied into a command):
   vllm (CUDA), none   1, 8, 16, 32, 64, 128   (vLLM CacheConfig; "none" prints a vLLM line on GPUs)
   vllm-ascend         16, 32, 64, 128          (vllm_ascend.utils; 128 is its default and forced
                                                 with prefix caching / chunked prefill)
   sglang              --page-size 1..1024      (any positive page size; 1 is its default)
+  mindie              cacheBlockSize 16..128 in multiples of 16 (128 the default and recommended)
 max_num_batched_tokens: 1..2**24.
 
 Framework versions (``Settings.framework_version``, CLI ``--framework-version``, the page's
@@ -47,11 +51,14 @@ from .hardware import FRAMEWORKS, GiB, MiB, Hardware
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 ASCEND_BLOCK_SIZES = (16, 32, 64, 128)
 SGLANG_MAX_PAGE = 1024
-DEFAULT_BLOCK = {"none": 1, "vllm": 16, "sglang": 1, "vllm-ascend": 128}
+MINDIE_BLOCK_SIZES = (16, 32, 48, 64, 80, 96, 112, 128)
+DEFAULT_BLOCK = {"none": 1, "vllm": 16, "sglang": 1, "vllm-ascend": 128, "mindie": 128}
+MINDIE_NPU_FRACTION = 0.8  # NPU_MEMORY_FRACTION default (MindIE-LLM docs, npuMemSize -1)
+MINDIE_PREFILL_TOKENS = 8192  # maxPrefillTokens default
 MAX_BATCHED_TOKENS = 1 << 24
 DEFAULT_UTIL = 0.9  # vLLM's gpu_memory_utilization default
 FRAMEWORK_LABELS = {"none": "no serving framework (plain)", "vllm": "vLLM", "sglang": "SGLang",
-                    "vllm-ascend": "vllm-ascend"}
+                    "vllm-ascend": "vllm-ascend", "mindie": "MindIE"}
 
 
 VLLM_RULES = ("v0", "v1-early", "v1", "v1-graphs")  # oldest to newest (module doc)
@@ -86,8 +93,8 @@ def parse_version(framework: str, text: str | None) -> tuple[int, ...] | None:
         raise SizingError(f"framework_version is too long ({len(raw):,} characters): write e.g. 0.7 or 0.10.1")
     if raw in ("", "auto", "latest", "default"):
         return None
-    if framework not in DEFAULT_RULE:
-        raise SizingError(f"framework_version {text!r} applies to vllm and sglang only, not {framework}")
+    if framework not in DEFAULT_RULE and framework != "vllm-ascend":
+        raise SizingError(f"framework_version {text!r} applies to vllm, sglang and vllm-ascend only, not {framework}")
     match = _VERSION.fullmatch(raw)
     if match is None:
         raise SizingError(f"framework_version {text!r} is not a version number (write e.g. 0.7, 0.10.1 or"
@@ -171,6 +178,7 @@ class Budget:
     nvls: bool = False  # NVSwitch-class links (NCCL NVLink-SHARP buffers with TP > 1)
     multimodal: bool = False  # a vision-language model (SGLang lowers its fraction x 0.95)
     nominal_bytes: int = 0  # the board's memory (SGLang 0.5 sizes its fraction from it)
+    version_nums: tuple[int, ...] | None = None  # the parsed version (None = the default / latest)
 
     @property
     def usable(self) -> int:
@@ -178,6 +186,9 @@ class Budget:
         if self.framework in ("vllm", "vllm-ascend"):
             util = DEFAULT_UTIL if self.util is None else self.util
             return int(self.capacity * min(util, self.usable_fraction))
+        if self.framework == "mindie":  # npuMemSize -1: total x NPU_MEMORY_FRACTION
+            frac = MINDIE_NPU_FRACTION if self.util is None else self.util
+            return int(self.capacity * min(frac, self.usable_fraction))
         return int(self.capacity * self.usable_fraction)
 
     @property
@@ -238,8 +249,9 @@ def _framework(hw: Hardware, requested: str | None, remarks: Remarks) -> str:
         fw = hw.default_framework
     if fw not in FRAMEWORKS:
         raise SizingError(f"unknown framework {requested!r}; choose one of: auto, {', '.join(FRAMEWORKS)}")
-    if fw == "vllm-ascend" and not hw.is_ascend:
-        raise SizingError(f"vllm-ascend runs on Ascend NPUs only; for {hw.name} use vllm, sglang or none")
+    if fw in ("vllm-ascend", "mindie") and not hw.is_ascend:
+        raise SizingError(f"framework {fw!r} ({FRAMEWORK_LABELS[fw]}) runs on Ascend NPUs only; for {hw.name}"
+                          " use vllm, sglang or none")
     if fw == "vllm" and hw.is_ascend:
         remarks.note("vLLM on Ascend is the vllm-ascend plugin: its rules are applied")
         fw = "vllm-ascend"
@@ -254,6 +266,8 @@ def accepted_block_sizes(framework: str) -> str:
     """The block sizes ``framework`` accepts, in words (for messages and the README)."""
     if framework == "sglang":
         return f"SGLang's --page-size takes 1 to {SGLANG_MAX_PAGE:,}"
+    if framework == "mindie":
+        return f"MindIE's cacheBlockSize takes {', '.join(map(str, MINDIE_BLOCK_SIZES))} (128 is its default)"
     if framework == "vllm-ascend":
         return f"vllm-ascend accepts {', '.join(map(str, ASCEND_BLOCK_SIZES))} (128 is its default)"
     who = "vLLM" if framework == "vllm" else "the vLLM command printed without a framework"
@@ -268,6 +282,8 @@ def check_block_size(framework: str, value: object) -> int:
         allowed = range(1, SGLANG_MAX_PAGE + 1)
     elif framework == "vllm-ascend":
         allowed = ASCEND_BLOCK_SIZES
+    elif framework == "mindie":
+        allowed = MINDIE_BLOCK_SIZES
     else:
         allowed = VLLM_BLOCK_SIZES
     if block not in allowed:
@@ -287,11 +303,15 @@ def resolve_budget(hw: Hardware, framework: str | None, util: float | None, bloc
         util_ok: float | None = fraction_in("gpu_memory_utilization", DEFAULT_UTIL if util is None else util)
     elif fw == "sglang" and util is not None:
         util_ok = fraction_in("mem_fraction_static", util)
+    elif fw == "mindie":
+        util_ok = fraction_in("NPU_MEMORY_FRACTION", MINDIE_NPU_FRACTION if util is None else util)
     else:
         util_ok = None
     block = DEFAULT_BLOCK[fw] if block_size is None else check_block_size(fw, block_size)
     if max_num_batched_tokens is not None:
         batched = whole_number("max_num_batched_tokens", max_num_batched_tokens, 1, MAX_BATCHED_TOKENS)
+    elif fw == "mindie":
+        batched = MINDIE_PREFILL_TOKENS
     else:
         batched = 8192 if (hw.memory_bytes >= 70 * GiB and fw != "none") else 2048
     return Budget(
@@ -302,4 +322,4 @@ def resolve_budget(hw: Hardware, framework: str | None, util: float | None, bloc
         usable_fraction=hw.usable_fraction, rule=rule, version=str(framework_version or "").strip() if version else "",
         context_bytes=hw.runtime_overhead_bytes,
         nvls=hw.device_class == "nvidia-datacenter" and (hw.interconnect or 0) >= NVLS_MIN_LINK,
-        multimodal=multimodal, nominal_bytes=hw.nominal_memory_bytes or hw.memory_bytes)
+        multimodal=multimodal, nominal_bytes=hw.nominal_memory_bytes or hw.memory_bytes, version_nums=version)

@@ -2,7 +2,7 @@
 
     python -m engine.memory --model NAME_OR_CONFIG_PATH --hardware NAME [--weights FORMAT]
         [--kv-dtype DTYPE] [--batch N] [--context TOKENS] [--tp N] [--pp N]
-        [--framework none|vllm|sglang|vllm-ascend] [--framework-version 0.7|0.10.1|...] [--json]
+        [--framework none|vllm|sglang|vllm-ascend|mindie] [--framework-version 0.7|0.10.1|...] [--json]
     python -m engine.memory --list-models | --list-hardware
 
 A bad value exits with status 2 and one line on stderr; never a traceback.
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiles", type=int, help="tiles per image (InternVL: 256 tokens each; default 12 + thumbnail)")
     p.add_argument("--tp", type=int, help="tensor-parallel size (default: chips per card)")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
-    p.add_argument("--framework", default="auto", help="none | vllm | sglang | vllm-ascend (default: by hardware)")
+    p.add_argument("--framework", default="auto", help="none | vllm | sglang | vllm-ascend | mindie (Ascend only) (default: by hardware)")
     p.add_argument("--framework-version", help="vllm / sglang version whose budget rule to apply, e.g. 0.7 (vLLM V0),"
                                                " 0.10.1 (V1), 0.4.3 (SGLang); default: vLLM >= 0.21, SGLang 0.4")
     p.add_argument("--gpu-memory-utilization", "--util", type=float, dest="util",
@@ -126,7 +126,7 @@ def _speed_lines(e: Estimate) -> list[str]:
         return lines
     return [f"  decode   <= {e.decode_tokens_per_s_roofline:,.1f} tok/s roofline ({e.bound}-bound:"
             f" {e.decode_bytes_per_step / 1e9:,.2f} GB read per step at {e.bandwidth_bytes_per_s / 1e9:,.1f} GB/s);"
-            f" expect ~{e.decode_tokens_per_s:,.1f} tok/s at efficiency {e.efficiency_memory:.2f}",
+            f" expect ~{e.decode_tokens_per_s:,.1f} tok/s {e.decode_basis}",
             f"  prefill  >= {e.prefill_seconds_roofline:,.2f} s roofline for {e.batch * e.prompt_tokens:,} prompt tokens"
             f" ({e.prefill_bound}-bound, {e.prefill_flops / 1e12:,.1f} TFLOP at {rate(e.peak_flops)}"
             f" {e.peak_label}); expect ~{e.prefill_seconds:,.2f} s at efficiency {e.efficiency_compute:.2f}"]

@@ -159,6 +159,7 @@ def estimate(model: ModelSpec | str, hardware: Hardware | str, workload: Workloa
         at_devices_needed=None, warnings=list(dict.fromkeys(plan.warnings)), notes=list(dict.fromkeys(plan.notes)),
         stages=stages, serve_heading=target.heading, serve_note=serve_len_note(plan),
         devices_note=layout.explanation if layout and layout.devices > 1 else "",
+        decode_backend=sp.backend, decode_overhead_s=sp.overhead_s,
     )
     if spec.has_kv and spec.kv_window_bound:
         est.kv_window = spec.kv_window_bound

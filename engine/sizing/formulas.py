@@ -135,15 +135,26 @@ def _kv_room(plan: Plan, est: Estimate) -> str:
             + f"; most sequences at {est.context:,} tokens = {est.max_batch:,}")
 
 
+def _decode_eta_words(plan: Plan, sp: Speed) -> str:
+    """' with eta_mem 0.80 x INT4 kernel factor 0.72' (+ the backend's t0 where its fitted rule applies)."""
+    fmt, rule = plan.fmt, plan.backend
+    if rule is None:
+        return (f" with eta_mem {plan.budget.eta_memory:.2f}"
+                + (f" x {fmt.label} kernel factor {fmt.eta_factor:.2f}" if fmt.eta_factor != 1 else ""))
+    factor = rule.format_factors and fmt.eta_factor != 1
+    return (f" with {rule.label}'s fitted rule (backends.py): eta_mem {rule.eta:.3f}"
+            + (f" x {fmt.label} kernel factor {fmt.eta_factor:.2f}" if factor else "")
+            + f" + t0 {sp.overhead_s * 1e3:.2f} ms per step")
+
+
 def _decode(plan: Plan, est: Estimate, sp: Speed, roof: Speed) -> str:
     b, fmt, bw = plan.budget, plan.fmt, plan.hw.bandwidth
-    return (f"decode step = max(bytes / (BW x eta_mem), FLOPs / (peak x eta_compute)) [+ TP/PP communication]:"
+    return (f"decode step = max(bytes / (BW x eta_mem), FLOPs / (peak x eta_compute)) [+ TP/PP communication] [+ t0]:"
             f" bytes/step = LLM weights read + KV read = {roof.decode_bytes / 1e9:,.3f} GB,"
             f" BW = {bw / 1e9:,.1f} GB/s, FLOPs/step = {roof.decode_flops / 1e9:,.1f} GFLOP,"
             f" peak = {rate(sp.peak)} {sp.peak_label}; roofline (eta = 1):"
             f" {est.decode_tokens_per_s_roofline:,.1f} tok/s per sequence;"
-            f" with eta_mem {b.eta_memory:.2f}"
-            + (f" x {fmt.label} kernel factor {fmt.eta_factor:.2f}" if fmt.eta_factor != 1 else "")
+            + _decode_eta_words(plan, sp)
             + f" / eta_compute {b.eta_compute:.2f}: {est.decode_tokens_per_s:,.1f} tok/s"
             f" ({est.bound}-bound; {est.decode_tokens_per_s_total:,.1f} tok/s over {est.batch} sequence(s))")
 

@@ -10,8 +10,9 @@ Concerns, one module each (this module only puts them together):
 Memory per device, per pipeline stage (the worst stage decides):
   total = weights/TP + KV + activations + mask (310P) + overhead (runtime + NCCL) + reserve
   fits  = total <= usable
-Decode step (roofline): sum over stages of max(bytes / (BW x eta_mem), FLOPs / (peak x eta_c))
-  + TP all-reduces (2 per layer) + PP hops.  Prefill: max(FLOPs / (peak x eta), bytes / (BW x eta)).
+Decode step: sum over stages of max(bytes / (BW x eta_mem), FLOPs / (peak x eta_c))
+  + TP all-reduces (2 per layer) + PP hops + t0; eta_mem and t0 from the serving backend's fitted rule
+  (backends.py), else the preset's efficiency and t0 = 0. Roofline: eta = 1, t0 = 0.  Prefill: max(FLOPs / (peak x eta), bytes / (BW x eta)).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from functools import cached_property
 from . import activations
 from .activations import ACT_COEFF, Activations
 from .arch import ModelSpec
+from .backends import BackendRule, backend_rule, serving_tool
 from .budget import (FRAMEWORK_LABELS, Budget, ascend_mask_bytes, nccl_bytes, resolve_budget,
                      sglang_fraction)
 from .checks import Remarks
@@ -143,8 +145,10 @@ class Speed:
     peak: float
     peak_label: str
     bandwidth: float
-    eta_memory: float
+    eta_memory: float  # decode: the backend's eta (x the format's kernel factor where it applies)
     eta_compute: float
+    overhead_s: float = 0.0  # the backend's fixed time per decode step (t0; 0 on the roofline)
+    backend: str = ""  # BACKENDS key whose rule gave the decode figure ('' = the preset's efficiency)
 
 
 @dataclass(frozen=True)
@@ -295,9 +299,11 @@ class Plan:
         if self.framework == "vllm-ascend":
             self.remarks.warn("vllm-ascend halves the KV budget on 310P (workspace reserve): only half of"
                               " the memory left after weights goes to the KV cache")
-        self.remarks.warn("vllm-ascend's 310P path is experimental (eager mode; documented models: Qwen3"
-                          " dense W8A8SC, Qwen2.5-7B on 2 chips, Qwen3-VL early access): check support"
-                          f" for {model.display_name} before relying on this verdict")
+        if self.framework != "mindie":
+            self.remarks.warn("vllm-ascend's 310P path is experimental (documented models: Qwen3 dense W8A8SC,"
+                              " Qwen2.5-7B on 2 chips, Qwen3-VL early access; eager mode before the v0.18 images):"
+                              " check support"
+                              f" for {model.display_name} before relying on this verdict")
 
     # -- static per (tp, pp) -----------------------------------------------------------
     @cached_property
@@ -428,6 +434,27 @@ class Plan:
         return all(s.fits for s in self.memory(batch, context, tp, pp))
 
     # -- speed ---------------------------------------------------------------------------
+    @property
+    def serving_tool(self) -> str:
+        """The tool that serves this plan (vllm, sglang, vllm-ascend, mindie, llama.cpp)."""
+        return serving_tool(self.framework, self.fmt.family, self.hw.device_class)
+
+    @cached_property
+    def backend(self) -> BackendRule | None:
+        """The fitted decode rule for the serving tool on this device (backends.py); None when the
+        caller set the memory efficiency, or no rule was fitted for it (the preset's efficiency then)."""
+        if self.settings.eta_memory is not None:
+            return None
+        return backend_rule(self.serving_tool, self.hw.device_class)
+
+    def decode_eta(self) -> tuple[float, float]:
+        """(eta, t0 seconds) for decode: the backend's rule, else the budget's eta x the format factor
+        and no fixed cost."""
+        rule = self.backend
+        if rule is None:
+            return self.budget.eta_memory * self.fmt.eta_factor, 0.0
+        return rule.eta * (self.fmt.eta_factor if rule.format_factors else 1.0), rule.t0_s
+
     def _decode_weight_bytes(self, st: StageStatic, batch: int, tp: int) -> float:
         """LLM weight bytes one decode step reads: MoE layers read only the experts a batch
         touches, E x (1 - (1 - k/E)^B) of E."""
@@ -474,7 +501,8 @@ class Plan:
     def speed(self, batch: int, context: int, efficiency: bool = True) -> Speed:
         """Decode and prefill time at this plan's TP x PP (module doc); efficiency=False: the roofline."""
         hw, tp, pp = self.hw, self.tp, self.pp
-        eta_m = self.budget.eta_memory * self.fmt.eta_factor if efficiency else 1.0
+        eta_m, t0 = self.decode_eta() if efficiency else (1.0, 0.0)
+        eta_p = self.budget.eta_memory * self.fmt.eta_factor if efficiency else 1.0  # prefill: the preset's
         eta_c = self.budget.eta_compute if efficiency else 1.0
         act_dtype = self.precision.act_dtype
         peak, peak_label = hw.peak(self.fmt.compute if self.fmt.compute != "bf16" else act_dtype)
@@ -491,7 +519,7 @@ class Plan:
             t_mem_sum, t_comp_sum = t_mem_sum + t_mem, t_comp_sum + t_comp
             d_bytes, d_flops = d_bytes + bytes_, d_flops + flops
         comm = self._comm_s(batch, tp, pp)
-        step += comm
+        step += comm + t0
         # prefill: every sequence's prompt, chunked at the batched-token budget (weights read per chunk)
         tokens = batch * self.work.prompt_total
         p_flops, v_flops = self._prefill_flops(stages, batch, tp), self._vision_flops(batch, tp)
@@ -501,7 +529,7 @@ class Plan:
         kv_write = float(sum((self.kv_bytes_stage(st, batch, self.work.prompt_total) for st in stages), F(0)))
         p_bytes = chunks * w_llm + (w_vis if self.work.images else 0) + kv_write
         p_comp = p_flops / (peak * eta_c) + v_flops / (peak16 * eta_c)
-        p_mem = p_bytes / (hw.bandwidth * eta_m)
+        p_mem = p_bytes / (hw.bandwidth * eta_p)
         prefill = max(p_comp, p_mem) + (comm * chunks if tp > 1 or pp > 1 else 0)
         return Speed(
             decode_step_s=step, decode_tokens_per_s=1 / step, decode_tokens_per_s_total=batch / step,
@@ -509,5 +537,6 @@ class Plan:
             decode_flops=d_flops, comm_s=comm, prefill_s=prefill,
             prefill_bound="compute" if p_comp >= p_mem else "memory",
             prefill_flops=p_flops + v_flops, prefill_bytes=p_bytes, vision_flops=v_flops, peak=peak,
-            peak_label=peak_label, bandwidth=hw.bandwidth, eta_memory=eta_m, eta_compute=eta_c)
+            peak_label=peak_label, bandwidth=hw.bandwidth, eta_memory=eta_m, eta_compute=eta_c, overhead_s=t0,
+            backend=self.backend.key if efficiency and self.backend else "")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .backends import BACKENDS
 from .plan import StageMemory
 from .units import margin
 
@@ -146,6 +147,10 @@ class Estimate:
     variants: list[VariantAnswer] = field(default_factory=list)
     #: for a server preset (DGX H100, Atlas 800I A2): how the answer uses its devices; "" otherwise
     server: str = ""
+    #: the serving backend whose fitted decode rule gave decode_tokens_per_s (backends.BACKENDS key; "" = the
+    #: preset's efficiency, no fixed cost) and that rule's fixed time per decode step
+    decode_backend: str = ""
+    decode_overhead_s: float = 0.0
     # not in the JSON contract
     serve_heading: str = field(default="", metadata=_NOT_CONTRACT)  # which tool the serve line is for, and why
     devices_note: str = field(default="", metadata=_NOT_CONTRACT)  # how the fewest-devices layout was chosen
@@ -154,6 +159,15 @@ class Estimate:
     #: token slots (shared by sequences), not a context limit. None: some layer keeps every token.
     kv_window: int | None = field(default=None, metadata=_NOT_CONTRACT)
     kv_window_sequences: int | None = field(default=None, metadata=_NOT_CONTRACT)  # sequences at a full window
+
+    @property
+    def decode_basis(self) -> str:
+        """How the decode 'expect' was made: the backend's fitted rule, or the preset's efficiency."""
+        rule = BACKENDS.get(self.decode_backend)
+        if rule is None:
+            return f"at efficiency {self.efficiency_memory:.2f}"
+        return (f"at efficiency {self.efficiency_memory:.2f} + {self.decode_overhead_s * 1e3:.1f} ms per step"
+                f" ({rule.label}, fitted to published runs)")
 
     @property
     def margin(self) -> str:

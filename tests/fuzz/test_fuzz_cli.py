@@ -101,7 +101,9 @@ def test_bad_fractions(capsys: pytest.CaptureFixture[str], flag: str, value: str
     ((*TEXT, "--framework", "vllm", "--framework-version", "seven"), r"framework_version 'seven' is not a version"),
     ((*TEXT, "--framework", "vllm", "--framework-version", "0.7" * 400), r"framework_version is too long"),
     ((*TEXT, "--framework", "vllm", "--framework-version", "0.7\x00"), r"framework_version"),
-    ((*TEXT, "--framework", "none", "--framework-version", "0.7"), r"applies to vllm and sglang only"),
+    ((*TEXT, "--framework", "none", "--framework-version", "0.7"), r"applies to vllm, sglang and vllm-ascend only"),
+    ((*TEXT, "--framework", "mindie"), r"framework 'mindie' \(MindIE\) runs on Ascend NPUs only"),
+    ((*TEXT, "--framework", "mindie", "--framework-version", "2.1"), r"Ascend NPUs only"),
     ((*TEXT, "--no-such-flag"), r"unrecognized"),
     ((*TEXT, "--batch"), r"batch"),
 ])
