@@ -317,3 +317,18 @@ def test_mindie_off_ascend_is_refused_on_the_page():
     at = open_page(model="qwen3-8b", hw="h100-sxm", fw="mindie")
     assert not at.exception
     assert at.error and "framework 'mindie'" in at.error[0].value
+
+
+def test_framework_inferscope_page_and_cli_agree(capsys):
+    """The engine's own fp8 KV (per-token-head scales) on the page as in the CLI: 12,240 B/token."""
+    from engine.memory import main
+
+    at = open_page(model="smollm2-135m", hw="h100-sxm", fw="inferscope", kv="fp8")
+    no_traceback(at)
+    assert any(c.value.startswith("python -c \"from engine import LLM; llm = LLM('smollm2-135m'") for c in at.code)
+    assert main(["--model", "smollm2-135m", "--hardware", "h100-sxm", "--framework", "inferscope", "--kv-dtype", "fp8",
+                 "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["kv_bytes_per_token"] == 12240 and answer["framework"] == "inferscope"
+    shown = next(m for m in at.metric if m.label == "KV per token")
+    assert shown.value == f"{12240 / 1024:,.1f} KiB"

@@ -48,3 +48,23 @@ def test_engine_kv_pool_matches_calculator_per_dtype(kv):
     predicted = kv_bytes_per_token("smollm2-135m", SIZING_KV_DTYPES[kv])
     assert engine.kv_cache_bytes_per_token == predicted == engine.snapshot().kv_bytes_per_token
     assert engine.kv_cache_total_bytes == 8 * 16 * predicted == engine.memory_need.kv_cache
+
+
+@pytest.mark.parametrize("kv", ["float32", "bfloat16", "int8", "fp8"])
+def test_framework_inferscope_sizes_the_engines_own_kv_formats(kv):
+    """Issue #21: ``--framework inferscope`` speaks the engine's KV formats (its fp8 keeps per-token-head
+    scales: 12,240 B/token for SmolLM2, where vLLM's fp8 is 11,520), and the engine its command builds
+    holds exactly that many bytes per token."""
+    from engine.memory import Settings, estimate
+
+    est = estimate("smollm2-135m", "h100-sxm", settings=Settings(framework="inferscope", kv_dtype=kv))
+    code = est.serve_command.split('"')[1]  # python -c "<code>"
+    assert code.startswith("from engine import LLM; llm = LLM('smollm2-135m'")
+    scope: dict = {}
+    exec(code, scope)  # the command's own Python: the real engine with the printed pool
+    engine = scope["llm"].llm_engine
+    assert engine.kv_cache_bytes_per_token == est.kv_bytes_per_token
+    assert engine.config.cache_config.block_size * engine.config.cache_config.num_blocks >= est.context
+    if kv == "fp8":
+        assert est.kv_bytes_per_token == 12240 != estimate("smollm2-135m", "h100-sxm",
+                                                           settings=Settings(kv_dtype="fp8")).kv_bytes_per_token

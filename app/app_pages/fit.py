@@ -19,7 +19,7 @@ from visualizers.text import escape_markdown as md  # every non-literal text tha
 
 PRESET_MODELS = calc.model_presets()
 PRESET_HARDWARE = calc.hardware_presets()
-FRAMEWORK_OPTIONS = ["auto", "none", "vllm", "sglang", "vllm-ascend", "mindie"]
+FRAMEWORK_OPTIONS = ["auto", "none", "vllm", "sglang", "vllm-ascend", "mindie", "inferscope"]
 WEIGHT_OPTIONS = ["auto", *calc.WEIGHT_FORMATS]
 KV_OPTIONS = ["auto", *calc.KV_DTYPES]
 VISION_OPTIONS = ["auto", "fp32", "bf16", "fp16", "fp8", "w8a8"]

@@ -149,7 +149,7 @@ def profile_peak(model: ModelSpec, *, tokens: int, seqs: int, act_bytes: int = 2
 def profiled_tokens(framework: str, batch: int, prompt_tokens: int | None, batched_tokens: int) -> int:
     """Tokens in the peak forward: max_num_batched_tokens for serving engines; the prompt (capped by
     the batch budget) for a plain runtime, 1 when there is no prompt."""
-    if framework == "none":
+    if framework in ("none", "inferscope"):
         return min(batch * prompt_tokens, batched_tokens) if prompt_tokens else 1
     return batched_tokens
 

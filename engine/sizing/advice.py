@@ -199,9 +199,26 @@ def _mindie(plan: Plan) -> str:
             f" && cd $MIES_INSTALL_PATH && {env}./bin/mindieservice_daemon")
 
 
+#: the models InferScope's engine bundles by name (engine/model/loader.py); any other is a local folder
+ENGINE_MODELS = ("smollm2-135m",)
+
+
+def _inferscope(plan: Plan) -> str:
+    """This project's engine with the plan's pool: ``LLM`` with the engine's own knob names."""
+    m, b = plan.model, plan.budget
+    kv = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8", "fp8_token": "fp8"}[plan.kv.key]
+    blocks = max(1, plan.batch * -(-serve_len(plan) // b.block))
+    name = m.key if m.key in ENGINE_MODELS else m.checkpoint.path if m.checkpoint else f"<local folder of {m.hf_id or m.display_name}>"
+    return (f"python -c \"from engine import LLM; llm = LLM('{name}', kv_cache_dtype='{kv}',"
+            f" block_size={b.block}, num_blocks={blocks}, max_num_seqs={plan.batch},"
+            f" max_num_batched_tokens={max(plan.batched_tokens, 1)})\"")
+
+
 def serve_command(plan: Plan) -> str:
     """The command line that serves this plan, for the tool ``serve_target`` names."""
     tool = serve_target(plan).tool
+    if tool == "inferscope":
+        return _inferscope(plan)
     if tool == "llama.cpp":
         return _llama_server(plan)
     if tool == "sglang":

@@ -13,6 +13,9 @@ the framework's reserve (sizing.md §3.5, §1).
   mindie       (Ascend only) npuMemSize -1: KV cache = total x NPU_MEMORY_FRACTION (0.8) - weights
                - runtime variables (activations) - system memory (overhead); cacheBlockSize 128;
                maxPrefillTokens 8192 (MindIE-LLM docs, config.json "npuMemSize").
+  inferscope   this project's engine (engine/): as none (it allocates the pool it is given);
+               block 16; its own KV formats (fp8 and int8 with an fp32 scale per token and KV
+               head, ``precision``), so the calculator and ``LLMEngine`` agree byte for byte.
 
 Block sizes each framework accepts (anything else is refused, never copied into a command):
   vllm (CUDA), none   1, 8, 16, 32, 64, 128   (vLLM CacheConfig; "none" prints a vLLM line on GPUs)
@@ -20,6 +23,7 @@ Block sizes each framework accepts (anything else is refused, never copied into 
                                                 with prefix caching / chunked prefill)
   sglang              --page-size 1..1024      (any positive page size; 1 is its default)
   mindie              cacheBlockSize 16..128 in multiples of 16 (128 the default and recommended)
+  inferscope          block_size 1..1024
 max_num_batched_tokens: 1..2**24.
 
 Framework versions (``Settings.framework_version``, CLI ``--framework-version``, the page's
@@ -52,13 +56,14 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 ASCEND_BLOCK_SIZES = (16, 32, 64, 128)
 SGLANG_MAX_PAGE = 1024
 MINDIE_BLOCK_SIZES = (16, 32, 48, 64, 80, 96, 112, 128)
-DEFAULT_BLOCK = {"none": 1, "vllm": 16, "sglang": 1, "vllm-ascend": 128, "mindie": 128}
+DEFAULT_BLOCK = {"none": 1, "vllm": 16, "sglang": 1, "vllm-ascend": 128, "mindie": 128, "inferscope": 16}
 MINDIE_NPU_FRACTION = 0.8  # NPU_MEMORY_FRACTION default (MindIE-LLM docs, npuMemSize -1)
 MINDIE_PREFILL_TOKENS = 8192  # maxPrefillTokens default
 MAX_BATCHED_TOKENS = 1 << 24
 DEFAULT_UTIL = 0.9  # vLLM's gpu_memory_utilization default
 FRAMEWORK_LABELS = {"none": "no serving framework (plain)", "vllm": "vLLM", "sglang": "SGLang",
-                    "vllm-ascend": "vllm-ascend", "mindie": "MindIE"}
+                    "vllm-ascend": "vllm-ascend", "mindie": "MindIE", "inferscope": "InferScope's engine"}
+INFERSCOPE_MAX_BLOCK = 1024
 
 
 VLLM_RULES = ("v0", "v1-early", "v1", "v1-graphs")  # oldest to newest (module doc)
@@ -266,6 +271,8 @@ def accepted_block_sizes(framework: str) -> str:
     """The block sizes ``framework`` accepts, in words (for messages and the README)."""
     if framework == "sglang":
         return f"SGLang's --page-size takes 1 to {SGLANG_MAX_PAGE:,}"
+    if framework == "inferscope":
+        return f"InferScope's engine takes a block_size of 1 to {INFERSCOPE_MAX_BLOCK:,}"
     if framework == "mindie":
         return f"MindIE's cacheBlockSize takes {', '.join(map(str, MINDIE_BLOCK_SIZES))} (128 is its default)"
     if framework == "vllm-ascend":
@@ -280,6 +287,8 @@ def check_block_size(framework: str, value: object) -> int:
     allowed: tuple[int, ...] | range
     if framework == "sglang":
         allowed = range(1, SGLANG_MAX_PAGE + 1)
+    elif framework == "inferscope":
+        allowed = range(1, INFERSCOPE_MAX_BLOCK + 1)
     elif framework == "vllm-ascend":
         allowed = ASCEND_BLOCK_SIZES
     elif framework == "mindie":

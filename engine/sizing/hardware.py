@@ -26,7 +26,7 @@ MiB = 1 << 20
 PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 DEVICE_CLASSES = ("nvidia-datacenter", "nvidia-consumer", "nvidia-edge", "apple", "ascend-310p",
                   "ascend-910", "cpu", "custom")
-FRAMEWORKS = ("none", "vllm", "sglang", "vllm-ascend", "mindie")
+FRAMEWORKS = ("none", "vllm", "sglang", "vllm-ascend", "mindie", "inferscope")
 
 
 @dataclass(frozen=True)
