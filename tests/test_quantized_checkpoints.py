@@ -125,3 +125,20 @@ def test_cli_answers_a_quantized_config_with_the_same_bytes(tmp_path: Path) -> N
     expected = estimate(model_from_config(case["config"]), "a100-80gb")
     assert answer["weight_bytes"] == expected.weight_bytes
     assert "gptq_marlin" in answer["serve_command"]
+
+
+def test_the_page_sizes_a_pasted_quantized_config_as_the_cli_does() -> None:
+    """A pasted GPTQ config.json: the Fit page's weights and serve line equal the CLI's answer."""
+    from streamlit.testing.v1 import AppTest
+
+    case = _case("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4")
+    at = AppTest.from_file(str(ROOT / "app" / "app_pages" / "fit.py"), default_timeout=60)
+    at.query_params["model"] = "custom"
+    at.query_params["hw"] = "a100-80gb"
+    at.run()
+    at.text_area(key="cfg_text").input(json.dumps(case["config"])).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    expected = estimate(model_from_config(case["config"]), "a100-80gb")
+    weights = next(m for m in at.metric if m.label == "Weights")
+    assert weights.value == f"{expected.weight_bytes / 2**30:.2f} GiB" and "GPTQ-W4-G128" in str(weights.proto.delta)
+    assert any("--quantization gptq_marlin" in c.value for c in at.code)
