@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction as F
 
-from .arch import ModelSpec
+from .arch import LayerSpec, ModelSpec
 from .checks import Remarks
 from .formats import KVDtype, SizingError, WeightFormat, kv_dtype, weight_format
 from .hardware import Hardware
@@ -67,17 +67,12 @@ def group_bytes(model: ModelSpec, fmt: WeightFormat, vision_fmt: WeightFormat) -
     bpp = fmt.bytes_per_param
     small_layers = small_layer_bytes(fmt)
     emb_bpp = bpp if fmt.quantizes_embeddings else small_bytes(fmt)
-    if fmt.experts_only:  # MXFP4 checkpoints: routed experts in the format, every other weight 16-bit
-        return WeightGroups(
-            layers=tuple(lay.routed_params * bpp + (lay.params - lay.routed_params) * small_layers
-                         for lay in model.layers),
-            experts=tuple(lay.expert_params * bpp for lay in model.layers),
-            embed=model.embed_params * emb_bpp, lm_head=model.lm_head_params * emb_bpp,
-            final_norm=model.final_norm_params * small_layers,
-            vision=(model.vision.total_params * vision_fmt.bytes_per_param) if model.vision else F(0))
+
+    def stored(lay: LayerSpec) -> int:  # what the format stores: MXFP4 only the routed experts
+        return lay.routed_params if fmt.experts_only else lay.linear_params
+
     return WeightGroups(
-        layers=tuple(lay.linear_params * bpp + (lay.params - lay.linear_params) * small_layers
-                     for lay in model.layers),
+        layers=tuple(stored(lay) * bpp + (lay.params - stored(lay)) * small_layers for lay in model.layers),
         experts=tuple(lay.expert_params * bpp for lay in model.layers),
         embed=model.embed_params * emb_bpp, lm_head=model.lm_head_params * emb_bpp,
         final_norm=model.final_norm_params * small_layers,
