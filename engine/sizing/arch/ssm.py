@@ -42,15 +42,9 @@ def mamba(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
         f"mamba/layer = in_proj h*2*Di + conv Di*K (+bias) + x_proj Di*(R+2N) + dt_proj R*Di+Di + A,D Di*N+Di"
         f" + out_proj Di*h + norm h, with h={h}, Di={d_inner}, K={k_conv}, R={dt_rank}, N={n_state} = {_n(params)}",
     )
-    return dict(
-        hidden=h, num_layers=n_layers, num_heads=0, num_kv_heads=0, head_dim=0, vocab=vocab, tied=tied,
-        embed_params=vocab * h, lm_head_params=0 if tied else vocab * h, final_norm_params=h,
-        layers=(layer,) * n_layers, family="SSM (Mamba): constant state per sequence, no per-token KV",
-        param_formula=formula,
-        kv_formula=(f"no per-token KV; state/sequence = L x (Di x (K-1) + Di x N) = {n_layers} x ({d_inner} x {k_conv - 1}"
-                    f" + {d_inner} x {n_state}) = {_n(n_layers * state)} elements"),
-    )
-
+    return _ssm_parts(h, n_layers, vocab, tied, layer, "Mamba", formula,
+                      f"no per-token KV; state/sequence = L x (Di x (K-1) + Di x N) = {n_layers} x ({d_inner} x"
+                      f" {k_conv - 1} + {d_inner} x {n_state}) = {_n(n_layers * state)} elements")
 
 
 def mamba2(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
@@ -90,12 +84,18 @@ def mamba2(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
         f" + out_proj Di*h + norm h, with h={h}, Di={d_inner}, C = Di + 2*ngroups*N = {conv_dim},"
         f" nheads={n_heads}, K={k_conv}, N={n_state} = {_n(params)}",
     )
+    return _ssm_parts(h, n_layers, vocab, tied, layer, "Mamba2", formula,
+                      f"no per-token KV; state/sequence = L x (C x (K-1) + nheads x head_dim x N) = {n_layers} x"
+                      f" ({conv_dim} x {k_conv - 1} + {n_heads} x {head_dim} x {n_state})"
+                      f" = {_n(n_layers * state)} elements")
+
+
+def _ssm_parts(h: int, n_layers: int, vocab: int, tied: bool, layer: LayerSpec, label: str,
+               formula: tuple[str, ...], kv_formula: str) -> dict[str, Any]:
+    """ModelSpec fields of a pure state-space model: every layer alike, no attention heads."""
     return dict(
         hidden=h, num_layers=n_layers, num_heads=0, num_kv_heads=0, head_dim=0, vocab=vocab, tied=tied,
         embed_params=vocab * h, lm_head_params=0 if tied else vocab * h, final_norm_params=h,
-        layers=(layer,) * n_layers, family="SSM (Mamba2): constant state per sequence, no per-token KV",
-        param_formula=formula,
-        kv_formula=(f"no per-token KV; state/sequence = L x (C x (K-1) + nheads x head_dim x N) = {n_layers} x"
-                    f" ({conv_dim} x {k_conv - 1} + {n_heads} x {head_dim} x {n_state})"
-                    f" = {_n(n_layers * state)} elements"),
+        layers=(layer,) * n_layers, family=f"SSM ({label}): constant state per sequence, no per-token KV",
+        param_formula=formula, kv_formula=kv_formula,
     )
