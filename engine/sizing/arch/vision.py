@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..formats import SizingError
 from ..units import tokens as _n  # a count with thousands separators
@@ -175,6 +175,29 @@ def clip_vit(vc: dict[str, Any], llm_hidden: int) -> VisionSpec:
                       n_patches, 1, formula)
 
 
+class _Vit(NamedTuple):
+    """A ViT config class's defaults: width, depth, MLP width, heads, patch side, image side."""
+
+    hidden: int
+    layers: int
+    inter: int
+    heads: int
+    patch: int
+    image: int
+
+
+def _vit_dims(vc: dict[str, Any], d: _Vit) -> tuple[int, int, int, int, int, int, int]:
+    """(e, depth, I, heads, channels, patch, image) of a vision_config, ``d`` where a field is absent;
+    an image smaller than its patch is refused naming both."""
+    w = "vision_config"
+    patch, image = get_side(vc, "patch_size", d.patch, where=w), get_side(vc, "image_size", d.image, where=w)
+    if image < patch:
+        raise SizingError(f"config field 'vision_config.image_size' ({image}) is smaller than its patch_size ({patch})")
+    return (opt_int(vc, "hidden_size", default=d.hidden, where=w), opt_int(vc, "num_hidden_layers", default=d.layers, where=w),
+            opt_int(vc, "intermediate_size", default=d.inter, where=w),
+            opt_int(vc, "num_attention_heads", default=d.heads, where=w), opt_int(vc, "num_channels", default=3, where=w),
+            patch, image)
+
 
 def siglip_gemma3(vc: dict[str, Any], llm_hidden: int, mm_tokens: int) -> VisionSpec:
     """Gemma-3's SigLIP vision tower (``SiglipVisionModel``) + its projector: patch embed Conv2d
@@ -183,15 +206,7 @@ def siglip_gemma3(vc: dict[str, Any], llm_hidden: int, mm_tokens: int) -> Vision
     when ``vision_use_head``]; projector = RMSNorm e + e*h (mm_input_projection). Each image is
     average-pooled to ``mm_tokens_per_image`` (256) LLM tokens."""
     w = "vision_config"
-    e = opt_int(vc, "hidden_size", default=768, where=w)
-    depth = opt_int(vc, "num_hidden_layers", default=12, where=w)
-    inter = opt_int(vc, "intermediate_size", default=3072, where=w)
-    n_heads = opt_int(vc, "num_attention_heads", default=12, where=w)
-    channels = opt_int(vc, "num_channels", default=3, where=w)
-    patch = get_side(vc, "patch_size", 16, where=w)
-    image = get_side(vc, "image_size", 224, where=w)
-    if image < patch:
-        raise SizingError(f"config field 'vision_config.image_size' ({image}) is smaller than its patch_size ({patch})")
+    e, depth, inter, n_heads, channels, patch, image = _vit_dims(vc, _Vit(768, 12, 3072, 12, 16, 224))
     side = image // patch
     if mm_tokens < 1 or math.isqrt(mm_tokens) ** 2 != mm_tokens or side % math.isqrt(mm_tokens):
         raise SizingError(f"config field 'mm_tokens_per_image' ({mm_tokens}) must be a square whose side divides"
@@ -226,15 +241,7 @@ def llama4_vision(vc: dict[str, Any], llm_hidden: int) -> VisionSpec:
     I*P_in + P_out^2 (no bias); projector vision_output_dim*h (no bias). Tokens per tile =
     (image/patch)^2 x pixel_shuffle_ratio^2 (144 for 336 px, patch 14, ratio 0.5)."""
     w = "vision_config"
-    e = opt_int(vc, "hidden_size", default=768, where=w)
-    depth = opt_int(vc, "num_hidden_layers", default=34, where=w)
-    inter = opt_int(vc, "intermediate_size", default=5632, where=w)
-    n_heads = opt_int(vc, "num_attention_heads", default=16, where=w)
-    channels = opt_int(vc, "num_channels", default=3, where=w)
-    patch = get_side(vc, "patch_size", 14, where=w)
-    image = get_side(vc, "image_size", 448, where=w)
-    if image < patch:
-        raise SizingError(f"config field 'vision_config.image_size' ({image}) is smaller than its patch_size ({patch})")
+    e, depth, inter, n_heads, channels, patch, image = _vit_dims(vc, _Vit(768, 34, 5632, 16, 14, 448))
     p_in = opt_int(vc, "projector_input_dim", default=4096, where=w)
     p_out = opt_int(vc, "projector_output_dim", default=4096, where=w)
     out_dim = opt_int(vc, "vision_output_dim", default=7680, where=w)
