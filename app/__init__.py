@@ -12,6 +12,7 @@ current_run.py          the session's run (live or replay): build, rebuild, clos
 playback.py             Step / Step back / Run N / Play / Reset and the history cursor
 step_queue.py           the browser-side Step counter and key map (a component)
 replay.py               record / replay and deep links
+link_settings.py        URL settings a page could not take, named in one warning
 presentation.py         presentation mode and the KV page's focus
 studies/                what pages measure beyond the run: comparisons, quantization, activations,
                         the pipeline sweep, sizing, the Generate answer

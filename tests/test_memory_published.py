@@ -6,7 +6,7 @@ on an assumed constant (activations, runtime overhead) get the tolerance the ref
 import pytest
 
 from engine.memory import (GiB, MiB, Settings, Workload, ascend_mask_bytes, estimate, get_model, kv_bytes_per_token,
-                           roofline_decode_tokens_per_s, weight_bytes)
+                           model_preset_config, roofline_decode_tokens_per_s, weight_bytes)
 
 
 # --- T1: Llama-2-7B parameters and weights -------------------------------------------------------
@@ -184,14 +184,7 @@ def test_t20_measured_llama_cpp_decode(hardware, weights, measured):
 # presets carry the memory CUDA reports (memory_visible_mib). Tolerances: activations within 3 % (the logs
 # print two decimals of GiB; the sampler constant is fitted to two of these logs); KV tokens within 5 %
 # (the runtime's non-torch memory is a preset constant, not measured); the verdict exact.
-LLAMA_31_8B = {  # meta-llama/Llama-3.1-8B-Instruct config.json
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-    "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5,
-    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-}
+LLAMA_31_8B = model_preset_config("llama-3.1-8b")  # meta-llama/Llama-3.1-8B-Instruct config.json (its preset)
 RTX_4060_WSL = {  # the card of vLLM issue #13882: total_gpu_memory 8.00 GiB, non_torch_memory 0.03 GiB (WSL)
     "name": "GeForce RTX 4060 8GB (WSL)", "device_class": "nvidia-consumer", "memory_gib": 8,
     "memory_visible_mib": 8192, "bandwidth_gb_s": 272, "fp16_tflops": 60, "runtime_overhead_mb": 32,

@@ -21,17 +21,10 @@ from typing import Any
 import pytest
 
 from engine.memory import GiB, Settings, Workload, estimate, get_model, hardware_from_dict
-from engine.sizing.models import parse_config_text
+from engine.sizing.models import model_preset_config, parse_config_text
 
 # --- model configs (Hugging Face config.json fields, as published) -----------------------------------------
-LLAMA_31_8B = {  # meta-llama/Llama-3.1-8B-Instruct
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-    "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5,
-    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-}
+LLAMA_31_8B = model_preset_config("llama-3.1-8b")  # meta-llama/Llama-3.1-8B-Instruct, as its preset holds it
 QWEN2_7B = {  # Qwen/Qwen2-7B-Instruct
     "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
     "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import session
+from app import link_settings, session
 from app.session import K
 from app.studies import architectures as study
 from engine import memory as calc
@@ -40,7 +40,7 @@ st.caption("MHA, MQA, GQA, MLA, sliding windows, state-space and hybrid models k
 
 # ---------------------------------------------------------------------------------------------
 # real configurations, side by side (the calculator)
-url_before = {k: st.query_params[k] for k in st.query_params}
+url_before = link_settings.snapshot()
 c1, c2, c3 = st.columns(3)
 hw = c1.selectbox("Device", HARDWARE, index=HARDWARE.index(session.arch_hw.default), key=K.arch_hw,
                   bind="query-params", format_func=lambda h: f"{h} ({calc.preset_info(h).name})")
@@ -49,11 +49,7 @@ context = c2.number_input("Context (tokens per sequence)", min_value=1, max_valu
 weights = c3.selectbox("Weights", WEIGHTS, index=WEIGHTS.index(session.arch_weights.default), key=K.arch_weights,
                        bind="query-params", help="the same weight format for every model (the calculator may"
                                                  " substitute what the device runs, e.g. fp16 for bf16 on a T4)")
-dropped = [f"{k}={v}" for k, v in url_before.items() if k in BOUND_KEYS and st.query_params.get(k) != v
-           and str(session.widget_value(k)) != v]
-if dropped:
-    st.warning("Ignored link settings that are not valid here: " + md(", ".join(dropped))
-               + " (the defaults are shown instead).", icon="🔗")
+link_settings.warn_ignored(url_before, BOUND_KEYS)
 
 try:
     rows = study.architecture_rows(hw, int(context), weights)

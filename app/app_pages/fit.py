@@ -10,7 +10,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import session
+from app import link_settings
 from app.studies import sizing
 from app.studies.sizing import CUSTOM, CustomDevice
 from engine import memory as calc
@@ -68,25 +68,13 @@ def _framework_label(key: str) -> str:
     return "auto (by hardware)" if key == "auto" else calc.FRAMEWORK_LABELS[key]
 
 
-def _same_value(text: str, value: object) -> bool:
-    """Does the URL text ``text`` denote the widget value ``value``?"""
-    if isinstance(value, bool):
-        return text.lower() == str(value).lower()
-    if isinstance(value, (int, float)):
-        try:
-            return float(text) == float(value)
-        except ValueError:
-            return False
-    return text == str(value)
-
-
 st.title("📐 Will it fit?")
 st.caption("Does model X fit on device Y, and how fast will it run? Every control below is kept in the URL:"
            " copy the address bar to share this exact answer.")
 
 # ---------------------------------------------------------------------------------------
 # controls
-url_before = {k: st.query_params[k] for k in st.query_params}
+url_before = link_settings.snapshot()
 with st.sidebar:
     st.header("Model")
     model_key = st.selectbox("Model", [*PRESET_MODELS, CUSTOM], index=PRESET_MODELS.index("internvl2-8b"),
@@ -168,13 +156,7 @@ with st.sidebar:
     eta_c = c2.number_input("Compute efficiency", min_value=0.05, max_value=1.0, value=None, step=0.05,
                             key="eta_c", bind="query-params", placeholder="device default")
 
-# Streamlit drops URL values a bound widget cannot take (unknown model, batch=-5, ...): say so.
-# (A value equal to the widget's default also leaves the URL: that one was taken, not dropped.)
-dropped = [f"{k}={v}" for k, v in url_before.items()
-           if k in BOUND_KEYS and st.query_params.get(k) != v and not _same_value(v, session.widget_value(k))]
-if dropped:
-    st.warning("Ignored link settings that are not valid here: " + md(", ".join(dropped))
-               + " (the defaults are shown instead).", icon="🔗")
+link_settings.warn_ignored(url_before, BOUND_KEYS)  # what Streamlit dropped from the link, named
 
 # ---------------------------------------------------------------------------------------
 # the answer
