@@ -2,7 +2,6 @@
 mixture of experts on every other layer)."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..formats import SizingError
@@ -10,13 +9,7 @@ from ..units import tokens as _n  # a count with thousands separators
 from .attention import heads, mha_kind
 from .fields import get_bool, opt_int, req_int
 from .records import LayerSpec
-
-
-def _dt_rank(cfg: dict[str, Any], h: int) -> int:
-    """``mamba_dt_rank``: an integer, or "auto" / absent = ceil(h / 16) (JambaConfig)."""
-    if cfg.get("mamba_dt_rank") in (None, "auto"):
-        return math.ceil(h / 16)
-    return req_int(cfg, "mamba_dt_rank")
+from .ssm import mamba_mixer, time_step_rank
 
 
 def jamba(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
@@ -50,15 +43,11 @@ def jamba(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     n_state = opt_int(cfg, "mamba_d_state", default=16)
     k_conv = opt_int(cfg, "mamba_d_conv", default=4)
     d_inner = opt_int(cfg, "mamba_expand", default=2) * h
-    rank = _dt_rank(cfg, h)
-    proj_bias = get_bool(cfg, "mamba_proj_bias", False)
-    conv_bias = get_bool(cfg, "mamba_conv_bias", True)
+    rank = time_step_rank(cfg, "mamba_dt_rank", h)
+    mamba, mamba_linear, state = mamba_mixer(h, d_inner, n_state, k_conv, rank, get_bool(cfg, "mamba_proj_bias", False),
+                                             get_bool(cfg, "mamba_conv_bias", True), inner_norms=True)
 
     attn_linear = h * nh * d + 2 * h * nkv * d + nh * d * h
-    mamba_linear = h * 2 * d_inner + d_inner * (rank + 2 * n_state) + rank * d_inner + d_inner * h
-    mamba = (mamba_linear + (2 * d_inner + h if proj_bias else 0) + d_inner * k_conv + (d_inner if conv_bias else 0)
-             + d_inner + d_inner * n_state + d_inner + rank + 2 * n_state)
-    state = d_inner * (k_conv - 1) + d_inner * n_state
     mlp = 3 * h * inter
     expert = 3 * h * inter
     router = h * n_experts

@@ -11,6 +11,22 @@ from .records import LayerSpec
 
 
 
+def time_step_rank(cfg: dict[str, Any], name: str, h: int) -> int:
+    """The dt rank R: ``name`` as an integer, or "auto" / absent = ceil(h / 16) (MambaConfig, JambaConfig)."""
+    return math.ceil(h / 16) if cfg.get(name) in (None, "auto") else int(get_int(cfg, name))
+
+
+def mamba_mixer(h: int, d_inner: int, n_state: int, k_conv: int, rank: int, proj_bias: bool, conv_bias: bool,
+                inner_norms: bool = False) -> tuple[int, int, int]:
+    """(params, matmul weights, state elements per sequence) of one Mamba v1 mixer: in_proj h*2*Di
+    (+ 2*Di bias) + conv Di*K (+ Di) + x_proj Di*(R+2N) + dt_proj R*Di + Di + A_log Di*N + D Di +
+    out_proj Di*h (+ h) [+ Jamba's dt/B/C RMSNorms R + 2N]; state = Di*(K-1) + Di*N."""
+    linear = h * 2 * d_inner + d_inner * (rank + 2 * n_state) + rank * d_inner + d_inner * h
+    params = (linear + (2 * d_inner + h if proj_bias else 0) + d_inner * k_conv + (d_inner if conv_bias else 0)
+              + d_inner + d_inner * n_state + d_inner + (rank + 2 * n_state if inner_norms else 0))
+    return params, linear, d_inner * (k_conv - 1) + d_inner * n_state
+
+
 def mamba(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     """Mamba v1: in_proj h*2*Di + conv Di*K (+Di) + x_proj Di*(R+2N) + dt_proj R*Di+Di + A, D
     Di*N+Di + out_proj Di*h + norm h; no per-token KV, a state of L*(Di*(K-1) + Di*N) per sequence."""
@@ -23,19 +39,10 @@ def mamba(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
     expand = get_int(cfg, "expand", default=2)
     d_inner = get_int(cfg, "intermediate_size", default=expand * h)
     k_conv = get_int(cfg, "conv_kernel", "d_conv", default=4)
-    dt_rank = cfg.get("time_step_rank", "auto")
-    dt_rank = math.ceil(h / 16) if dt_rank in (None, "auto") else get_int(cfg, "time_step_rank")
-    use_bias = get_bool(cfg, "use_bias", False)
-    conv_bias = get_bool(cfg, "use_conv_bias", True)
-    in_proj = h * 2 * d_inner + (2 * d_inner if use_bias else 0)
-    conv = d_inner * k_conv + (d_inner if conv_bias else 0)
-    x_proj = d_inner * (dt_rank + 2 * n_state)
-    dt_proj = dt_rank * d_inner + d_inner
-    a_d = d_inner * n_state + d_inner
-    out_proj = d_inner * h + (h if use_bias else 0)
-    params = in_proj + conv + x_proj + dt_proj + a_d + out_proj + h
-    linear = h * 2 * d_inner + d_inner * (dt_rank + 2 * n_state) + dt_rank * d_inner + d_inner * h
-    state = d_inner * (k_conv - 1) + d_inner * n_state
+    dt_rank = time_step_rank(cfg, "time_step_rank", h)
+    mixer, linear, state = mamba_mixer(h, d_inner, n_state, k_conv, dt_rank, get_bool(cfg, "use_bias", False),
+                                       get_bool(cfg, "use_conv_bias", True))
+    params = mixer + h  # + the layer's RMSNorm
     layer = LayerSpec("mamba", params, linear, params, state_elems=state)
     tied = get_bool(cfg, "tie_word_embeddings", True)
     formula = (
