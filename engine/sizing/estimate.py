@@ -106,7 +106,8 @@ def estimate(model: ModelSpec | str, hardware: Hardware | str, workload: Workloa
              settings: Settings | None = None, *, detail: bool = True) -> Estimate:
     """The full answer. ``model``/``hardware`` are names, paths or spec objects.
 
-    ``detail=False`` skips the alternatives and suggestions (used by the comparison table).
+    ``detail=False`` skips the alternatives, suggestions and the hardware's other variants (used by
+    the comparison table and by each variant's own answer).
     """
     spec, hw = _resolve_inputs(model, hardware)
     workload = workload or Workload()
@@ -173,9 +174,9 @@ def estimate(model: ModelSpec | str, hardware: Hardware | str, workload: Workloa
     if detail:
         est.alternatives = format_alternatives(plan)
         est.suggestions = format_suggestions(plan, est)
-    est.variants, same = _variant_answers(spec, hw, workload, settings, est)
-    if same:
-        est.notes.append(f"{' and '.join(same)}: the same verdict")
+        est.variants, same = _variant_answers(spec, hw, workload, settings, est)
+        if same:
+            est.notes.append(f"{' and '.join(same)}: the same verdict")
     est.server = _server_words(hw, est)
     est.formulas = formulas(plan, est, sp, roof)
     return est
