@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .budget import DEFAULT_UTIL, FRAMEWORK_LABELS
+from .budget import DEFAULT_UTIL, FRAMEWORK_LABELS, MINDIE_NPU_FRACTION
 from .formats import WEIGHT_FORMATS, SizingError, torch_dtype_name
 from .plan import Plan
 from .result import Estimate, FormatOption
-from .precision import sixteen_bit
+from .precision import INFERSCOPE_KV, sixteen_bit
 from .units import ceil_exact, gib
 
 
@@ -194,7 +194,7 @@ def _mindie(plan: Plan) -> str:
              f".BackendConfig.ScheduleConfig.cacheBlockSize = {b.block}",
              f".BackendConfig.ScheduleConfig.maxPrefillTokens = {max(plan.batched_tokens, inp)}",
              f".BackendConfig.ScheduleConfig.maxBatchSize = {plan.batch}"]
-    env = "" if b.util is None or b.util == 0.8 else f"NPU_MEMORY_FRACTION={b.util:.2f} "
+    env = "" if b.util is None or b.util == MINDIE_NPU_FRACTION else f"NPU_MEMORY_FRACTION={b.util:.2f} "
     return (f"jq '{' | '.join(edits)}' {MINDIE_CONFIG} > config.tmp && mv config.tmp {MINDIE_CONFIG}"
             f" && cd $MIES_INSTALL_PATH && {env}./bin/mindieservice_daemon")
 
@@ -206,7 +206,7 @@ ENGINE_MODELS = ("smollm2-135m",)
 def _inferscope(plan: Plan) -> str:
     """This project's engine with the plan's pool: ``LLM`` with the engine's own knob names."""
     m, b = plan.model, plan.budget
-    kv = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8", "fp8_token": "fp8"}[plan.kv.key]
+    kv = next(name for name, key in INFERSCOPE_KV.items() if key == plan.kv.key)  # the engine's kv_cache_dtype
     blocks = max(1, plan.batch * -(-serve_len(plan) // b.block))
     name = m.key if m.key in ENGINE_MODELS else m.checkpoint.path if m.checkpoint else f"<local folder of {m.hf_id or m.display_name}>"
     return (f"python -c \"from engine import LLM; llm = LLM('{name}', kv_cache_dtype='{kv}',"

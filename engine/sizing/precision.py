@@ -21,7 +21,7 @@ from fractions import Fraction as F
 
 from .arch import LayerSpec, ModelSpec
 from .checks import Remarks
-from .formats import KVDtype, SizingError, WeightFormat, kv_dtype, weight_format
+from .formats import KV_ALIASES, KVDtype, SizingError, WeightFormat, kv_dtype, weight_format
 from .hardware import Hardware
 from .kernels import checkpoint_kernel
 
@@ -154,21 +154,21 @@ def _compute_remarks(fmt: WeightFormat, hw: Hardware, remarks: Remarks) -> None:
         remarks.note(f"{hw.name} has no INT8 matrix units in this runtime: W8A8 runs at the 16-bit peak")
 
 
-#: InferScope's engine (engine/model/kv_quant.py): its fp8 cache keeps an fp32 scale per token and
-#: KV head, as its int8 does; tests/test_memory_engine_kv.py checks the bytes against LLMEngine.
-INFERSCOPE_KV = {"fp8": "fp8_token", "fp8_e4m3": "fp8_token", "float32": "fp32", "bfloat16": "bf16",
-                 "float16": "fp16"}
+#: InferScope's engine (engine/model/kv_quant.py): the calculator's KV format for each of the engine's
+#: kv_cache_dtype names. Its fp8 keeps an fp32 scale per token and KV head, as its int8 does;
+#: tests/test_memory_engine_kv.py checks the bytes against LLMEngine.
+INFERSCOPE_KV = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8", "fp8": "fp8_token"}
 
 
 def _kv(requested: str, fmt: WeightFormat, act_dtype: str, hw: Hardware, framework: str,
         remarks: Remarks) -> KVDtype:
-    if framework == "inferscope":
-        requested = INFERSCOPE_KV.get(requested, requested)
+    if framework == "inferscope" and KV_ALIASES.get(requested, requested) == "fp8":
+        requested = INFERSCOPE_KV["fp8"]  # the engine's fp8 (per-token-head scales), not vLLM's
     kv = kv_dtype("fp32" if fmt.key == "fp32" else act_dtype) if requested == "auto" else kv_dtype(requested)
     if kv.key == "bf16" and not hw.supports_bf16:
         remarks.warn(f"{hw.name} has no BF16: a BF16 KV cache would be FP16 (same bytes)")
         kv = kv_dtype("fp16")
-    if framework == "inferscope" and kv.key not in ("fp32", "bf16", "fp16", "int8", "fp8_token"):
+    if framework == "inferscope" and kv.key not in INFERSCOPE_KV.values():
         raise SizingError(f"kv_dtype {requested!r}: InferScope's engine stores its KV cache as float32, bfloat16,"
                           " float16, int8 or fp8 (each 8-bit one with per-token-head scales)")
     if kv.key in ("q8_0", "q4_0") and framework != "none":
