@@ -25,7 +25,7 @@ def num_layers(name: str) -> int:
     else from the fp32 weights the Weights tab loads anyway (a replay)."""
     current = live_run()
     if current is not None and current.meta.model == name:
-        return int(current.engine.shared.model.config.num_hidden_layers)  # the driver's copy, parallel or not
+        return current.engine.facts.num_hidden_layers  # the driver's copy, parallel or not
     return int(fp32_model(name).config.num_hidden_layers)
 
 

@@ -82,8 +82,10 @@ class PostprocessResult(NamedTuple):
 class Scheduler:
     def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int,
                  eos_token_ids: frozenset[int] = frozenset(),
-                 decode: Callable[[Iterable[int]], str] = lambda ids: "") -> None:
+                 decode: Callable[[Iterable[int]], str] = lambda ids: "",
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.config = config
+        self.clock = clock  # first-token and finish times (a simulated run's clock is virtual)
         self.kv = kv
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
@@ -352,7 +354,7 @@ class Scheduler:
         tokens then pass the stop rules one by one; tokens after the one that finishes the
         request are dropped.
         """
-        now = time.perf_counter()
+        now = self.clock()
         bad = {id(r) for r, _ in failed}
         accepted = num_accepted or {}
         for s in output.scheduled:
@@ -396,7 +398,7 @@ class Scheduler:
         self.remove(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
-        request.finished_step, request.finished_time = step, time.perf_counter()
+        request.finished_step, request.finished_time = step, self.clock()
         request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
         if request.stop_reason is None:
             request.output_text = self.decode(request.output_token_ids)

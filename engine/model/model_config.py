@@ -18,7 +18,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.core.hf_config import MISSING, Fields, got
 
@@ -96,6 +96,15 @@ def physical_memory_bytes() -> int:
         return 2**40
 
 
+class ModelFacts(NamedTuple):
+    """What the engine loop needs of a model besides running it (a simulated model has only these)."""
+
+    num_hidden_layers: int
+    max_position_embeddings: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
@@ -114,6 +123,10 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "LlamaForCausalLM"
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def facts(self) -> ModelFacts:
+        return ModelFacts(self.num_hidden_layers, self.max_position_embeddings, self.vocab_size, self.eos_token_ids)
 
     @classmethod
     def from_hf(cls, d: object, source: str = "config.json") -> "ModelConfig":

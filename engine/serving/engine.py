@@ -41,6 +41,7 @@ from engine.core.request import Request
 from engine.core.scheduler import Scheduler
 from engine.core.trace import RequestMetrics, Snapshot, StepTrace
 from engine.core.tracing import StepRecord, StepTimings, TraceBuilder, request_metrics
+from engine.costmodel.model import SimulatedModel
 from engine.model.runner import kv_cache_bytes_per_token
 from engine.model.shared import SharedModel, shared_model_for
 from engine.parallel.layout import stage_layouts
@@ -50,45 +51,61 @@ from engine.serving.outputs import RequestOutput, request_output
 from engine.serving.progress import ProgressWatch
 from engine.serving.runners import RunnerContext, build_runner
 from engine.serving.sampler import Samples, sample_and_verify
-from engine.speculative.verify import build_speculator, draft_kv_bytes_per_token
+from engine.speculative.verify import Speculator, build_speculator, draft_kv_bytes_per_token
 
 
 class LLMEngine:
-    def __init__(self, model: str | SharedModel = "smollm2-135m", config: EngineConfig | None = None,
-                 progress: Callable[[str], None] | None = None, **knobs: Any) -> None:
+    def __init__(self, model: str | SharedModel | SimulatedModel = "smollm2-135m", config: EngineConfig | None = None,
+                 progress: Callable[[str], None] | None = None, clock: Callable[[], float] | None = None,
+                 **knobs: Any) -> None:
         """Validate knobs, then the memory they need, then allocate (KV tensors, block pool).
         With pipeline_parallel_size x tensor_parallel_size > 1 the model runs in worker processes
         (engine/parallel/executor.py), started here (``progress`` hears how far start-up got); stop
-        them with ``shutdown()`` (garbage collection and interpreter exit stop them too)."""
+        them with ``shutdown()`` (garbage collection and interpreter exit stop them too).
+        ``clock``: the time arrivals, first tokens and finishes are stamped with (perf_counter; a
+        SimulatedModel runs on a VirtualClock its runner advances, engine/simulate)."""
         self.config = c = engine_config(config, knobs)
-        self.shared = shared_model_for(model, c)
-        mc = self.shared.model.config
+        self.clock = clock or time.perf_counter
+        self.shared = model if isinstance(model, SimulatedModel) else shared_model_for(model, c)
+        self.facts = facts = self.shared.facts if isinstance(self.shared, SimulatedModel) \
+            else self.shared.model.config.facts
         # The split must fit the model at every p, p = 1 included (no worker checks it there).
-        stage_layouts(mc.num_hidden_layers, c.parallel_config.pipeline_parallel_size, c.parallel_config.pipeline_layer_split)
+        stage_layouts(facts.num_hidden_layers, c.parallel_config.pipeline_parallel_size, c.parallel_config.pipeline_layer_split)
         self.tokenizer = self.shared.tokenizer
         self._decode = detokenizer(self.tokenizer)
-        self.model_max_len = min(mc.max_position_embeddings, c.scheduler_config.max_model_len or mc.max_position_embeddings)
+        self.model_max_len = min(facts.max_position_embeddings,
+                                 c.scheduler_config.max_model_len or facts.max_position_embeddings)
         self.max_model_len = min(self.model_max_len, c.cache_config.pool_tokens)
-        kv_bytes = kv_cache_bytes_per_token(mc, c.kv_cache_dtype) + draft_kv_bytes_per_token(c.speculative_config,
-                                                                                          self.shared)
-        self.memory_need = limits.estimate_memory(c, mc, self.max_model_len, kv_bytes)
+        self.memory_need = self._memory_need()
         limits.check_memory(c, self.memory_need, limits.available_memory_bytes())
         self.kv = KVCacheManager(c.cache_config.num_blocks, c.cache_config.block_size, c.cache_config.enable_prefix_caching)
-        eos = set(mc.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
+        eos = set(facts.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None and not isinstance(self.shared, SimulatedModel):
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
-        self.scheduler = Scheduler(c, self.kv, self.max_model_len, self.eos_token_ids, self._decode)
+        self.scheduler = Scheduler(c, self.kv, self.max_model_len, self.eos_token_ids, self._decode, self.clock)
         self.runner = build_runner(RunnerContext(model if isinstance(model, str) else self.shared.name,
-                                                 self.shared, c, progress))
+                                                 self.shared, c, progress, self.clock))
         self.batches = self.runner.batch_stage()
-        self.speculator = build_speculator(c, self.shared, self.max_model_len)
-        self.intake = RequestIntake(c, self.tokenizer, mc.vocab_size, self.model_max_len, self.max_model_len)
+        self.speculator = build_speculator(c, self.shared, self.max_model_len) \
+            if isinstance(self.shared, SharedModel) else Speculator(None, 0, self.max_model_len, self.tokenizer)
+        self.intake = RequestIntake(c, self.tokenizer, facts.vocab_size, self.model_max_len, self.max_model_len)
         self.tracer = TraceBuilder(c, self.kv, self.scheduler, self.tokenizer, self._decode)
         self.progress = ProgressWatch(ProgressWatch.limit_for(c, self.max_model_len))
         self.step_count = 0
         self.trace_seconds = 0.0  # time spent building StepTraces (for the benchmark)
         self.lock = threading.RLock()
+
+    def _memory_need(self) -> limits.MemoryNeed:
+        """What this process allocates: the KV tensors and a step's activations, or for a simulated
+        model only the block pool's objects (its KV lives on the simulated hardware)."""
+        c = self.config
+        if isinstance(self.shared, SimulatedModel):
+            return limits.block_pool_need(c)
+        mc = self.shared.model.config
+        kv_bytes = kv_cache_bytes_per_token(mc, c.kv_cache_dtype) + draft_kv_bytes_per_token(c.speculative_config,
+                                                                                          self.shared)
+        return limits.estimate_memory(c, mc, self.max_model_len, kv_bytes)
 
     @property
     def requests(self) -> dict[str, Request]:
@@ -108,16 +125,18 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_step: int | None = None) -> str:
-        """Validate everything first; a bad request raises ValueError and changes nothing."""
+                    request_id: str | None = None, arrival_step: int | None = None,
+                    arrival_time: float | None = None) -> str:
+        """Validate everything first; a bad request raises ValueError and changes nothing.
+        ``arrival_time``: when it arrived on the engine's clock (None: when a step admits it)."""
         prepared = self.intake.prepare(prompt, sampling_params, arrival_step, self.step_count)
-        return self.enqueue(prepared, request_id, arrival_step)
+        return self.enqueue(prepared, request_id, arrival_step, arrival_time)
 
     def enqueue(self, prepared: PreparedRequest, request_id: str | None = None,
-                arrival_step: int | None = None) -> str:
+                arrival_step: int | None = None, arrival_time: float | None = None) -> str:
         """Queue a request ``intake.prepare`` checked (its id is checked here, under the lock)."""
         with self.lock:
-            return self.intake.enqueue(prepared, request_id, arrival_step, self.step_count)
+            return self.intake.enqueue(prepared, request_id, arrival_step, self.step_count, arrival_time)
 
     def abort_request(self, request_id: str) -> None:
         """Finish a request (and, for parallel sampling, all its sequences) with "abort"."""
@@ -156,7 +175,7 @@ class LLMEngine:
         """arrivals -> propose drafts -> schedule and run the batch -> sample and verify ->
         postprocess -> trace (module doc); the timings split the step between the stages."""
         t0 = time.perf_counter()
-        arrived = self.intake.admit_arrivals(self.step_count, self.scheduler, time.perf_counter())
+        arrived = self.intake.admit_arrivals(self.step_count, self.scheduler, self.clock())
         drafts = self.speculator.propose(self.scheduler.running, cp)
         t_drafted = time.perf_counter()
         ran = self.batches.run(self.scheduler, self.requests, self.kv)

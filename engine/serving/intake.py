@@ -8,6 +8,7 @@ reserved for the sequences a parallel-sampling request forks at its first sample
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -73,8 +74,13 @@ class RequestIntake:
         return PreparedRequest(token_ids, text, params)
 
     def enqueue(self, prepared: PreparedRequest, request_id: str | None, arrival_step: int | None,
-                step_count: int) -> str:
-        """Queue a prepared request (the request id is checked here; the caller holds the engine's lock)."""
+                step_count: int, arrival_time: float | None = None) -> str:
+        """Queue a prepared request (the request id is checked here; the caller holds the engine's lock).
+        ``arrival_time``: when it arrived on the engine's clock (a simulated run's arrivals fall
+        between steps); None: when a step hands it to the scheduler."""
+        if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float))
+                                         or not math.isfinite(arrival_time)):
+            raise ValueError(f"arrival_time: must be a finite number of seconds, got {str(arrival_time)[:40]!r}")
         token_ids, text, params = prepared
         rid = self._new_request_id(request_id)
         children = [f"{rid}#{i}" for i in range(1, params.n)]
@@ -86,7 +92,8 @@ class RequestIntake:
         seed = params.seed if params.seed is not None else \
             (self.config.seed * 1_000_003 + len(self.requests)) % (MAX_SEED + 1)
         request = Request(rid, text, token_ids, params, arrival_step=arrival, seed=seed,
-                          generator=None if params.greedy else torch.Generator().manual_seed(seed))
+                          generator=None if params.greedy else torch.Generator().manual_seed(seed),
+                          arrival_time=None if arrival_time is None else float(arrival_time))
         self.requests[rid] = request
         self.reserved_ids.update(children)
         self.pending.append(request)
@@ -98,7 +105,8 @@ class RequestIntake:
         arrived = []
         while self.pending and self.pending[0].arrival_step <= step_count:
             request = self.pending.pop(0)
-            request.arrival_time = now
+            if request.arrival_time is None:  # (a simulated arrival comes with its own time)
+                request.arrival_time = now
             scheduler.add(request)
             arrived.append(request.request_id)
         return tuple(arrived)

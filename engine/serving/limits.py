@@ -92,6 +92,11 @@ def estimate_memory(config: EngineConfig, mc: ModelConfig, max_model_len: int, k
                       batch=t * per_token + scores, sequences=n_seqs * per_seq)
 
 
+def block_pool_need(config: EngineConfig) -> MemoryNeed:
+    """Only the block pool's objects (a simulated model: no KV tensors, no activations here)."""
+    return MemoryNeed(kv_cache=0, block_pool=config.cache_config.num_blocks * BLOCK_OBJECT_BYTES, batch=0, sequences=0)
+
+
 def check_memory(config: EngineConfig, need: MemoryNeed, available: int | None) -> None:
     """Rule: refuse (ValueError naming the dominant knob, the need and what is available) when
     the knobs need more than MEMORY_FRACTION of the available memory."""

@@ -4,11 +4,12 @@ runner is chosen (``EngineConfig.runner`` -> ``RUNNERS``).
     in_process  ModelRunner (engine/model/runner.py): the model and its KV cache in this process
     workers     ParallelRunner (engine/parallel/executor.py): pipeline x tensor parallel worker
                 processes (pipeline_parallel_size x tensor_parallel_size of them)
+    simulated   SimulatedRunner (engine/costmodel/runner.py): runs no model; predicts each step's
+                duration on the target hardware and advances the engine's virtual clock
 
-"auto" is "workers" when p x t > 1, else "in_process". A new runner (e.g. one that predicts each
-step's duration from a cost model instead of running the model) is one module with a class that
-has the members of ``Runner``, plus one entry in ``RUNNERS`` (docs/architecture.md); the engine
-never tells runners apart.
+"auto" is "simulated" for a SimulatedModel, else "workers" when p x t > 1, else "in_process". A new
+runner is one module with a class that has the members of ``Runner``, plus one entry in
+``RUNNERS`` (docs/architecture.md); the engine never tells runners apart.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from engine.core.kv_cache import KVCacheManager
 from engine.core.request import Request
 from engine.core.scheduler import SchedulerOutput
 from engine.core.trace import ParallelLayout, PipelineTimeline
+from engine.costmodel.clock import VirtualClock
+from engine.costmodel.model import SimulatedModel
+from engine.costmodel.runner import SimulatedRunner
 from engine.model.attention import attention_backend
 from engine.model.llama import LlamaModel, Observer
 from engine.model.runner import ModelRunner
@@ -79,42 +83,67 @@ class RunnerContext(NamedTuple):
     """What a runner is built from."""
 
     model_name: str  # what a worker process loads
-    shared: SharedModel  # the weights in this process
+    shared: SharedModel | SimulatedModel  # the weights in this process, or a simulated model
     config: EngineConfig
     progress: Callable[[str], None] | None  # start-up progress (worker processes)
+    clock: Callable[[], float]  # the engine's clock (a VirtualClock for a simulated model)
+
+
+def _weights(ctx: RunnerContext, name: str) -> SharedModel:
+    if not isinstance(ctx.shared, SharedModel):
+        raise ValueError(f"runner: {name!r} runs a model's weights; a simulated model runs on 'simulated' (or 'auto')")
+    return ctx.shared
 
 
 def _in_process(ctx: RunnerContext) -> Runner:
+    shared = _weights(ctx, "in_process")
     c = ctx.config
     if c.parallel_config.world_size > 1:
         raise ValueError(f"runner: 'in_process' runs the model in this process; pipeline_parallel_size x "
                          f"tensor_parallel_size = {c.parallel_config.world_size} needs 'workers' (or 'auto')")
-    return ModelRunner(ctx.shared.model, c.cache_config.num_blocks, c.cache_config.block_size, c.kv_cache_dtype,
+    return ModelRunner(shared.model, c.cache_config.num_blocks, c.cache_config.block_size, c.kv_cache_dtype,
                        attention_backend(c.attention_backend))
 
 
 def _workers(ctx: RunnerContext) -> Runner:
+    shared = _weights(ctx, "workers")
     if ctx.config.parallel_config.world_size == 1:
         raise ValueError("runner: 'workers' needs pipeline_parallel_size x tensor_parallel_size > 1 "
                          "(use 'auto' or 'in_process' for one process)")
     attention_backend(ctx.config.attention_backend)  # an unknown backend fails here, not in a worker
-    return ParallelRunner(ctx.model_name, ctx.shared.model, ctx.config, ctx.progress)
+    return ParallelRunner(ctx.model_name, shared.model, ctx.config, ctx.progress)
+
+
+def _simulated(ctx: RunnerContext) -> Runner:
+    if not isinstance(ctx.shared, SimulatedModel) or not isinstance(ctx.clock, VirtualClock):
+        raise ValueError("runner: 'simulated' needs a SimulatedModel and a VirtualClock (engine.simulate builds "
+                         "both)")
+    c = ctx.config
+    if c.parallel_config.world_size > 1:
+        raise ValueError("runner: a simulated run takes its TP x PP from the deployment (SimulatedModel), not "
+                         "from pipeline_parallel_size / tensor_parallel_size")
+    if c.speculative_config is not None:
+        raise ValueError("speculative_config: a simulated run does not model speculative decoding")
+    return SimulatedRunner(ctx.shared, ctx.clock, c.cache_config.num_blocks, c.cache_config.block_size)
 
 
 #: EngineConfig.runner -> the runner's constructor.
-RUNNERS: dict[str, Callable[[RunnerContext], Runner]] = {"in_process": _in_process, "workers": _workers}
+RUNNERS: dict[str, Callable[[RunnerContext], Runner]] = {"in_process": _in_process, "workers": _workers,
+                                                         "simulated": _simulated}
 
 
-def runner_name(config: EngineConfig) -> str:
+def runner_name(config: EngineConfig, simulated: bool = False) -> str:
     """The registered name ``config.runner`` stands for ("auto" resolved)."""
     if config.runner == "auto":
+        if simulated:
+            return "simulated"
         return "workers" if config.parallel_config.world_size > 1 else "in_process"
     return config.runner
 
 
 def build_runner(ctx: RunnerContext) -> Runner:
     """The runner ``ctx.config.runner`` names; an unknown name is a ValueError naming the knob."""
-    name = runner_name(ctx.config)
+    name = runner_name(ctx.config, isinstance(ctx.shared, SimulatedModel))
     factory = RUNNERS.get(name)
     if factory is None:
         raise ValueError(f"runner: must be 'auto' or one of {sorted(RUNNERS)}, got {name[:40]!r}")

@@ -455,7 +455,7 @@ class Plan:
             return self.budget.eta_memory * self.fmt.eta_factor, 0.0
         return rule.eta * (self.fmt.eta_factor if rule.format_factors else 1.0), rule.t0_s
 
-    def _decode_weight_bytes(self, st: StageStatic, batch: int, tp: int) -> float:
+    def weight_bytes_read(self, st: StageStatic, batch: int, tp: int) -> float:
         """LLM weight bytes one decode step reads: MoE layers read only the experts a batch
         touches, E x (1 - (1 - k/E)^B) of E."""
         w = float(st.weights_llm)
@@ -466,7 +466,7 @@ class Plan:
             w += (distinct - lay.num_experts) * expert
         return w
 
-    def _comm_s(self, batch: int, tp: int, pp: int) -> float:
+    def comm_seconds(self, batch: int, tp: int, pp: int) -> float:
         """TP: 2 ring all-reduces per layer of B x h x act bytes (2 (tp-1)/tp of it over the link);
         PP: one hop of B x h x act bytes per stage boundary; each + a fixed latency."""
         m, link = self.model, self.hw.interconnect or DEFAULT_LINK
@@ -510,7 +510,7 @@ class Plan:
         stages = self.static(tp, pp)
         step = t_mem_sum = t_comp_sum = d_bytes = d_flops = 0.0
         for st in stages:
-            bytes_ = self._decode_weight_bytes(st, batch, tp) + float(self.kv_bytes_stage(st, batch, context))
+            bytes_ = self.weight_bytes_read(st, batch, tp) + float(self.kv_bytes_stage(st, batch, context))
             attn = sum(f * (context if win is None else min(context, win))
                        for win, f in st.attn_flops_by_window.items())
             flops = (2 * st.active_params + attn) * batch / tp
@@ -518,7 +518,7 @@ class Plan:
             step += max(t_mem, t_comp)
             t_mem_sum, t_comp_sum = t_mem_sum + t_mem, t_comp_sum + t_comp
             d_bytes, d_flops = d_bytes + bytes_, d_flops + flops
-        comm = self._comm_s(batch, tp, pp)
+        comm = self.comm_seconds(batch, tp, pp)
         step += comm + t0
         # prefill: every sequence's prompt, chunked at the batched-token budget (weights read per chunk)
         tokens = batch * self.work.prompt_total

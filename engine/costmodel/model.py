@@ -1,0 +1,103 @@
+"""A deployment the engine can serve without weights: a calculator model on a hardware preset.
+
+The engine needs four facts of a model to run its loop (layers, positions, vocabulary, end-of-text
+ids) and a runner; a SimulatedModel gives the facts and a cost model for the simulated runner.
+Its KV pool is the calculator's: ``estimate(...).kv_room_tokens`` for the deployment, in whole
+blocks of the framework's block size (one source of truth with the Fit page and the CLI).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.costmodel.cost import CostModel
+from engine.costmodel.roofline import Efficiency, RooflineCost
+from engine.model.loader import byte_tokenizer
+from engine.model.model_config import ModelFacts
+from engine.sizing import Estimate, Hardware, ModelSpec, Settings, Workload, estimate, get_hardware, get_model
+from engine.sizing.plan import Plan
+
+#: vLLM's default max_num_seqs (EngineArgs), used where the caller sets none.
+DEFAULT_MAX_NUM_SEQS = 256
+#: positions assumed for a config that names no limit
+DEFAULT_MAX_POSITIONS = 131_072
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What is simulated, as the calculator resolved it (the figures a page shows beside the run)."""
+
+    model: str
+    model_name: str
+    hardware: str
+    hardware_name: str
+    framework: str
+    budget_rule: str
+    tp: int
+    pp: int
+    weights_format: str
+    kv_dtype: str
+    block_size: int
+    kv_pool_tokens: int  # the calculator's KV room for this deployment, whole blocks
+    kv_bytes_per_token: int  # every layer, whole model
+    max_num_batched_tokens: int
+    max_model_len: int
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_pool_tokens // self.block_size
+
+    @property
+    def words(self) -> str:
+        return (f"{self.model_name} on {self.tp * self.pp} x {self.hardware_name} (TP {self.tp}, PP {self.pp}),"
+                f" {self.framework}, {self.weights_format} weights, {self.kv_dtype} KV,"
+                f" {self.kv_pool_tokens:,} KV tokens")
+
+
+@dataclass(frozen=True)
+class SimulatedModel:
+    """The model side of a simulated engine: facts, a tokenizer for text prompts, a cost model."""
+
+    name: str
+    facts: ModelFacts
+    tokenizer: Any  # byte-level: a text prompt costs one token per byte (token ids are exact)
+    cost: CostModel
+    deployment: Deployment
+
+
+def _deployment(spec: ModelSpec, est: Estimate, plan: Plan, max_model_len: int) -> Deployment:
+    return Deployment(model=spec.key, model_name=spec.display_name, hardware=est.hardware,
+                      hardware_name=est.hardware_name, framework=est.framework, budget_rule=est.budget_rule,
+                      tp=est.tp, pp=est.pp, weights_format=est.weights_format, kv_dtype=est.kv_dtype,
+                      block_size=plan.budget.block, kv_pool_tokens=est.kv_room_tokens,
+                      kv_bytes_per_token=est.kv_bytes_per_token, max_num_batched_tokens=plan.batched_tokens,
+                      max_model_len=max_model_len)
+
+
+def simulated_model(model: str | ModelSpec, hardware: str | Hardware, settings: Settings | None = None,
+                    max_model_len: int | None = None, efficiency: Efficiency | None = None) -> SimulatedModel:
+    """A calculator model served on ``hardware`` as ``settings`` say (TP, PP, framework, formats).
+
+    ValueError (naming the field) when the calculator cannot size it, when it does not fit, or when
+    the model keeps no KV cache (a pure state-space model has no blocks to schedule)."""
+    spec = get_model(model) if isinstance(model, str) else model
+    hw = get_hardware(hardware)
+    settings = settings or Settings()
+    if not spec.has_kv:
+        raise ValueError(f"model: {spec.display_name} keeps no KV cache (a state-space model); the simulator "
+                         f"schedules KV blocks")
+    positions = spec.max_model_len or DEFAULT_MAX_POSITIONS
+    length = positions if max_model_len is None else max_model_len
+    if not 2 <= length <= positions:
+        raise ValueError(f"max_model_len: must be 2 .. {positions:,} ({spec.display_name}), got {length!r}")
+    workload = Workload(batch=1, context=length)
+    est = estimate(spec, hw, workload, settings, detail=False)
+    if not est.fits or est.kv_room_tokens <= 0:
+        raise ValueError(f"hardware: {spec.display_name} does not fit on {est.devices} x {est.hardware_name}"
+                         f" (TP {est.tp}, PP {est.pp}) at max_model_len {length:,}: {est.reason}")
+    plan = Plan(spec, hw, workload, settings)
+    deployment = _deployment(spec, est, plan, length)
+    facts = ModelFacts(num_hidden_layers=spec.num_layers, max_position_embeddings=positions,
+                       vocab_size=max(spec.vocab, 258), eos_token_ids=())
+    return SimulatedModel(name=f"{spec.key} (simulated)", facts=facts, tokenizer=byte_tokenizer(),
+                          cost=RooflineCost(plan, efficiency), deployment=deployment)

@@ -1,0 +1,68 @@
+"""What one scheduled batch asks of the hardware: per request, the new tokens and the context
+they attend to. Everything a cost model may read, and nothing else (no token ids)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from engine.core.scheduler import SchedulerOutput
+
+
+class ChunkShape(NamedTuple):
+    """One request's part of a step."""
+
+    new_tokens: int  # query tokens computed this step
+    start: int  # tokens whose KV is already cached (the context before the chunk)
+    samples: int  # logits rows it needs (0: a prefill chunk that does not reach the end)
+
+    @property
+    def context(self) -> int:
+        """Tokens the chunk's last query attends to (its KV after the step)."""
+        return self.start + self.new_tokens
+
+    @property
+    def causal_pairs(self) -> int:
+        """(query, key) pairs of causal attention: each new token sees the cached tokens and the
+        new ones up to itself: q x start + q (q + 1) / 2."""
+        q = self.new_tokens
+        return q * self.start + q * (q + 1) // 2
+
+
+@dataclass(frozen=True)
+class StepShape:
+    chunks: tuple[ChunkShape, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        """M of every GEMM: the batch's tokens."""
+        return sum(c.new_tokens for c in self.chunks)
+
+    @property
+    def num_samples(self) -> int:
+        """Rows of the LM head."""
+        return sum(c.samples for c in self.chunks)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def num_decodes(self) -> int:
+        """Chunks of one query token that sample (a decode)."""
+        return sum(1 for c in self.chunks if c.new_tokens == 1 and c.samples)
+
+
+def step_shape(output: SchedulerOutput) -> StepShape:
+    """The shape of a scheduler output (speculative drafts count as query tokens and rows)."""
+    return StepShape(tuple(ChunkShape(s.num_new_tokens, s.start, 0 if s.is_prefill else 1 + s.num_spec_tokens)
+                           for s in output.scheduled))
+
+
+def decode_shape(batch: int, context: int) -> StepShape:
+    """``batch`` decodes, each at ``context`` tokens (the calculator's decode step)."""
+    return StepShape(tuple(ChunkShape(1, context - 1, 1) for _ in range(batch)))
+
+
+def prefill_shape(tokens: int, start: int = 0) -> StepShape:
+    """One prefill of ``tokens`` new tokens after ``start`` cached ones, sampling its first token."""
+    return StepShape((ChunkShape(tokens, start, 1),))
