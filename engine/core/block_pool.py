@@ -44,6 +44,7 @@ class BlockPool:
     free_queue: "OrderedDict[int, None]" = field(init=False)
     journal: list[JournalEntry] | None = field(init=False, default=None)
     _num_evictable: int = field(init=False, default=0)
+    _num_cached: int = field(init=False, default=0)  # (counted, not summed: a trace reads it every step)
 
     def __post_init__(self) -> None:
         if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) \
@@ -60,6 +61,11 @@ class BlockPool:
     def num_evictable(self) -> int:
         """Cached blocks that no block table uses (the prefix cache gives them up first)."""
         return self._num_evictable
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks the prefix cache holds, in use or evictable."""
+        return self._num_cached
 
     @property
     def num_used(self) -> int:
@@ -100,6 +106,7 @@ class BlockPool:
                 raise RuntimeError(f"block pool: block {block_id} cannot be cached "
                                    f"(cached={block.cached}, ref_count={block.ref_count})")
             block.cached = True
+            self._num_cached += 1
             if self.journal is not None:
                 self.journal.append(("cache", block_id, 0))
 
@@ -112,6 +119,7 @@ class BlockPool:
                                    f"(cached={block.cached}, ref_count={block.ref_count})")
             block.cached = False
             self._num_evictable -= 1
+            self._num_cached -= 1
             self.free_queue[block_id] = None
             if self.journal is not None:
                 self.journal.append(("evict", block_id, 0))
@@ -168,6 +176,7 @@ class BlockPool:
                 del self.free_queue[block_id]
                 block.cached = True
         self._num_evictable = sum(1 for b in self.blocks if b.cached and b.ref_count == 0)
+        self._num_cached = sum(1 for b in self.blocks if b.cached)
         self.journal = None
 
     def check_integrity(self) -> None:
@@ -181,6 +190,8 @@ class BlockPool:
         evictable = sum(1 for b in self.blocks if b.cached and b.ref_count == 0)
         if evictable != self._num_evictable:
             raise AssertionError(f"block pool: {evictable} evictable blocks, counted {self._num_evictable}")
+        if sum(1 for b in self.blocks if b.cached) != self._num_cached:
+            raise AssertionError(f"block pool: cached blocks miscounted ({self._num_cached})")
         used = sum(1 for b in self.blocks if b.ref_count > 0)
         if self.num_free + used + evictable != self.num_blocks:
             raise AssertionError("block pool: free + used + cached-evictable != total")

@@ -95,7 +95,7 @@ class TraceBuilder:
                 lookups=output.lookups, inserted=tuple(events.inserted), split=tuple(events.split),
                 evicted=tuple(self.prefix_node(n) for n in events.evicted), copies=output.copies,
                 forked=tuple(r.request_id for r in record.forked)),
-            num_cached_blocks=sum(1 for b in self.kv.pool.blocks if b.cached),
+            num_cached_blocks=self.kv.pool.num_cached,
             num_evictable_blocks=self.kv.pool.num_evictable,
             spec=record.spec,
             draft_ms=t.draft_ms,

@@ -8,7 +8,7 @@ scheduled batch would take on the target hardware and advances a virtual clock b
     cost.py       CostModel (the interface) and StepCost (the breakdown of one step)
     roofline.py   RooflineCost: per operator roofline x efficiency, for any calculator model and preset
     measured.py   MeasuredCost: curves measured on this machine (engine/simulate/calibrate.py)
-    clock.py      VirtualClock: the simulated run's seconds
+    clock.py      VirtualClock (a simulated run's seconds) and WallClock (a real run's)
     model.py      SimulatedModel: a model + deployment the engine serves without weights
     runner.py     SimulatedRunner: the Runner (engine/serving/runners.py) that predicts instead of runs
 """

@@ -1,0 +1,189 @@
+"""python -m engine.simulate: serving under load, the real scheduler on simulated hardware.
+
+    python -m engine.simulate --model llama-3-70b --hardware h100-sxm --tp 8 --rate 10 --num-requests 2000
+    python -m engine.simulate --model llama-3-8b --hardware a100-80gb --workload requests.json --json
+    python -m engine.simulate ... --capacity --slo-ttft 1 --slo-tpot 0.05
+
+Times are predicted (a cost model), not measured: the output says so. A bad input exits with
+status 2 and one line on stderr; never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.costmodel.model import DEFAULT_MAX_NUM_SEQS, SimulatedModel, simulated_model
+from engine.simulate.capacity import Capacity, find_capacity
+from engine.simulate.metrics import SLO, Summary, summarize
+from engine.simulate.result import RunResult
+from engine.simulate.simulator import Progress, ServingKnobs, simulate
+from engine.simulate.workload import Workload, generate, parse_lengths, parse_workload
+from engine.sizing import Settings, SizingError
+
+#: the --json keys (a stable contract)
+JSON_KEYS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "output_tokens_per_s",
+             "requests_per_s", "goodput", "kv_pool_tokens", "max_kv_usage", "preemptions", "steps")
+MAX_WORKLOAD_BYTES = 64 << 20
+
+
+class InputError(ValueError):
+    """A bad command-line value: one line on stderr, exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.simulate", description=__doc__.split("\n\n")[0])
+    a = p.add_argument
+    a("--model", required=True, help="a model preset, a config.json or a model folder")
+    a("--hardware", required=True, help="a hardware preset (python -m engine.memory --list-hardware)")
+    a("--tp", type=int, help="tensor parallel size (default: the calculator's)")
+    a("--pp", type=int, default=1, help="pipeline parallel size")
+    a("--framework", default="auto", help="vllm, sglang, ... (its KV budget rule and step overhead)")
+    a("--framework-version", help="the framework version whose budget rule applies")
+    a("--gpu-memory-utilization", type=float, help="vLLM's util / SGLang's mem_fraction_static")
+    a("--weights", default="auto", help="weight format (bf16, fp8, awq, ...)")
+    a("--kv-dtype", default="auto", help="KV cache dtype")
+    a("--max-model-len", type=int, help="context limit (default: the model's)")
+    a("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, help="most requests running at once")
+    a("--max-num-batched-tokens", type=int, help="token budget per step (default: the framework's)")
+    a("--no-prefix-caching", action="store_true")
+    a("--no-chunked-prefill", action="store_true")
+    a("--rate", type=float, help="Poisson arrivals per second (inf: all at t = 0)")
+    a("--num-requests", type=int, default=200)
+    a("--prompt-len", default="sharegpt", help="N | uniform:LO-HI | lognormal:MEAN,SIGMA | sharegpt | lmsys-chat"
+                                                " | arxiv-summarization")
+    a("--output-len", default="sharegpt", help="as --prompt-len")
+    a("--prefix-groups", type=int, default=0, help="interleaved groups sharing a prompt prefix")
+    a("--prefix-tokens", type=int, default=0, help="tokens of each group's shared prefix")
+    a("--seed", type=int, default=0)
+    a("--workload", help="a JSON list of {arrival_s, prompt | prompt_tokens, max_tokens, priority?}")
+    a("--slo-ttft", type=float, help="TTFT target in seconds (goodput, capacity)")
+    a("--slo-tpot", type=float, help="TPOT target in seconds (goodput, capacity)")
+    a("--capacity", action="store_true", help="find the highest rate meeting the SLOs (p90)")
+    a("--time-limit", type=float, default=600.0, help="wall seconds per run before it stops, partial")
+    a("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings(weights=args.weights, kv_dtype=args.kv_dtype, tp=args.tp, pp=args.pp, framework=args.framework,
+                    framework_version=args.framework_version, gpu_memory_utilization=args.gpu_memory_utilization,
+                    max_num_batched_tokens=args.max_num_batched_tokens)
+
+
+def _workload_at(args: argparse.Namespace) -> Any:
+    prompt = parse_lengths(args.prompt_len, "--prompt-len", "prompt")
+    output = parse_lengths(args.output_len, "--output-len", "output")
+
+    def at(rate: float) -> Workload:
+        return generate(args.num_requests, rate, prompt, output, seed=args.seed, prefix_groups=args.prefix_groups,
+                        prefix_tokens=args.prefix_tokens)
+    return at
+
+
+def _read_workload(path: str) -> Workload:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"--workload: no such file {path[:200]!r}")
+    if p.stat().st_size > MAX_WORKLOAD_BYTES:
+        raise InputError(f"--workload: larger than {MAX_WORKLOAD_BYTES >> 20} MiB")
+    return parse_workload(p.read_bytes(), name=p.name, seed=0)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if (args.rate is None) == (args.workload is None) and not args.capacity:
+        raise InputError("give --rate (with --num-requests) or --workload")
+    if args.capacity and args.workload:
+        raise InputError("--capacity sweeps the rate of a generated workload; it cannot take --workload")
+    if args.time_limit is not None and not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise InputError(f"--time-limit: must be a number of seconds > 0, got {args.time_limit!r}")
+
+
+def _progress(enabled: bool) -> Any:
+    def say(p: Progress) -> None:
+        print(f"\r{p.finished:,} of {p.total:,} requests done, {p.clock_s:,.1f} s simulated in {p.wall_s:,.1f} s",
+              end="", file=sys.stderr, flush=True)
+    return say if enabled else None
+
+
+def _report(sim: SimulatedModel, run: RunResult, s: Summary, capacity: Capacity | None) -> dict[str, Any]:
+    out: dict[str, Any] = {k: getattr(s, k) for k in JSON_KEYS}
+    out.update(simulated=True, partial=s.partial, deployment=sim.deployment.words, cost_model=sim.cost.label,
+               slo_attainment=s.slo_attainment, finished=s.finished, num_requests=s.num_requests,
+               makespan_s=s.makespan_s, per_request=[r.as_dict() for r in run.requests])
+    if capacity is not None:
+        out["max_rate"] = capacity.max_rate
+        out["capacity_points"] = [{"rate": p.rate, "ttft_p90_s": p.summary.ttft_p90_s,
+                                   "tpot_p90_s": p.summary.tpot_p90_s, "meets": p.meets} for p in capacity.points]
+    return out
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:,.1f} ms"
+
+
+def render_text(report: dict[str, Any], workload: str) -> str:
+    lines = [f"SIMULATED - predicted times, not measured ({report['cost_model']})",
+             f"deployment: {report['deployment']}", f"workload:   {workload}",
+             f"finished {report['finished']:,} of {report['num_requests']:,} requests in {report['makespan_s']:,.1f} s"
+             + ("  (PARTIAL: stopped at the time limit)" if report["partial"] else ""),
+             f"TTFT  p50 {_ms(report['ttft_p50_s'])}  p90 {_ms(report['ttft_p90_s'])}  p99 {_ms(report['ttft_p99_s'])}",
+             f"TPOT  p50 {_ms(report['tpot_p50_s'])}  p90 {_ms(report['tpot_p90_s'])}",
+             f"E2E   p50 {report['e2e_p50_s'] or 0:,.2f} s",
+             f"throughput {report['output_tokens_per_s']:,.0f} output tok/s, {report['requests_per_s']:,.2f} req/s;"
+             f" goodput {report['goodput']:,.2f} req/s ({report['slo_attainment']:.0%} met the SLOs)",
+             f"KV pool {report['kv_pool_tokens']:,} tokens, at most {report['max_kv_usage']:.1%} used;"
+             f" {report['preemptions']:,} preemptions; {report['steps']:,} steps"]
+    if "max_rate" in report:
+        lines.append(f"capacity: {report['max_rate']:,.2f} req/s meet p90 TTFT and TPOT SLOs")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        _check(args)
+        sim = simulated_model(args.model, args.hardware, _settings(args), args.max_model_len)
+        knobs = ServingKnobs(args.max_num_seqs, args.max_num_batched_tokens, not args.no_prefix_caching,
+                             not args.no_chunked_prefill)
+        slo = SLO(args.slo_ttft, args.slo_tpot)
+        say = _progress(not args.json and sys.stderr.isatty())
+
+        def run(w: Workload) -> RunResult:
+            return simulate(sim, w, knobs, time_limit_s=args.time_limit, progress=say)
+        capacity = None
+        if args.capacity:
+            workload_at = _workload_at(args)
+            capacity = find_capacity(run, workload_at, slo,
+                                     progress=None if args.json else lambda m: print(m, file=sys.stderr))
+            workload = workload_at(capacity.max_rate if capacity.max_rate > 0 else 1e-3)
+        else:
+            workload = _read_workload(args.workload) if args.workload else _workload_at(args)(args.rate)
+        result = run(workload)
+        if say is not None:
+            print(file=sys.stderr)
+        report = _report(sim, result, summarize(result, slo), capacity)
+        print(json.dumps(report) if args.json else render_text(report, workload.name))
+        return 0
+    except (InputError, SizingError, ValueError) as e:
+        print(_one_line(f"error: {e}"), file=sys.stderr)
+        return 2
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+        return int(e.code or 0)
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # noqa: BLE001 - the contract: one line, no traceback
+        print(_one_line(f"error: unexpected {type(e).__name__}: {e}"), file=sys.stderr)
+        return 1
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:2000]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

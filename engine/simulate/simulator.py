@@ -1,0 +1,168 @@
+"""The serving loop in time: requests arrive at their ``arrival_s``, the engine steps, the clock
+moves by each step's duration (predicted on a simulated run, measured on a real one).
+
+    while requests are due or unfinished:
+        hand the engine every request whose arrival time has come (stamped with that time)
+        nothing to run?  -> wait for the next arrival (a virtual clock skips the gap)
+        step             -> the clock has moved by the step's duration
+        record the step (StepSample); past the time limit -> stop, the result marked partial
+
+The same loop drives the real engine on this machine (``run_real``) so the two can be compared
+request by request on one workload.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from engine.core.config import SamplingParams
+from engine.costmodel.clock import RunClock, VirtualClock, WallClock
+from engine.costmodel.model import DEFAULT_MAX_NUM_SEQS, SimulatedModel
+from engine.serving.engine import LLMEngine
+from engine.serving.intake import PreparedRequest
+from engine.simulate.result import RequestRecord, RunResult, StepSample
+from engine.simulate.workload import Workload, WorkloadRequest
+
+PROGRESS_EVERY_S = 0.25  # wall seconds between progress reports
+
+
+@dataclass(frozen=True)
+class ServingKnobs:
+    """The engine's serving knobs for a run (vLLM's names; None: the deployment's default)."""
+
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+
+    def engine_knobs(self, default_batched_tokens: int) -> dict[str, Any]:
+        return {"max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens or default_batched_tokens,
+                "enable_prefix_caching": self.enable_prefix_caching,
+                "enable_chunked_prefill": self.enable_chunked_prefill}
+
+
+class Progress(NamedTuple):
+    finished: int
+    total: int
+    clock_s: float  # the run's clock
+    wall_s: float  # seconds spent here
+
+
+def simulated_engine(sim: SimulatedModel, knobs: ServingKnobs = ServingKnobs()) -> tuple[LLMEngine, VirtualClock]:
+    """An engine serving ``sim`` on a fresh virtual clock, with the calculator's KV pool."""
+    d, clock = sim.deployment, VirtualClock()
+    if d.num_blocks < 1:
+        raise ValueError(f"hardware: no KV block fits beside the weights ({d.words})")
+    engine = LLMEngine(sim, clock=clock, num_blocks=d.num_blocks, block_size=d.block_size,
+                       max_model_len=d.max_model_len, **knobs.engine_knobs(d.max_num_batched_tokens))
+    return engine, clock
+
+
+def _prepare(engine: LLMEngine, workload: Workload) -> list[PreparedRequest]:
+    """Every request checked before the run starts: a request that can never run fails here,
+    named, and nothing has run."""
+    prepared = []
+    for i, w in enumerate(workload.requests):
+        prompt = w.prompt if w.prompt is not None else list(w.prompt_token_ids or ())
+        params = SamplingParams(temperature=0.0, max_tokens=w.max_tokens, ignore_eos=True)
+        try:
+            prepared.append(engine.intake.prepare(prompt, params, None, 0))
+        except ValueError as e:
+            raise ValueError(f"workload request {i}: {e}") from None
+        need = len(prepared[-1].token_ids) + w.max_tokens
+        if need > engine.max_model_len:
+            raise ValueError(f"workload request {i}: prompt + max_tokens = {need:,} tokens can never fit: the"
+                             f" deployment holds {engine.max_model_len:,} tokens per sequence (max_model_len and"
+                             f" the KV pool)")
+    return prepared
+
+
+def _sample(engine: LLMEngine, start: float, end: float, trace: Any) -> StepSample:
+    lookups = trace.prefix.lookups
+    return StepSample(start_s=start, duration_s=end - start, num_tokens=trace.num_batched_tokens,
+                      num_prefill_tokens=trace.num_prefill_tokens,
+                      num_decodes=sum(1 for c in trace.scheduled if c.kind == "decode"),
+                      running=trace.num_running, waiting=trace.num_waiting,
+                      kv_blocks_used=trace.num_used_blocks - trace.num_evictable_blocks,
+                      preempted=len(trace.preempted), prefix_hit_tokens=trace.prefix.num_cached_tokens,
+                      prefix_lookup_tokens=sum(h.num_tokens for h in lookups))
+
+
+def _records(engine: LLMEngine, ids: list[str], workload: Workload,
+             prepared: list[PreparedRequest]) -> tuple[RequestRecord, ...]:
+    """One record per workload request; those that had not arrived when a partial run stopped
+    have their arrival only."""
+    out = []
+    for i, w in enumerate(workload.requests):
+        if i >= len(ids):
+            out.append(RequestRecord(f"r{i}", w.arrival_s, None, None, len(prepared[i].token_ids), 0, 0, 0, w.priority))
+            continue
+        r = engine.requests[ids[i]]
+        out.append(RequestRecord(ids[i], w.arrival_s, r.first_token_time, r.finished_time, r.num_prompt_tokens,
+                                 len(r.output_token_ids), r.num_cached_tokens or 0, r.num_preemptions, w.priority))
+    return tuple(out)
+
+
+def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, label: str, simulated: bool,
+                 time_limit_s: float | None = None,
+                 progress: Callable[[Progress], None] | None = None) -> RunResult:
+    """Serve ``workload`` on ``engine`` whose clock is ``clock`` (module doc) -> RunResult.
+    ``time_limit_s``: wall seconds here, after which the run stops with what it has (partial)."""
+    prepared = _prepare(engine, workload)
+    reqs: list[WorkloadRequest] = list(workload.requests)
+    ids: list[str] = []
+    steps: list[StepSample] = []
+    wall0 = last_report = time.perf_counter()
+    partial = False
+    i, n, finished = 0, len(reqs), 0
+    while i < n or engine.has_unfinished_requests():
+        now = clock()
+        while i < n and reqs[i].arrival_s <= now:
+            ids.append(engine.enqueue(prepared[i], f"r{i}", arrival_time=reqs[i].arrival_s))
+            i += 1
+        if not engine.has_unfinished_requests():
+            clock.wait_until(reqs[i].arrival_s)
+            continue
+        start = clock()
+        trace = engine.step()
+        steps.append(_sample(engine, start, clock(), trace))
+        finished += len(trace.finished)
+        reason = engine.no_progress_reason(trace)
+        if reason is not None:
+            raise RuntimeError(f"the engine is stuck at step {trace.step}: {reason}")
+        wall = time.perf_counter()
+        if progress is not None and wall - last_report >= PROGRESS_EVERY_S:
+            progress(Progress(finished, n, clock(), wall - wall0))
+            last_report = wall
+        if time_limit_s is not None and wall - wall0 > time_limit_s:
+            partial = i < n or engine.has_unfinished_requests()
+            break
+    records = _records(engine, ids, workload, prepared)
+    if progress is not None:
+        progress(Progress(sum(r.finished for r in records), n, clock(), time.perf_counter() - wall0))
+    cc = engine.config.cache_config
+    return RunResult(label, simulated, records, tuple(steps), cc.num_blocks * cc.block_size, cc.num_blocks, partial,
+                     time.perf_counter() - wall0)
+
+
+def simulate(sim: SimulatedModel, workload: Workload, knobs: ServingKnobs = ServingKnobs(), *,
+             time_limit_s: float | None = None, progress: Callable[[Progress], None] | None = None) -> RunResult:
+    """``workload`` served by ``sim``'s deployment, in predicted time."""
+    engine, clock = simulated_engine(sim, knobs)
+    return run_workload(engine, clock, workload, label=sim.deployment.words, simulated=True,
+                        time_limit_s=time_limit_s, progress=progress)
+
+
+def run_real(model: str, workload: Workload, knobs: ServingKnobs, *, num_blocks: int, block_size: int = 16,
+             time_limit_s: float | None = None, progress: Callable[[Progress], None] | None = None,
+             **engine_knobs: Any) -> RunResult:
+    """``workload`` served by the real engine on this machine, in wall-clock time."""
+    clock = WallClock()
+    with LLMEngine(model, clock=clock, num_blocks=num_blocks, block_size=block_size,
+                   **knobs.engine_knobs(512), **engine_knobs) as engine:
+        clock.t0 = time.perf_counter()  # the run starts now, not when the engine was built
+        return run_workload(engine, clock, workload, label=f"real engine: {model} on this machine", simulated=False,
+                            time_limit_s=time_limit_s, progress=progress)
