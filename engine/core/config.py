@@ -23,7 +23,7 @@ KV_CACHE_DTYPES: tuple[str, ...] = (*DTYPES, "int8", "fp8")
 # They keep one engine small enough to build in about a second on a laptop CPU: the block pool
 # is pure Python (~230 B and ~10 us per block measured), and a demo never needs more.
 MAX_BLOCK_SIZE = 256
-MAX_NUM_BLOCKS = 1 << 17  # 131,072 blocks (x block_size tokens each)
+MAX_NUM_BLOCKS = 1 << 21  # 2,097,152 blocks (x block_size tokens each): a simulated SGLang pool has 1-token pages
 MAX_NUM_BATCHED_TOKENS = 1 << 20  # 1,048,576 tokens in one step
 MAX_NUM_SEQS = 1 << 14  # 16,384 running requests
 MAX_MODEL_LEN = 1 << 24  # 16,777,216 positions; the model's own limit usually binds first

@@ -230,6 +230,28 @@ class RadixCache:
     def unlock(self, node: RadixNode | None) -> None:
         self._add_lock(node, -1)
 
+    def move_lock(self, old: RadixNode | None, new: RadixNode | None) -> None:
+        """``lock(new); unlock(old)``. When ``old`` is an ancestor of ``new`` (a request's lock
+        moving down as its blocks are cached) only the nodes below ``old`` change: one node per
+        step for a decoding request, not its whole path (with 1-token blocks a path is as long as
+        the sequence)."""
+        segment: list[RadixNode] = []
+        node = new
+        while node is not None and node is not old and node.parent is not None:
+            segment.append(node)
+            node = node.parent
+        if old is not None and node is not old:  # not an ancestor: the plain way
+            self._add_lock(new, 1)
+            self._add_lock(old, -1)
+            return
+        for n in segment:
+            n.lock_count += 1
+
+        def undo() -> None:
+            for n in segment:
+                n.lock_count -= 1
+        self._journal(undo)
+
     def evict(self, num_blocks: int) -> list[int]:
         """Free at least ``num_blocks`` blocks (or every evictable one), LRU leaves first.
 

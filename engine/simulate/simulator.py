@@ -91,37 +91,46 @@ def _sample(engine: LLMEngine, start: float, end: float, trace: Any) -> StepSamp
                       prefix_lookup_tokens=sum(h.num_tokens for h in lookups))
 
 
-def _records(engine: LLMEngine, ids: list[str], workload: Workload,
+def _records(engine: LLMEngine, ids: list[str], sent: list[float], workload: Workload,
              prepared: list[PreparedRequest]) -> tuple[RequestRecord, ...]:
-    """One record per workload request; those that had not arrived when a partial run stopped
-    have their arrival only."""
+    """One record per workload request, arriving when it was sent; those not sent when a
+    partial run stopped have their planned arrival only."""
     out = []
     for i, w in enumerate(workload.requests):
         if i >= len(ids):
             out.append(RequestRecord(f"r{i}", w.arrival_s, None, None, len(prepared[i].token_ids), 0, 0, 0, w.priority))
             continue
         r = engine.requests[ids[i]]
-        out.append(RequestRecord(ids[i], w.arrival_s, r.first_token_time, r.finished_time, r.num_prompt_tokens,
+        out.append(RequestRecord(ids[i], sent[i], r.first_token_time, r.finished_time, r.num_prompt_tokens,
                                  len(r.output_token_ids), r.num_cached_tokens or 0, r.num_preemptions, w.priority))
     return tuple(out)
 
 
 def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, label: str, simulated: bool,
-                 time_limit_s: float | None = None,
+                 max_concurrency: int | None = None, time_limit_s: float | None = None,
                  progress: Callable[[Progress], None] | None = None) -> RunResult:
     """Serve ``workload`` on ``engine`` whose clock is ``clock`` (module doc) -> RunResult.
-    ``time_limit_s``: wall seconds here, after which the run stops with what it has (partial)."""
+
+    ``max_concurrency``: a closed-loop client (vLLM's ``bench serve --max-concurrency``): at
+    most this many requests outstanding, the next sent when one finishes (its TTFT counts from
+    then). ``time_limit_s``: wall seconds here, after which the run stops with what it has."""
+    if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
+                                        or max_concurrency < 1):
+        raise ValueError(f"max_concurrency: must be a whole number >= 1, got {max_concurrency!r}")
     prepared = _prepare(engine, workload)
     reqs: list[WorkloadRequest] = list(workload.requests)
     ids: list[str] = []
+    sent: list[float] = []
     steps: list[StepSample] = []
     wall0 = last_report = time.perf_counter()
     partial = False
     i, n, finished = 0, len(reqs), 0
+    seats = max_concurrency or n
     while i < n or engine.has_unfinished_requests():
         now = clock()
-        while i < n and reqs[i].arrival_s <= now:
-            ids.append(engine.enqueue(prepared[i], f"r{i}", arrival_time=reqs[i].arrival_s))
+        while i < n and reqs[i].arrival_s <= now and i - finished < seats:
+            sent.append(max(reqs[i].arrival_s, now) if max_concurrency else reqs[i].arrival_s)
+            ids.append(engine.enqueue(prepared[i], f"r{i}", arrival_time=sent[-1]))
             i += 1
         if not engine.has_unfinished_requests():
             clock.wait_until(reqs[i].arrival_s)
@@ -140,7 +149,7 @@ def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, labe
         if time_limit_s is not None and wall - wall0 > time_limit_s:
             partial = i < n or engine.has_unfinished_requests()
             break
-    records = _records(engine, ids, workload, prepared)
+    records = _records(engine, ids, sent, workload, prepared)
     if progress is not None:
         progress(Progress(sum(r.finished for r in records), n, clock(), time.perf_counter() - wall0))
     cc = engine.config.cache_config
@@ -149,11 +158,12 @@ def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, labe
 
 
 def simulate(sim: SimulatedModel, workload: Workload, knobs: ServingKnobs = ServingKnobs(), *,
-             time_limit_s: float | None = None, progress: Callable[[Progress], None] | None = None) -> RunResult:
+             max_concurrency: int | None = None, time_limit_s: float | None = None,
+             progress: Callable[[Progress], None] | None = None) -> RunResult:
     """``workload`` served by ``sim``'s deployment, in predicted time."""
     engine, clock = simulated_engine(sim, knobs)
     return run_workload(engine, clock, workload, label=sim.deployment.words, simulated=True,
-                        time_limit_s=time_limit_s, progress=progress)
+                        max_concurrency=max_concurrency, time_limit_s=time_limit_s, progress=progress)
 
 
 def run_real(model: str, workload: Workload, knobs: ServingKnobs, *, num_blocks: int, block_size: int = 16,
