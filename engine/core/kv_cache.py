@@ -172,7 +172,7 @@ class KVCacheManager:
         if swapped:
             self.pool.touch(cached for _, cached in swapped)
             self.freed.extend(self.pool.free(own for own, _ in swapped))
-        self.block_tables[rid] = table[:done] + list(result.block_ids) + table[full:]
+            self.block_tables[rid] = table[:done] + list(result.block_ids) + table[full:]
         self.prefix_cache.move_lock(prefix.node if prefix else None, result.node)
         self.cached_prefix[rid] = CachedPrefix(result.node, full)
 

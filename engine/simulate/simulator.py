@@ -108,12 +108,14 @@ def _records(engine: LLMEngine, ids: list[str], sent: list[float], workload: Wor
 
 def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, label: str, simulated: bool,
                  max_concurrency: int | None = None, time_limit_s: float | None = None,
-                 progress: Callable[[Progress], None] | None = None) -> RunResult:
+                 progress: Callable[[Progress], None] | None = None,
+                 after_step: Callable[[LLMEngine], None] | None = None) -> RunResult:
     """Serve ``workload`` on ``engine`` whose clock is ``clock`` (module doc) -> RunResult.
 
     ``max_concurrency``: a closed-loop client (vLLM's ``bench serve --max-concurrency``): at
     most this many requests outstanding, the next sent when one finishes (its TTFT counts from
-    then). ``time_limit_s``: wall seconds here, after which the run stops with what it has."""
+    then). ``time_limit_s``: wall seconds here, after which the run stops with what it has.
+    ``after_step`` sees the engine after every step (tests check its integrity there)."""
     if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
                                         or max_concurrency < 1):
         raise ValueError(f"max_concurrency: must be a whole number >= 1, got {max_concurrency!r}")
@@ -138,6 +140,8 @@ def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, labe
         start = clock()
         trace = engine.step()
         steps.append(_sample(engine, start, clock(), trace))
+        if after_step is not None:
+            after_step(engine)
         finished += len(trace.finished)
         reason = engine.no_progress_reason(trace)
         if reason is not None:
@@ -159,11 +163,13 @@ def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, labe
 
 def simulate(sim: SimulatedModel, workload: Workload, knobs: ServingKnobs = ServingKnobs(), *,
              max_concurrency: int | None = None, time_limit_s: float | None = None,
-             progress: Callable[[Progress], None] | None = None) -> RunResult:
+             progress: Callable[[Progress], None] | None = None,
+             after_step: Callable[[LLMEngine], None] | None = None) -> RunResult:
     """``workload`` served by ``sim``'s deployment, in predicted time."""
     engine, clock = simulated_engine(sim, knobs)
     return run_workload(engine, clock, workload, label=sim.deployment.words, simulated=True,
-                        max_concurrency=max_concurrency, time_limit_s=time_limit_s, progress=progress)
+                        max_concurrency=max_concurrency, time_limit_s=time_limit_s, progress=progress,
+                        after_step=after_step)
 
 
 def run_real(model: str, workload: Workload, knobs: ServingKnobs, *, num_blocks: int, block_size: int = 16,
