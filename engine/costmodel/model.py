@@ -7,11 +7,12 @@ blocks of the framework's block size (one source of truth with the Fit page and 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.costmodel.cost import CostModel
-from engine.costmodel.roofline import Efficiency, RooflineCost
+from engine.costmodel.frameworks import IN_PROCESS, ServingRule, serving_rule
+from engine.costmodel.roofline import Efficiency, RooflineCost, plan_efficiency
 from engine.model.loader import byte_tokenizer
 from engine.model.model_config import ModelFacts
 from engine.sizing import Estimate, Hardware, ModelSpec, Settings, Workload, estimate, get_hardware, get_model
@@ -63,6 +64,7 @@ class SimulatedModel:
     tokenizer: Any  # byte-level: a text prompt costs one token per byte (token ids are exact)
     cost: CostModel
     deployment: Deployment
+    serving: ServingRule = IN_PROCESS  # the framework's scheduling and overheads (frameworks.py)
 
 
 def _deployment(spec: ModelSpec, est: Estimate, plan: Plan, max_model_len: int) -> Deployment:
@@ -99,5 +101,8 @@ def simulated_model(model: str | ModelSpec, hardware: str | Hardware, settings: 
     deployment = _deployment(spec, est, plan, length)
     facts = ModelFacts(num_hidden_layers=spec.num_layers, max_position_embeddings=positions,
                        vocab_size=max(spec.vocab, 258), eos_token_ids=())
+    rule = serving_rule(plan.framework, plan.budget.rule)
+    if efficiency is None:
+        efficiency = replace(plan_efficiency(plan), per_request_s=rule.per_request_s)
     return SimulatedModel(name=f"{spec.key} (simulated)", facts=facts, tokenizer=byte_tokenizer(),
-                          cost=RooflineCost(plan, efficiency), deployment=deployment)
+                          cost=RooflineCost(plan, efficiency), deployment=deployment, serving=rule)

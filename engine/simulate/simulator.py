@@ -12,7 +12,9 @@ request by request on one workload.
 """
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -91,13 +93,13 @@ def _sample(engine: LLMEngine, start: float, end: float, trace: Any) -> StepSamp
                       prefix_lookup_tokens=sum(h.num_tokens for h in lookups))
 
 
-def _records(engine: LLMEngine, ids: list[str], sent: list[float], workload: Workload,
+def _records(engine: LLMEngine, ids: dict[int, str], sent: dict[int, float], workload: Workload,
              prepared: list[PreparedRequest]) -> tuple[RequestRecord, ...]:
-    """One record per workload request, arriving when it was sent; those not sent when a
-    partial run stopped have their planned arrival only."""
+    """One record per workload request, arriving when its client sent it; those the engine had
+    not received when a partial run stopped have their planned arrival only."""
     out = []
     for i, w in enumerate(workload.requests):
-        if i >= len(ids):
+        if i not in ids:
             out.append(RequestRecord(f"r{i}", w.arrival_s, None, None, len(prepared[i].token_ids), 0, 0, 0, w.priority))
             continue
         r = engine.requests[ids[i]]
@@ -107,35 +109,43 @@ def _records(engine: LLMEngine, ids: list[str], sent: list[float], workload: Wor
 
 
 def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, label: str, simulated: bool,
-                 max_concurrency: int | None = None, time_limit_s: float | None = None,
+                 frontend_s: float = 0.0, max_concurrency: int | None = None, time_limit_s: float | None = None,
                  progress: Callable[[Progress], None] | None = None,
                  after_step: Callable[[LLMEngine], None] | None = None) -> RunResult:
     """Serve ``workload`` on ``engine`` whose clock is ``clock`` (module doc) -> RunResult.
 
+    ``frontend_s``: a request reaches the engine this long after its client sent it (the API
+    server's share, engine/costmodel/frameworks.py); its TTFT counts from the send.
     ``max_concurrency``: a closed-loop client (vLLM's ``bench serve --max-concurrency``): at
-    most this many requests outstanding, the next sent when one finishes (its TTFT counts from
-    then). ``time_limit_s``: wall seconds here, after which the run stops with what it has.
+    most this many requests outstanding, the next sent when one finishes.
+    ``time_limit_s``: wall seconds here, after which the run stops with what it has.
     ``after_step`` sees the engine after every step (tests check its integrity there)."""
     if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
                                         or max_concurrency < 1):
         raise ValueError(f"max_concurrency: must be a whole number >= 1, got {max_concurrency!r}")
     prepared = _prepare(engine, workload)
     reqs: list[WorkloadRequest] = list(workload.requests)
-    ids: list[str] = []
-    sent: list[float] = []
+    ids: dict[int, str] = {}
+    sent: dict[int, float] = {}
+    in_frontend: deque[tuple[float, int]] = deque()  # (when it reaches the engine, request index)
     steps: list[StepSample] = []
     wall0 = last_report = time.perf_counter()
     partial = False
     i, n, finished = 0, len(reqs), 0
     seats = max_concurrency or n
-    while i < n or engine.has_unfinished_requests():
+    while i < n or in_frontend or engine.has_unfinished_requests():
         now = clock()
-        while i < n and reqs[i].arrival_s <= now and i - finished < seats:
-            sent.append(max(reqs[i].arrival_s, now) if max_concurrency else reqs[i].arrival_s)
-            ids.append(engine.enqueue(prepared[i], f"r{i}", arrival_time=sent[-1]))
+        while i < n and reqs[i].arrival_s <= now and i - finished < seats:  # clients send
+            sent[i] = max(reqs[i].arrival_s, now) if max_concurrency else reqs[i].arrival_s
+            in_frontend.append((sent[i] + frontend_s, i))
             i += 1
+        while in_frontend and in_frontend[0][0] <= now:  # the engine receives
+            _, j = in_frontend.popleft()
+            ids[j] = engine.enqueue(prepared[j], f"r{j}", arrival_time=sent[j])
         if not engine.has_unfinished_requests():
-            clock.wait_until(reqs[i].arrival_s)
+            nxt = min(in_frontend[0][0] if in_frontend else math.inf,
+                      reqs[i].arrival_s if i < n and i - finished < seats else math.inf)
+            clock.wait_until(nxt)
             continue
         start = clock()
         trace = engine.step()
@@ -151,7 +161,7 @@ def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, labe
             progress(Progress(finished, n, clock(), wall - wall0))
             last_report = wall
         if time_limit_s is not None and wall - wall0 > time_limit_s:
-            partial = i < n or engine.has_unfinished_requests()
+            partial = i < n or bool(in_frontend) or engine.has_unfinished_requests()
             break
     records = _records(engine, ids, sent, workload, prepared)
     if progress is not None:
@@ -168,7 +178,7 @@ def simulate(sim: SimulatedModel, workload: Workload, knobs: ServingKnobs = Serv
     """``workload`` served by ``sim``'s deployment, in predicted time."""
     engine, clock = simulated_engine(sim, knobs)
     return run_workload(engine, clock, workload, label=sim.deployment.words, simulated=True,
-                        max_concurrency=max_concurrency, time_limit_s=time_limit_s, progress=progress,
+                        frontend_s=sim.serving.frontend_s, max_concurrency=max_concurrency, time_limit_s=time_limit_s, progress=progress,
                         after_step=after_step)
 
 
