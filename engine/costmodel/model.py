@@ -16,7 +16,7 @@ from engine.costmodel.roofline import Efficiency, RooflineCost, plan_efficiency
 from engine.model.loader import byte_tokenizer
 from engine.model.model_config import ModelFacts
 from engine.sizing import Estimate, Hardware, ModelSpec, Settings, Workload, estimate, get_hardware, get_model
-from engine.sizing.plan import Plan
+from engine.sizing.plan import DEFAULT_LINK, Plan
 
 #: vLLM's default max_num_seqs (EngineArgs), used where the caller sets none.
 DEFAULT_MAX_NUM_SEQS = 256
@@ -43,6 +43,7 @@ class Deployment:
     kv_bytes_per_token: int  # every layer, whole model
     max_num_batched_tokens: int
     max_model_len: int
+    link_bytes_per_s: float  # between devices and between instances (the preset's interconnect)
 
     @property
     def num_blocks(self) -> int:
@@ -73,15 +74,17 @@ def _deployment(spec: ModelSpec, est: Estimate, plan: Plan, max_model_len: int) 
                       tp=est.tp, pp=est.pp, weights_format=est.weights_format, kv_dtype=est.kv_dtype,
                       block_size=plan.budget.block, kv_pool_tokens=est.kv_room_tokens,
                       kv_bytes_per_token=est.kv_bytes_per_token, max_num_batched_tokens=plan.batched_tokens,
-                      max_model_len=max_model_len)
+                      max_model_len=max_model_len, link_bytes_per_s=plan.hw.interconnect or DEFAULT_LINK)
 
 
 def simulated_model(model: str | ModelSpec, hardware: str | Hardware, settings: Settings | None = None,
-                    max_model_len: int | None = None, efficiency: Efficiency | None = None) -> SimulatedModel:
+                    max_model_len: int | None = None, efficiency: Efficiency | None = None,
+                    serving: ServingRule | None = None) -> SimulatedModel:
     """A calculator model served on ``hardware`` as ``settings`` say (TP, PP, framework, formats).
 
     ValueError (naming the field) when the calculator cannot size it, when it does not fit, or when
-    the model keeps no KV cache (a pure state-space model has no blocks to schedule)."""
+    the model keeps no KV cache (a pure state-space model has no blocks to schedule). ``serving``:
+    the framework's rule (frameworks.py) instead of the one its version gives (a fit tries others)."""
     spec = get_model(model) if isinstance(model, str) else model
     hw = get_hardware(hardware)
     settings = settings or Settings()
@@ -101,7 +104,7 @@ def simulated_model(model: str | ModelSpec, hardware: str | Hardware, settings: 
     deployment = _deployment(spec, est, plan, length)
     facts = ModelFacts(num_hidden_layers=spec.num_layers, max_position_embeddings=positions,
                        vocab_size=max(spec.vocab, 258), eos_token_ids=())
-    rule = serving_rule(plan.framework, plan.budget.rule)
+    rule = serving or serving_rule(plan.framework, plan.budget.rule)
     if efficiency is None:
         efficiency = replace(plan_efficiency(plan), per_request_s=rule.per_request_s)
     return SimulatedModel(name=f"{spec.key} (simulated)", facts=facts, tokenizer=byte_tokenizer(),

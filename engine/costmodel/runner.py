@@ -42,6 +42,8 @@ class SimulatedRunner:
         self.clock = clock
         self.num_blocks, self.block_size = num_blocks, block_size
         self.last_cost: StepCost | None = None  # the last forward's prediction (the simulator records it)
+        #: request id -> leading tokens whose KV was transferred in (disaggregated decode instances)
+        self.imported: dict[str, int] = {}
 
     @property
     def model(self) -> None:
@@ -71,7 +73,7 @@ class SimulatedRunner:
 
     def forward(self, output: SchedulerOutput, requests: dict[str, Request], kv: KVCacheManager) -> torch.Tensor:
         """Predict the step, advance the clock by it -> logits [rows, 1] of zeros."""
-        shape = step_shape(output)
+        shape = step_shape(output, self.imported)
         cost = self.sim.cost.step_cost(shape)
         self.clock.advance(cost.total_s)
         self.last_cost = cost

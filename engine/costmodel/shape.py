@@ -3,6 +3,7 @@ they attend to. Everything a cost model may read, and nothing else (no token ids
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from engine.core.scheduler import SchedulerOutput
@@ -52,10 +53,22 @@ class StepShape:
         return sum(1 for c in self.chunks if c.new_tokens == 1 and c.samples)
 
 
-def step_shape(output: SchedulerOutput) -> StepShape:
-    """The shape of a scheduler output (speculative drafts count as query tokens and rows)."""
-    return StepShape(tuple(ChunkShape(s.num_new_tokens, s.start, 0 if s.is_prefill else 1 + s.num_spec_tokens)
-                           for s in output.scheduled))
+def step_shape(output: SchedulerOutput, imported: Mapping[str, int] | None = None) -> StepShape:
+    """The shape of a scheduler output (speculative drafts count as query tokens and rows).
+
+    ``imported``: request id -> leading tokens whose KV arrived from elsewhere (disaggregated
+    prefill: a decode instance receives the prompt's KV); those positions cost nothing, the
+    blocks they fill are still the scheduler's to allocate."""
+    chunks = []
+    for s in output.scheduled:
+        samples = 0 if s.is_prefill else 1 + s.num_spec_tokens
+        start, new = s.start, s.num_new_tokens
+        done = imported.get(s.request_id, 0) if imported else 0
+        if done > start:
+            new, start = max(0, start + new - done), min(done, start + new)
+        if new or samples:
+            chunks.append(ChunkShape(new, start, samples))
+    return StepShape(tuple(chunks))
 
 
 def decode_shape(batch: int, context: int) -> StepShape:

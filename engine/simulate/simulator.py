@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from engine.core.config import SamplingParams
+from engine.core.trace import StepTrace
 from engine.costmodel.clock import RunClock, VirtualClock, WallClock
 from engine.costmodel.model import DEFAULT_MAX_NUM_SEQS, SimulatedModel
 from engine.serving.engine import LLMEngine
@@ -82,7 +83,8 @@ def _prepare(engine: LLMEngine, workload: Workload) -> list[PreparedRequest]:
     return prepared
 
 
-def _sample(engine: LLMEngine, start: float, end: float, trace: Any) -> StepSample:
+def step_sample(start: float, end: float, trace: StepTrace) -> StepSample:
+    """One step of a run, from its trace, on the run's clock."""
     lookups = trace.prefix.lookups
     return StepSample(start_s=start, duration_s=end - start, num_tokens=trace.num_batched_tokens,
                       num_prefill_tokens=trace.num_prefill_tokens,
@@ -149,7 +151,7 @@ def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, labe
             continue
         start = clock()
         trace = engine.step()
-        steps.append(_sample(engine, start, clock(), trace))
+        steps.append(step_sample(start, clock(), trace))
         if after_step is not None:
             after_step(engine)
         finished += len(trace.finished)
