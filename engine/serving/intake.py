@@ -73,7 +73,7 @@ class RequestIntake:
         return PreparedRequest(token_ids, text, params)
 
     def enqueue(self, prepared: PreparedRequest, request_id: str | None, arrival_step: int | None,
-                step_count: int) -> str:
+                step_count: int, priority: int = 0) -> str:
         """Queue a prepared request (the request id is checked here; the caller holds the engine's lock)."""
         token_ids, text, params = prepared
         rid = self._new_request_id(request_id)
@@ -85,7 +85,7 @@ class RequestIntake:
         arrival = step_count if arrival_step is None else arrival_step
         seed = params.seed if params.seed is not None else \
             (self.config.seed * 1_000_003 + len(self.requests)) % (MAX_SEED + 1)
-        request = Request(rid, text, token_ids, params, arrival_step=arrival, seed=seed,
+        request = Request(rid, text, token_ids, params, arrival_step=arrival, seed=seed, priority=priority,
                           generator=None if params.greedy else torch.Generator().manual_seed(seed))
         self.requests[rid] = request
         self.reserved_ids.update(children)
