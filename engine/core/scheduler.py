@@ -183,8 +183,8 @@ class Scheduler:
         if config.prefill_schedule == "prefill_first" and admitting and not preempted:
             # Prompt work only (vLLM V0): unfinished prompts and recomputes, then admissions; the
             # decodes run only in a step that has none of it.
-            budget, stalled = self._serve([r for r in order if r.is_prefill], budget, scheduled, preempted,
-                                          exclude, limit)
+            prompt_work = [r for r in order if r.num_computed_tokens < max(r.num_tokens - 1, r.num_prompt_tokens)]
+            budget, stalled = self._serve(prompt_work, budget, scheduled, preempted, exclude, limit)
             if not preempted and not stalled:
                 budget = self._admit(budget, scheduled, limit)
             if not scheduled and not preempted and not stalled:

@@ -14,9 +14,15 @@ with its tokens and each decode iteration is one token. No starvation guard (Fas
 optional promotion of long-waiting jobs): the workloads here are finite, so a demoted request
 runs once the lower levels drain.
 
+Source: FastServe (arXiv 2305.05920): the skip-join MLFQ of its section 4.1 (quanta doubling per
+level, join by the first iteration's cost, demotion when a quantum is used up), without its
+proactive KV swapping (this engine preempts by recompute).
+
 State: the level is a function of the request (its prompt and how many tokens it has generated),
 so the request's own checkpoint (``Request.checkpoint``) restores it with a failed step and
-nothing else needs saving. Invariant: a level never goes down, and it only goes up when the
+nothing else needs saving.
+
+Invariant: a level never goes down, and it only goes up when the
 request generated a token, so two requests cannot preempt each other back and forth without
 progress.
 """
