@@ -171,6 +171,25 @@ def test_prefill_first_stalls_decodes_while_prompts_run(tiny) -> None:
     assert max(t.step for t in traces["prefill_first"]) >= max(t.step for t in traces["mixed"])
 
 
+def test_prefill_first_cannot_livelock_on_a_recompute(tiny) -> None:
+    """Regression (found by a randomized run): a pool of 8 one-token blocks, budget 1. Request "1"
+    is admitted while "0" decodes; prompt-only steps stall "0" while "1" prefills, "1" runs out of
+    blocks and preempts itself, and was admitted again the next step, prompt-only: "0" never got
+    another token. A recompute now goes the mixed way, after the running requests."""
+    engine = LLMEngine(tiny, block_size=1, num_blocks=8, max_num_batched_tokens=1, max_num_seqs=2,
+                       enable_prefix_caching=False, prefill_schedule="prefill_first")
+    for length, max_tokens, arrival in ((5, 9, 1), (7, 12, 2), (7, 11, 0)):
+        engine.add_request(tokens(length, length), SamplingParams(temperature=0, max_tokens=max_tokens),
+                           arrival_step=arrival)
+    for _ in range(400):
+        if not engine.has_unfinished_requests():
+            break
+        trace = engine.step()
+        engine.check_integrity()
+        assert engine.no_progress_reason(trace) is None
+    assert not engine.has_unfinished_requests()
+
+
 # -- greedy outputs ------------------------------------------------------------------------------
 
 CASES = [("tiny-random", p, s) for p in SCHEDULING_POLICIES for s in PREFILL_SCHEDULES] + [
@@ -204,13 +223,12 @@ def test_bad_knobs_name_the_field(tiny, knob, value) -> None:
 
 
 @pytest.mark.parametrize("priority", ["1", 1.0, True, None, MAX_PRIORITY + 1, MIN_PRIORITY - 1, 10 ** 30])
-def test_a_bad_priority_is_refused_naming_it_and_adds_nothing(tiny, priority) -> None:
-    engine = LLMEngine(tiny, scheduling_policy="priority")
+def test_a_bad_priority_is_refused_naming_it_and_adds_nothing(priority) -> None:
+    llm = LLM("tiny-random", scheduling_policy="priority")
+    engine = llm.llm_engine
     with pytest.raises(ValueError, match=r"^priority: must be an integer"):
         engine.add_request("hello", priority=priority)
     assert not engine.requests
-    llm = LLM.__new__(LLM)
-    llm.llm_engine = engine
     with pytest.raises(ValueError, match=r"^priority: "):
         llm.generate(["a", "b"], priority=[0, priority])
     with pytest.raises(ValueError, match=r"^priority: one per prompt"):

@@ -193,8 +193,10 @@ class SchedulerConfig:
     prefill_schedule        how a step splits its budget between prefills and decodes:
                             "mixed"         running requests first, prefill chunks fill the rest
                                             (stall-free batching, Sarathi-Serve; the default)
-                            "prefill_first" when a waiting prompt can be admitted the step runs
-                                            prefills only and running decodes stall for it (vLLM V0)
+                            "prefill_first" when a new prompt can be admitted (or one is still
+                                            prefilling) the step runs prompts only and running
+                                            decodes stall for it (vLLM V0); a preempted request's
+                                            recompute runs the mixed way
     """
 
     max_num_batched_tokens: int = 512

@@ -7,9 +7,11 @@ and decode share a step (``prefill_schedule="mixed"``, stall-free batching as in
 
     budget 8 | r0 decode | r1 decode | r2 prefill chunk (6 of 20 tokens) |
 
-``prefill_schedule="prefill_first"`` (vLLM V0): a step that has prompt work (an admission, or a
-running request's unfinished prompt or recompute) runs only that, and running decodes stall for
-it; the decodes run in the steps without any.
+``prefill_schedule="prefill_first"`` (vLLM V0): a step that has new prompt work (an admission, or
+a running request's unfinished prompt) runs only that, and running decodes stall for it; the
+decodes run in the steps without any. A preempted request's recompute is scheduled the mixed way
+(after the running requests), so a preemption can never undo prompt work that stalled the oldest
+request, step after step.
 
 When a running request needs a block and none is free (after evicting unused prefix-cache
 blocks), a running request is preempted: its blocks are freed and it goes back to the waiting
@@ -179,26 +181,31 @@ class Scheduler:
         if admitting and config.policy == "continuous" and self.policy.preempts_for_admission:
             preempted += self._make_room(exclude)
         order = self.policy.running_order(self.running)
-        stalled = False
         if config.prefill_schedule == "prefill_first" and admitting and not preempted:
-            # Prompt work only (vLLM V0): unfinished prompts and recomputes, then admissions; the
-            # decodes run only in a step that has none of it.
-            prompt_work = [r for r in order if r.num_computed_tokens < max(r.num_tokens - 1, r.num_prompt_tokens)]
+            # Prompt work only (vLLM V0): new prompts, running or admitted now; the decodes wait for
+            # a step without any. A preempted request's recompute goes the mixed way (after the
+            # running requests): were it to stall the decodes too, its own preemption could undo
+            # it step after step while the oldest request never advanced (a livelock).
+            prompt_work = [r for r in order if r.num_preemptions == 0 and r.num_computed_tokens < r.num_prompt_tokens]
             budget, stalled = self._serve(prompt_work, budget, scheduled, preempted, exclude, limit)
             if not preempted and not stalled:
-                budget = self._admit(budget, scheduled, limit)
-            if not scheduled and not preempted and not stalled:
-                budget, stalled = self._serve(order, budget, scheduled, preempted, exclude, limit)
-        else:
-            budget, stalled = self._serve(order, budget, scheduled, preempted, exclude, limit)
-            if admitting and not preempted and not stalled:
-                budget = self._admit(budget, scheduled, limit)
+                budget = self._admit(budget, scheduled, limit, only_new=True)
+            if scheduled or preempted or stalled:
+                return self._output(budget, scheduled, preempted, exclude)
+        budget, stalled = self._serve(order, budget, scheduled, preempted, exclude, limit)
+        if admitting and not preempted and not stalled:
+            budget = self._admit(budget, scheduled, limit)
+        return self._output(budget, scheduled, preempted, exclude)
+
+    def _output(self, budget: int, scheduled: list[ScheduledRequest], preempted: list[str],
+                exclude: frozenset[str]) -> SchedulerOutput:
+        """The step's SchedulerOutput; a running request not scheduled loses its drafts."""
         chosen = {s.request_id for s in scheduled} | exclude
         for request in self.running:
             if request.spec_token_ids and request.request_id not in chosen:
                 request.spec_token_ids.clear()
 
-        total = config.max_num_batched_tokens - budget
+        total = self.config.scheduler_config.max_num_batched_tokens - budget
         return SchedulerOutput(tuple(scheduled), tuple(preempted), total, tuple(self._lookups), tuple(self._copies))
 
     def _serve(self, order: list[Request], budget: int, scheduled: list[ScheduledRequest], preempted: list[str],
@@ -272,13 +279,15 @@ class Scheduler:
     def _may_admit(self) -> bool:
         return self.config.scheduler_config.policy == "continuous" or not self.running
 
-    def _admit(self, budget: int, scheduled: list[ScheduledRequest], limit: int) -> int:
+    def _admit(self, budget: int, scheduled: list[ScheduledRequest], limit: int, only_new: bool = False) -> int:
         """Admit waiting requests in the policy's order (FCFS: queue order); stop at the first that
-        does not fit (no overtaking within that order), or when the batch holds ``limit`` requests."""
+        does not fit (no overtaking within that order), when the batch holds ``limit`` requests,
+        or (``only_new``) at the first preempted one."""
         static = self.config.scheduler_config.policy == "static"
         seats = sum(r.num_seats for r in self.running)
         for request in self.policy.admission_order(self.waiting, self.kv):
-            if seats + request.num_seats > self.config.scheduler_config.max_num_seqs or len(scheduled) >= limit:
+            if (seats + request.num_seats > self.config.scheduler_config.max_num_seqs or len(scheduled) >= limit
+                    or (only_new and request.status is RequestStatus.PREEMPTED)):
                 break
             hit = self.kv.get_computed_blocks(request)
             if not static and self._prefix_in_flight(request, hit):
