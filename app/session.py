@@ -66,6 +66,7 @@ class K:
     generate = "_generate_result"
     caching_runs = "_caching_runs"  # (RunSpec, runs): the prefix-caching on/off comparison
     spec_runs = "_spec_runs"  # (RunSpec, runs): with and without speculation
+    scheduling_runs = "_scheduling_runs"  # (RunSpec, runs): one per scheduling policy
     worker_failed = "_worker_failed"  # the run's workers died (WorkerError): offer a restart
     sweeps = "_bubble_sweeps"  # (model, p, t) -> [SweepPoint]: the Pipeline page's measured sweep
     steps_applied = "_step_presses_applied"
@@ -174,6 +175,7 @@ link_applied: Slot[bool] = Slot(K.link_applied, False)
 Comparison = tuple["RunSpec", Mapping[str, "PolicyRun"]]  # the set-up they ran for, and the runs
 caching_runs: Slot[Comparison | None] = Slot(K.caching_runs, None)
 spec_runs: Slot[Comparison | None] = Slot(K.spec_runs, None)
+scheduling_runs: Slot[Comparison | None] = Slot(K.scheduling_runs, None)
 sweeps: Slot[Mapping[tuple[str, int, int], list[SweepPoint]]] = Slot(K.sweeps, {})
 
 # -- the Generate page ----------------------------------------------------------------------------

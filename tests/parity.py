@@ -62,11 +62,13 @@ def hf_greedy(name: str, prompt: str, max_tokens: int) -> tuple[int, ...]:
 
 
 def run_engine(engine: LLMEngine, prompts: list[str], max_tokens: int,
-               arrival_steps: list[int] | None = None) -> tuple[list[tuple[int, ...]], list[StepTrace]]:
+               arrival_steps: list[int] | None = None,
+               priorities: list[int] | None = None) -> tuple[list[tuple[int, ...]], list[StepTrace]]:
     """Greedy run to completion, checking every manager's integrity after every step."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     arrivals = arrival_steps or [None] * len(prompts)
-    ids = [engine.add_request(p, params, arrival_step=a) for p, a in zip(prompts, arrivals)]
+    ranks = priorities or [0] * len(prompts)
+    ids = [engine.add_request(p, params, arrival_step=a, priority=r) for p, a, r in zip(prompts, arrivals, ranks)]
     traces = []
     for _ in range(10_000):
         if not engine.has_unfinished_requests():

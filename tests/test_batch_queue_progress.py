@@ -23,7 +23,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from engine.core.config import SamplingParams
+from engine.core.config import PREFILL_SCHEDULES, SCHEDULING_POLICIES, SamplingParams
 from engine.serving.llm import LLM
 from engine.serving.engine import LLMEngine
 from engine.model.shared import SharedModel
@@ -140,13 +140,10 @@ def test_a_preemption_livelock_raises_instead_of_spinning(parallel_llms, monkeyp
     engine = llm.llm_engine
     scheduler = engine.scheduler
 
-    def old_victim(request, exclude):
-        for j in range(len(scheduler.running) - 1, -1, -1):
-            if scheduler.running[j].request_id not in exclude:
-                return scheduler.running.pop(j)
-        return None
+    def old_victim(request, running, exclude):
+        return next((r for r in reversed(running) if r.request_id not in exclude), None)
 
-    monkeypatch.setattr(scheduler, "_victim", old_victim)
+    monkeypatch.setattr(scheduler.policy, "victim", old_victim)
     real_step, steps = engine.step, [0]
 
     def counted_step():
@@ -188,7 +185,9 @@ def run_workload(engine: LLMEngine, tiny: SharedModel, workload: list[tuple[tupl
     """Add the workload (arrivals relative to now), run it bounded and checked, compare."""
     refs = reference_tokens(tiny, [p for p, _, _ in workload])
     now = engine.step_count
-    ids = [engine.add_request(list(p), SamplingParams(temperature=0, max_tokens=m), arrival_step=now + a)
+    # Later arrivals rank first under scheduling_policy="priority" (they preempt on arrival); the
+    # other policies ignore it.
+    ids = [engine.add_request(list(p), SamplingParams(temperature=0, max_tokens=m), arrival_step=now + a, priority=-a)
            for p, m, a in workload]
     _, preemptions = run_bounded(engine, step_bound(engine, [len(p) + m for p, m, _ in workload]) + 4)
     if preemptions:
@@ -202,12 +201,14 @@ def run_workload(engine: LLMEngine, tiny: SharedModel, workload: list[tuple[tupl
 
 @settings(max_examples=50, **CI)
 @given(block_size=st.integers(1, 16), num_blocks=st.integers(1, 24), budget=st.integers(1, 24),
-       max_num_seqs=st.integers(1, 4), chunked=st.booleans(), prefix=st.booleans(), data=st.data())
+       max_num_seqs=st.integers(1, 4), chunked=st.booleans(), prefix=st.booleans(),
+       policy=st.sampled_from(SCHEDULING_POLICIES), schedule=st.sampled_from(PREFILL_SCHEDULES), data=st.data())
 def test_single_process_engine_finishes_every_workload(tiny, block_size, num_blocks, budget, max_num_seqs, chunked,
-                                                       prefix, data) -> None:
+                                                       prefix, policy, schedule, data) -> None:
+    """Under every scheduling policy and prefill schedule too (engine/core/policies/)."""
     engine = LLMEngine(tiny, block_size=block_size, num_blocks=max(num_blocks, cdiv(8, block_size)),
                        max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked,
-                       enable_prefix_caching=prefix)
+                       enable_prefix_caching=prefix, scheduling_policy=policy, prefill_schedule=schedule)
     run_workload(engine, tiny, data.draw(workloads(min(engine.max_model_len, 48), chunked, budget)))
 
 

@@ -21,6 +21,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.scenarios import DEFAULT_SCENARIO
 from app.session import K
+from engine.core.config import SCHEDULING_POLICIES
 from engine.replay.recording import record, to_json
 from engine.replay.scenario import load_scenario
 
@@ -357,7 +358,8 @@ def test_presentation_mode_hides_explanations() -> None:
 def test_batching_tabs_render() -> None:
     """Each Batch composition tab renders its own chart (and table) for the current step."""
     at = open_app(BATCHING)
-    assert [t.label for t in at.tabs] == ["Live batches", "Latency per request", "Static vs continuous"]
+    assert [t.label for t in at.tabs] == ["Live batches", "Latency per request", "Static vs continuous",
+                                          "Scheduling policies"]
     assert set(charts(at)) == {"chart_batch_timeline"}
     run_n(at, 4)
     assert chart_step(at, "chart_batch_timeline") == 4
@@ -390,6 +392,26 @@ def test_static_vs_continuous_comparison_runs_and_replays() -> None:
     ok(at.run())
     assert "REPLAY" in badges(at)[0]
     assert sorted(summary_policies(at)) == ["continuous", "static"]
+
+
+def test_scheduling_policy_comparison_runs_every_policy() -> None:
+    """The Scheduling policies tab runs the scenario to the end once per scheduling_policy on the
+    real engine: one summary row each (TTFT in steps, preemptions, hit rate, finish order) and the
+    TTFT chart, kept on rerun; the session's own run is not stepped."""
+    at = open_app(BATCHING)
+    open_tab(at, "Scheduling policies")
+    click(at, "run_scheduling_comparison")
+    assert not errors(at)
+    tables = [df.value for df in at.dataframe if "scheduling policy" in df.value.columns]
+    assert len(tables) == 1 and list(tables[0]["scheduling policy"]) == list(SCHEDULING_POLICIES)
+    table = tables[0].set_index("scheduling policy")
+    assert (table["mean TTFT (steps)"] > 0).all() and (table["p90 TTFT (steps)"] >= table["mean TTFT (steps)"]).all()
+    assert all(len(order.split()) == 16 for order in table["finish order"])  # the scenario's 16 requests
+    assert "chart_scheduling_ttft" in charts(at)
+    assert steps_done(at) == 0
+    ok(at.run())
+    assert [df for df in at.dataframe if "scheduling policy" in df.value.columns]
+    assert not [b for b in at.button if b.key == "run_scheduling_comparison"]
 
 
 # -- generate ----------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The scenario run to the end twice on the real engine, side by side: static vs continuous
 batching (kept on the run itself: a recording carries them), prefix caching on vs off and
-speculation on vs off (kept in the session per set-up: a change of model, scenario or knob
-drops them, and a replay has none, since engine/recording.py accepts only the two scheduling
-policies as comparison runs).
+speculation on vs off and one run per scheduling policy (kept in the session per set-up: a change
+of model, scenario or knob drops them, and a replay has none, since engine/recording.py accepts
+only the two batching policies as comparison runs).
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from app import session
 from app.current_run import is_replay, live_run, run
 from app.models import shared_model
 from app.scenarios import spec_scenario
-from engine.replay.run import PolicyRun, compare_policies, compare_prefix_caching, compare_speculation
+from engine.replay.run import (PolicyRun, compare_policies, compare_prefix_caching, compare_scheduling_policies,
+                               compare_speculation)
 
 Progress = Callable[[str, int], None]  # (run name, steps done)
 Compare = Callable[..., dict[str, PolicyRun]]  # engine.run.compare_*(scenario, model, on_step=...)
@@ -80,3 +81,13 @@ def spec_comparison() -> dict[str, PolicyRun]:
 def run_spec_comparison(progress: Progress | None = None) -> None:
     """Run the current scenario to the end with its speculative_config and without (live only)."""
     _run_stored(session.spec_runs, compare_speculation, progress)
+
+
+def scheduling_comparison() -> dict[str, PolicyRun]:
+    """One run per scheduling policy of the current live set-up, if run."""
+    return _stored(session.scheduling_runs)
+
+
+def run_scheduling_comparison(progress: Progress | None = None) -> None:
+    """Run the current scenario to the end under every scheduling policy (live runs only)."""
+    _run_stored(session.scheduling_runs, compare_scheduling_policies, progress)

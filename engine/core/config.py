@@ -15,6 +15,15 @@ from typing import Any, Literal, get_args
 from engine.core.hf_config import ENGINE_DTYPES
 
 Policy = Literal["continuous", "static"]
+# Which waiting request is admitted first and which running one is preempted (engine/core/policies/,
+# one module each; vLLM's knob name). "fcfs" is the default and the engine's behaviour before the knob.
+SchedulingPolicyName = Literal["fcfs", "priority", "sjf", "lpm", "mlfq"]
+SCHEDULING_POLICIES: tuple[str, ...] = get_args(SchedulingPolicyName)
+# How a step splits its budget between prefills and decodes (engine/core/scheduler.py).
+PrefillSchedule = Literal["mixed", "prefill_first"]
+PREFILL_SCHEDULES: tuple[str, ...] = get_args(PrefillSchedule)
+# add_request(priority=...): an int32, as vLLM's API carries it; lower is served earlier.
+MIN_PRIORITY, MAX_PRIORITY = -(2 ** 31), 2 ** 31 - 1
 DTYPES = ENGINE_DTYPES  # the one dtype vocabulary (engine/core/hf_config.py): float32, bfloat16, float16
 # KV-cache dtypes: the float ones, or quantized with per-token-head fp32 scales (engine/model/kv_quant.py)
 KV_CACHE_DTYPES: tuple[str, ...] = (*DTYPES, "int8", "fp8")
@@ -171,6 +180,23 @@ class SchedulerConfig:
     policy                  "continuous" (refill every step) or "static" (a fixed batch that
                             waits for its longest member)
     max_model_len           context limit; None = the model's own limit
+    scheduling_policy       who is admitted first and who is preempted (vLLM's knob name;
+                            engine/core/policies/, sources in each module):
+                            "fcfs"     arrival order, no overtaking (the default)
+                            "priority" add_request(priority=): lower first, ties by arrival; a
+                                       better waiting request preempts worse running ones (vLLM)
+                            "sjf"      fewest prompt tokens left to prefill first
+                            "lpm"      longest prefix-cache hit first (SGLang); fcfs without caching
+                            "mlfq"     FastServe's skip-join multi-level feedback queue
+                            A non-zero priority under a policy other than "priority" is accepted
+                            and ignored (vLLM refuses it; here one workload runs under every policy)
+    prefill_schedule        how a step splits its budget between prefills and decodes:
+                            "mixed"         running requests first, prefill chunks fill the rest
+                                            (stall-free batching, Sarathi-Serve; the default)
+                            "prefill_first" when a new prompt can be admitted (or one is still
+                                            prefilling) the step runs prompts only and running
+                                            decodes stall for it (vLLM V0); a preempted request's
+                                            recompute runs the mixed way
     """
 
     max_num_batched_tokens: int = 512
@@ -178,6 +204,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     policy: Policy = "continuous"
     max_model_len: int | None = None
+    scheduling_policy: SchedulingPolicyName = "fcfs"
+    prefill_schedule: PrefillSchedule = "mixed"
 
     def __post_init__(self) -> None:
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, MAX_NUM_BATCHED_TOKENS)
@@ -188,6 +216,21 @@ class SchedulerConfig:
             raise ValueError(f"policy: must be 'continuous' or 'static', got {_short(self.policy)}")
         if not isinstance(self.enable_chunked_prefill, bool):
             raise ValueError("enable_chunked_prefill: must be True or False")
+        if not isinstance(self.scheduling_policy, str) or self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy: must be one of {SCHEDULING_POLICIES}, got "
+                             f"{_short(self.scheduling_policy)}")
+        if not isinstance(self.prefill_schedule, str) or self.prefill_schedule not in PREFILL_SCHEDULES:
+            raise ValueError(f"prefill_schedule: must be one of {PREFILL_SCHEDULES}, got "
+                             f"{_short(self.prefill_schedule)}")
+
+
+def check_priority(priority: object) -> int:
+    """A request's priority (``add_request(priority=)``, vLLM's meaning: lower is served earlier):
+    an int in MIN_PRIORITY .. MAX_PRIORITY (an int32), not a bool; ValueError naming ``priority``."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ValueError(f"priority: must be an integer in {MIN_PRIORITY:,} .. {MAX_PRIORITY:,} (lower is "
+                         f"served earlier), got {_short(priority)}")
+    return priority
 
 
 @dataclass(frozen=True)
@@ -303,6 +346,8 @@ KNOB_PLACES: dict[str, tuple[str, str]] = {
     "worker_timeout_s": ("parallel_config", "worker_timeout_s"),
     "runner": ("", "runner"),
     "attention_backend": ("", "attention_backend"),
+    "scheduling_policy": ("scheduler_config", "scheduling_policy"),
+    "prefill_schedule": ("scheduler_config", "prefill_schedule"),
 }
 KNOB_NAMES: tuple[str, ...] = tuple(KNOB_PLACES)
 _SECTIONS: dict[str, type] = {"cache_config": CacheConfig, "scheduler_config": SchedulerConfig,
@@ -334,7 +379,8 @@ class EngineConfig:
 
         EngineConfig
         ├── cache_config       CacheConfig       block_size, num_blocks, cache_dtype, enable_prefix_caching
-        ├── scheduler_config   SchedulerConfig   max_num_batched_tokens, max_num_seqs, chunked prefill, policy, max_model_len
+        ├── scheduler_config   SchedulerConfig   max_num_batched_tokens, max_num_seqs, chunked prefill, policy, max_model_len,
+        │                                        scheduling_policy, prefill_schedule
         ├── parallel_config    ParallelConfig    p, t, pipeline schedule, micro-batches, layer split, worker timeout
         ├── quant_config       QuantConfig|None  weight quantization scheme, int4 group size, w8a8 outliers, SmoothQuant
         ├── speculative_config SpeculativeConfig|None  drafter and k (engine/speculative/)

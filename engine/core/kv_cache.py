@@ -106,15 +106,12 @@ class KVCacheManager:
         All or nothing: returns None, changing nothing, when free + evictable blocks are too few
         (the scheduler then preempts or stops admitting).
         """
-        rid, bs = request.request_id, self.block_size
+        rid = request.request_id
         table = self.block_tables.get(rid, [])
         hits = list(computed.block_ids)
-        needed_tokens = request.num_computed_tokens + computed.num_tokens + num_new_tokens + num_lookahead_tokens
-        num_needed = max(0, cdiv(needed_tokens, bs) - len(table) - len(hits))
-        shared = self._shared_write_block(request, table, num_new_tokens)
+        num_needed, shared = self._blocks_needed(request, num_new_tokens, computed, num_lookahead_tokens)
         num_alloc = num_needed + (shared is not None)
-        revived = sum(1 for b in hits if self.pool.blocks[b].ref_count == 0)
-        if num_alloc > self.pool.num_free + self.pool.num_evictable - revived:
+        if not self._fits(num_alloc, computed):
             return None
         self._save(rid)
         if hits:
@@ -137,6 +134,25 @@ class KVCacheManager:
             copies = ((src, dst),)
         self.block_tables[rid] = table
         return SlotAllocation(tuple(new_blocks), copies)
+
+    def can_allocate(self, request: Request, num_new_tokens: int, computed: KVCacheBlocks = NO_BLOCKS) -> bool:
+        """Whether ``allocate_slots`` with these arguments would succeed now (changes nothing)."""
+        num_needed, shared = self._blocks_needed(request, num_new_tokens, computed, 0)
+        return self._fits(num_needed + (shared is not None), computed)
+
+    def _blocks_needed(self, request: Request, num_new_tokens: int, computed: KVCacheBlocks,
+                       num_lookahead_tokens: int) -> tuple[int, int | None]:
+        """(new blocks the table needs, the index of a shared block a write must copy first or None)."""
+        table = self.block_tables.get(request.request_id, [])
+        needed_tokens = request.num_computed_tokens + computed.num_tokens + num_new_tokens + num_lookahead_tokens
+        num_needed = max(0, cdiv(needed_tokens, self.block_size) - len(table) - len(computed.block_ids))
+        return num_needed, self._shared_write_block(request, table, num_new_tokens)
+
+    def _fits(self, num_alloc: int, computed: KVCacheBlocks) -> bool:
+        """Free + evictable blocks cover ``num_alloc``, not counting the hit's unreferenced
+        (evictable) blocks, which the hit itself revives."""
+        revived = sum(1 for b in computed.block_ids if self.pool.blocks[b].ref_count == 0)
+        return num_alloc <= self.pool.num_free + self.pool.num_evictable - revived
 
     def _shared_write_block(self, request: Request, table: list[int], num_new_tokens: int) -> int | None:
         """The table index of the existing block this step writes into first, if another

@@ -25,6 +25,8 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival_step: int = 0
+    priority: int = 0  # add_request(priority=): lower is served earlier (the "priority" scheduling policy)
+    arrival_seq: int = 0  # the order the scheduler received it in (Scheduler.add): ties "by arrival"
     output_token_ids: list[int] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)  # seam for speculative decoding
     num_computed_tokens: int = 0
@@ -62,7 +64,7 @@ class Request:
             stop_reason=self.stop_reason, output_text=self.output_text, error=self.error,
             num_draft_tokens=self.num_draft_tokens, num_accepted_tokens=self.num_accepted_tokens,
             num_verify_steps=self.num_verify_steps,
-            arrival_time=self.arrival_time, first_scheduled_step=self.first_scheduled_step,
+            arrival_seq=self.arrival_seq, arrival_time=self.arrival_time, first_scheduled_step=self.first_scheduled_step,
             first_token_step=self.first_token_step, first_token_time=self.first_token_time,
             finished_step=self.finished_step, finished_time=self.finished_time)
 
@@ -72,7 +74,7 @@ class Request:
         self.spec_token_ids = list(cp.spec_token_ids)
         for name in ("status", "num_computed_tokens", "num_preemptions", "forked", "num_cached_tokens",
                      "finish_reason", "stop_reason", "num_draft_tokens", "num_accepted_tokens", "num_verify_steps",
-                     "output_text", "error", "arrival_time", "first_scheduled_step", "first_token_step",
+                     "output_text", "error", "arrival_seq", "arrival_time", "first_scheduled_step", "first_token_step",
                      "first_token_time", "finished_step", "finished_time"):
             setattr(self, name, getattr(cp, name))
 
@@ -131,6 +133,7 @@ class RequestCheckpoint:
     num_draft_tokens: int
     num_accepted_tokens: int
     num_verify_steps: int
+    arrival_seq: int
     arrival_time: float | None
     first_scheduled_step: int | None
     first_token_step: int | None

@@ -1,16 +1,27 @@
 """Token-budget scheduler: continuous batching with chunked prefill and recompute preemption.
 
 One step gets ``max_num_batched_tokens`` tokens. Running requests are served first (decodes
-and unfinished prefill chunks), then waiting requests are admitted FCFS while budget, blocks
-and ``max_num_seqs`` allow. A prompt that does not fit the remaining budget is chunked, so
-prefill and decode share a step:
+and unfinished prefill chunks), then waiting requests are admitted while budget, blocks and
+``max_num_seqs`` allow. A prompt that does not fit the remaining budget is chunked, so prefill
+and decode share a step (``prefill_schedule="mixed"``, stall-free batching as in Sarathi-Serve):
 
     budget 8 | r0 decode | r1 decode | r2 prefill chunk (6 of 20 tokens) |
 
+``prefill_schedule="prefill_first"`` (vLLM V0): a step that has new prompt work (an admission, or
+a running request's unfinished prompt) runs only that, and running decodes stall for it; the
+decodes run in the steps without any. A preempted request's recompute is scheduled the mixed way
+(after the running requests), so a preemption can never undo prompt work that stalled the oldest
+request, step after step.
+
 When a running request needs a block and none is free (after evicting unused prefix-cache
-blocks), the newest running request is preempted: its blocks are freed and it goes back to
-the front of the queue, to be recomputed (prompt + outputs so far) when it is admitted again;
-its cached prefix usually spares most of that.
+blocks), a running request is preempted: its blocks are freed and it goes back to the waiting
+queue, to be recomputed (prompt + outputs so far) when it is admitted again; its cached prefix
+usually spares most of that.
+
+Who is admitted first and who is the victim is the scheduling policy's to say
+(``scheduling_policy``, engine/core/policies/): FCFS by default (admission in arrival order,
+the newest running request preempted), or priority, SJF, LPM, MLFQ. The scheduler keeps the
+mechanics (budget, chunks, blocks, the batch queue's exclusions) and asks the policy for orders.
 
 After the forward, ``postprocess`` owns the rest of the request lifecycle: newly full blocks
 go to the prefix cache, sampled tokens are appended, the stop rules are checked, finished
@@ -32,6 +43,7 @@ import torch
 
 from engine.core.config import MAX_SEED, EngineConfig
 from engine.core.kv_cache import NO_BLOCKS, KVCacheBlocks, KVCacheManager, cdiv
+from engine.core.policies import make_policy
 from engine.core.request import Request, RequestStatus
 from engine.core.stop import check_stop
 from engine.core.trace import BlockCopy, ChunkKind, PrefixLookup
@@ -92,6 +104,8 @@ class Scheduler:
         self.decode = decode
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.policy = make_policy(config.scheduler_config.scheduling_policy)
+        self._arrivals = 0  # requests received so far: the next one's arrival_seq
         # Per-step scratch, reset by schedule(): prefix lookups and copy-on-write copies.
         self._lookups: list[PrefixLookup] = []
         self._copies: list[BlockCopy] = []
@@ -99,6 +113,8 @@ class Scheduler:
     # -- queue management ---------------------------------------------------------------
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
+        request.arrival_seq = self._arrivals
+        self._arrivals += 1
         self.waiting.append(request)
 
     def remove(self, request: Request) -> None:
@@ -113,14 +129,16 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def checkpoint(self) -> object:
-        """(waiting, running) as they are now, for a step's rollback (engine/core/checkpoint.py)."""
-        return tuple(self.waiting), tuple(self.running)
+        """(waiting, running, arrivals, the policy's state) as they are now, for a step's rollback
+        (engine/core/checkpoint.py)."""
+        return tuple(self.waiting), tuple(self.running), self._arrivals, self.policy.checkpoint()
 
     def restore(self, state: object) -> None:
         assert isinstance(state, tuple)
-        waiting, running = state
+        waiting, running, self._arrivals, policy_state = state
         self.waiting = deque(waiting)
         self.running = list(running)
+        self.policy.restore(policy_state)
 
     # -- the algorithm ------------------------------------------------------------------
     def schedule(self, exclude: frozenset[str] = frozenset(), max_requests: int | None = None,
@@ -137,14 +155,17 @@ class Scheduler:
         preempted this step is not scheduled; nothing is admitted in a step that preempted.
         ``num_computed_tokens`` advances optimistically here.
 
-        Preemption follows the running order (admission order, oldest first: vLLM's priority):
-        a request that needs blocks preempts the newest request admitted after it, or itself
-        when none was (``_victim``); never an older one. So the oldest running request is never
-        preempted while another runs and always progresses. When every request admitted after
-        it is in flight, it waits for their batch to retire (no preemption, no admission, this
-        batch ends) instead of preempting itself: giving up the older request's progress to a
-        newer one that is immune while in flight is how the batch queue used to livelock (two
-        requests taking turns preempting each other, neither ever finishing).
+        Preemption follows the policy's running order (``policy.running_order``; FCFS: admission
+        order, oldest first, as vLLM): a request that needs blocks preempts the last request
+        ranked after it, or itself when none is (``policy.victim``); never one ranked before it.
+        So the first running request is never preempted while another runs and always
+        progresses. When every request ranked after it is in flight, it waits for their batch to
+        retire (no preemption, no admission, this batch ends) instead of preempting itself:
+        giving up the older request's progress to a newer one that is immune while in flight is
+        how the batch queue used to livelock (two requests taking turns preempting each other,
+        neither ever finishing). Running requests are served in that same order, so a victim is
+        never one already scheduled this step. A policy that preempts for admission (priority)
+        does so before anything is scheduled (``_make_room``), and that step admits nothing.
 
         Speculative decoding: a running request with drafts (``spec_token_ids``) is scheduled
         for 1 + k query tokens (its last token and the k drafts), all or none: when the budget
@@ -152,50 +173,35 @@ class Scheduler:
         when its blocks cannot be allocated its drafts are dropped before anyone is preempted.
         A running request not scheduled this step loses its drafts (they are re-proposed).
         """
-        budget = self.config.scheduler_config.max_num_batched_tokens
+        config = self.config.scheduler_config
+        budget = config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
         self._lookups, self._copies = [], []
-
-        i = 0
-        stalled = False
         limit = max_requests if max_requests is not None else len(self.running) + len(self.waiting)
-        while i < len(self.running) and budget > 0 and len(scheduled) < limit:
-            request = self.running[i]
-            if request.request_id in exclude:
-                i += 1
-                continue
-            if request.spec_token_ids and 1 + len(request.spec_token_ids) > budget:
-                del request.spec_token_ids[max(budget - 1, 0):]
-            n = self._chunk_size(request.num_tokens_with_spec - request.num_computed_tokens, budget)
-            if n <= 0:
-                i += 1
-                continue
-            ok = self._allocate(request, n)
-            if not ok and request.spec_token_ids:
-                request.spec_token_ids.clear()  # drafts never cost a preemption
-                n = self._chunk_size(request.num_tokens_with_spec - request.num_computed_tokens, budget)
-                ok = self._allocate(request, n)
-            while not ok:
-                victim = self._victim(request, exclude)
-                if victim is None:  # the requests admitted after it are in flight: wait for them
-                    stalled = True
-                    n = 0
-                    break
-                self._preempt(victim)
-                preempted.append(victim.request_id)
-                if victim is request:
-                    n = 0
-                    break
-                ok = self._allocate(request, n)
-            if n == 0:
-                break
-            scheduled.append(self._commit(request, n))
-            budget -= n
-            i += 1
-
-        if may_admit and not preempted and not stalled and self._may_admit():
+        admitting = may_admit and self._may_admit()
+        if admitting and config.policy == "continuous" and self.policy.preempts_for_admission:
+            preempted += self._make_room(exclude)
+        order = self.policy.running_order(self.running)
+        if config.prefill_schedule == "prefill_first" and admitting and not preempted:
+            # Prompt work only (vLLM V0): new prompts, running or admitted now; the decodes wait for
+            # a step without any. A preempted request's recompute goes the mixed way (after the
+            # running requests): were it to stall the decodes too, its own preemption could undo
+            # it step after step while the oldest request never advanced (a livelock).
+            prompt_work = [r for r in order if r.num_preemptions == 0 and r.num_computed_tokens < r.num_prompt_tokens]
+            budget, stalled = self._serve(prompt_work, budget, scheduled, preempted, exclude, limit)
+            if not preempted and not stalled:
+                budget = self._admit(budget, scheduled, limit, only_new=True)
+            if scheduled or preempted or stalled:
+                return self._output(budget, scheduled, preempted, exclude)
+        budget, stalled = self._serve(order, budget, scheduled, preempted, exclude, limit)
+        if admitting and not preempted and not stalled:
             budget = self._admit(budget, scheduled, limit)
+        return self._output(budget, scheduled, preempted, exclude)
+
+    def _output(self, budget: int, scheduled: list[ScheduledRequest], preempted: list[str],
+                exclude: frozenset[str]) -> SchedulerOutput:
+        """The step's SchedulerOutput; a running request not scheduled loses its drafts."""
         chosen = {s.request_id for s in scheduled} | exclude
         for request in self.running:
             if request.spec_token_ids and request.request_id not in chosen:
@@ -204,16 +210,65 @@ class Scheduler:
         total = self.config.scheduler_config.max_num_batched_tokens - budget
         return SchedulerOutput(tuple(scheduled), tuple(preempted), total, tuple(self._lookups), tuple(self._copies))
 
-    def _victim(self, request: Request, exclude: frozenset[str]) -> Request | None:
-        """Take the request to preempt for ``request`` out of ``running``: the newest running
-        request admitted after it that is not in ``exclude``; ``request`` itself when it is the
-        newest running request; None (nothing taken) when every request admitted after it is
-        in ``exclude`` (in flight), so ``request`` has to wait for them."""
-        at = self.running.index(request)
-        for j in range(len(self.running) - 1, at, -1):
-            if self.running[j].request_id not in exclude:
-                return self.running.pop(j)
-        return self.running.pop(at) if at == len(self.running) - 1 else None
+    def _serve(self, order: list[Request], budget: int, scheduled: list[ScheduledRequest], preempted: list[str],
+               exclude: frozenset[str], limit: int) -> tuple[int, bool]:
+        """Schedule the running requests of ``order`` (the policy's running order, or a part of
+        it) within ``budget``, preempting for blocks -> (budget left, stalled: a request has to
+        wait for in-flight ones, so this batch ends)."""
+        for request in order:
+            if budget <= 0 or len(scheduled) >= limit:
+                break
+            if request.status is not RequestStatus.RUNNING or request.request_id in exclude:
+                continue  # preempted by one served before it, or in an in-flight batch
+            if request.spec_token_ids and 1 + len(request.spec_token_ids) > budget:
+                del request.spec_token_ids[max(budget - 1, 0):]
+            n = self._chunk_size(request.num_tokens_with_spec - request.num_computed_tokens, budget)
+            if n <= 0:
+                continue
+            ok = self._allocate(request, n)
+            if not ok and request.spec_token_ids:
+                request.spec_token_ids.clear()  # drafts never cost a preemption
+                n = self._chunk_size(request.num_tokens_with_spec - request.num_computed_tokens, budget)
+                ok = self._allocate(request, n)
+            while not ok:
+                victim = self.policy.victim(request, self.running, exclude)
+                if victim is None:  # the requests ranked after it are in flight: wait for them
+                    return budget, True
+                self.running.remove(victim)
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    return budget, False
+                ok = self._allocate(request, n)
+            scheduled.append(self._commit(request, n))
+            budget -= n
+        return budget, False
+
+    def _make_room(self, exclude: frozenset[str]) -> list[str]:
+        """Preempt running requests (``policy.admission_victim``) while the first waiting request
+        in the policy's order could not be admitted for lack of seats or blocks -> their ids."""
+        if not self.waiting:
+            return []
+        candidate = self.policy.admission_order(self.waiting, self.kv)[0]
+        preempted: list[str] = []
+        while not self._could_admit(candidate):
+            victim = self.policy.admission_victim(candidate, self.running, exclude)
+            if victim is None:
+                break
+            self.running.remove(victim)
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+        return preempted
+
+    def _could_admit(self, request: Request) -> bool:
+        """Seats and blocks for ``request``'s first chunk with the whole budget, before this step
+        schedules anything (the running requests' own needs this step are not counted)."""
+        config = self.config.scheduler_config
+        if sum(r.num_seats for r in self.running) + request.num_seats > config.max_num_seqs:
+            return False
+        hit = self.kv.get_computed_blocks(request)
+        n = self._chunk_size(request.num_tokens - hit.num_tokens, config.max_num_batched_tokens)
+        return self.kv.can_allocate(request, n, hit)
 
     def _allocate(self, request: Request, n: int, computed: KVCacheBlocks = NO_BLOCKS) -> bool:
         """allocate_slots, keeping its copy-on-write copies for the runner."""
@@ -226,14 +281,16 @@ class Scheduler:
     def _may_admit(self) -> bool:
         return self.config.scheduler_config.policy == "continuous" or not self.running
 
-    def _admit(self, budget: int, scheduled: list[ScheduledRequest], limit: int) -> int:
-        """Admit waiting requests FCFS; stop at the first that does not fit (no overtaking), or
-        when the batch holds ``limit`` requests."""
+    def _admit(self, budget: int, scheduled: list[ScheduledRequest], limit: int, only_new: bool = False) -> int:
+        """Admit waiting requests in the policy's order (FCFS: queue order); stop at the first that
+        does not fit (no overtaking within that order), when the batch holds ``limit`` requests,
+        or (``only_new``) at the first preempted one."""
         static = self.config.scheduler_config.policy == "static"
         seats = sum(r.num_seats for r in self.running)
-        while self.waiting and seats + self.waiting[0].num_seats <= self.config.scheduler_config.max_num_seqs \
-                and len(scheduled) < limit:
-            request = self.waiting[0]
+        for request in self.policy.admission_order(self.waiting, self.kv):
+            if (seats + request.num_seats > self.config.scheduler_config.max_num_seqs or len(scheduled) >= limit
+                    or (only_new and request.status is RequestStatus.PREEMPTED)):
+                break
             hit = self.kv.get_computed_blocks(request)
             if not static and self._prefix_in_flight(request, hit):
                 break  # (a static batch would make it wait for the whole batch instead)
@@ -242,7 +299,7 @@ class Scheduler:
                 break
             if not self._allocate(request, n, hit):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             seats += request.num_seats
             resumed = request.status is RequestStatus.PREEMPTED
             request.status = RequestStatus.RUNNING
@@ -321,6 +378,7 @@ class Scheduler:
             seed = (request.seed + i) % (MAX_SEED + 1)
             child = Request(f"{request.request_id}#{i}", request.prompt, list(request.prompt_token_ids),
                             request.sampling_params, arrival_step=request.arrival_step,
+                            priority=request.priority, arrival_seq=request.arrival_seq,
                             output_token_ids=list(request.output_token_ids),
                             num_computed_tokens=request.num_computed_tokens, status=RequestStatus.RUNNING,
                             generator=None if request.generator is None else torch.Generator().manual_seed(seed),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Mapping, NamedTuple, Sequence
 
 from engine.replay.scenario import Scenario, build_engine, run_to_end, without_speculation
-from engine.core.config import EngineConfig
+from engine.core.config import SCHEDULING_POLICIES, EngineConfig
 from engine.core.schema import Length
 from engine.core.trace import Positive, Snapshot, StepTrace
 
@@ -343,6 +343,16 @@ def _run_variants(model: Any, variants: list[Variant],
         traces = run_to_end(engine, on_step=callback)
         out[label] = PolicyRun(engine.config.scheduler_config.policy, tuple(traces), engine.snapshot())
     return out
+
+
+def compare_scheduling_policies(scenario: Scenario, model: Any, knob_overrides: Mapping[str, Any] | None = None,
+                                policies: Sequence[str] = SCHEDULING_POLICIES,
+                                on_step: Callable[[str, int], None] | None = None) -> dict[str, PolicyRun]:
+    """Run the same scenario to the end once per ``scheduling_policy`` (engine/core/policies/),
+    every other knob equal -> {scheduling policy: run} (each run's ``policy`` is the batching
+    policy, continuous or static, the same for all)."""
+    knobs = dict(knob_overrides or {})
+    return _run_variants(model, [(p, scenario, {**knobs, "scheduling_policy": p}) for p in policies], on_step)
 
 
 CACHING_RUNS: tuple[tuple[str, bool], ...] = (("caching on", True), ("caching off", False))

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.core.checkpoint import StepCheckpoint
-from engine.core.config import EngineConfig, SamplingParams, engine_config
+from engine.core.config import EngineConfig, SamplingParams, check_priority, engine_config
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
@@ -125,18 +125,21 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_step: int | None = None,
+                    request_id: str | None = None, arrival_step: int | None = None, priority: int = 0,
                     arrival_time: float | None = None) -> str:
         """Validate everything first; a bad request raises ValueError and changes nothing.
+        ``priority``: vLLM's meaning, lower is served earlier (ties by arrival); it orders requests
+        only under ``scheduling_policy="priority"`` and is accepted and ignored under the others.
         ``arrival_time``: when it arrived on the engine's clock (None: when a step admits it)."""
+        check_priority(priority)
         prepared = self.intake.prepare(prompt, sampling_params, arrival_step, self.step_count)
-        return self.enqueue(prepared, request_id, arrival_step, arrival_time)
+        return self.enqueue(prepared, request_id, arrival_step, priority, arrival_time)
 
     def enqueue(self, prepared: PreparedRequest, request_id: str | None = None,
-                arrival_step: int | None = None, arrival_time: float | None = None) -> str:
+                arrival_step: int | None = None, priority: int = 0, arrival_time: float | None = None) -> str:
         """Queue a request ``intake.prepare`` checked (its id is checked here, under the lock)."""
         with self.lock:
-            return self.intake.enqueue(prepared, request_id, arrival_step, self.step_count, arrival_time)
+            return self.intake.enqueue(prepared, request_id, arrival_step, self.step_count, priority, arrival_time)
 
     def abort_request(self, request_id: str) -> None:
         """Finish a request (and, for parallel sampling, all its sequences) with "abort"."""

@@ -74,7 +74,7 @@ class RequestIntake:
         return PreparedRequest(token_ids, text, params)
 
     def enqueue(self, prepared: PreparedRequest, request_id: str | None, arrival_step: int | None,
-                step_count: int, arrival_time: float | None = None) -> str:
+                step_count: int, priority: int = 0, arrival_time: float | None = None) -> str:
         """Queue a prepared request (the request id is checked here; the caller holds the engine's lock).
         ``arrival_time``: when it arrived on the engine's clock (a simulated run's arrivals fall
         between steps); None: when a step hands it to the scheduler."""
@@ -91,7 +91,7 @@ class RequestIntake:
         arrival = step_count if arrival_step is None else arrival_step
         seed = params.seed if params.seed is not None else \
             (self.config.seed * 1_000_003 + len(self.requests)) % (MAX_SEED + 1)
-        request = Request(rid, text, token_ids, params, arrival_step=arrival, seed=seed,
+        request = Request(rid, text, token_ids, params, arrival_step=arrival, seed=seed, priority=priority,
                           generator=None if params.greedy else torch.Generator().manual_seed(seed),
                           arrival_time=None if arrival_time is None else float(arrival_time))
         self.requests[rid] = request

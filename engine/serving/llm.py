@@ -5,7 +5,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any
 
-from engine.core.config import SamplingParams
+from engine.core.config import SamplingParams, check_priority
 from engine.serving.engine import LLMEngine
 from engine.serving.limits import MAX_GENERATE_PROMPTS
 from engine.serving.outputs import RequestOutput
@@ -32,20 +32,23 @@ class LLM:
         return self.llm_engine.tokenizer
 
     def generate(self, prompts: str | Sequence[int] | Iterable[str | Sequence[int]],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Outputs in the order of ``prompts``; ``[]`` for no prompts.
 
         Rules: every prompt is validated before any is added (a bad one adds nothing); the
         engine is stepped only until the requests added here are finished (requests added
         earlier through ``llm_engine`` are stepped along but never waited for); a step that
         makes no progress raises RuntimeError instead of spinning; if a step raises, the
-        requests added here are aborted and the exception propagates.
+        requests added here are aborted and the exception propagates. ``priority``: one per
+        prompt (vLLM's list; lower is served earlier), used by ``scheduling_policy="priority"``.
         """
         prompt_list = _prompt_list(prompts)
         params = _params_list(sampling_params, len(prompt_list))
+        priorities = _priority_list(priority, len(prompt_list))
         engine = self.llm_engine
         prepared = [engine.intake.prepare(p, sp, None, engine.step_count) for p, sp in zip(prompt_list, params)]
-        ids = [engine.enqueue(request) for request in prepared]
+        ids = [engine.enqueue(request, priority=pr) for request, pr in zip(prepared, priorities)]
         try:
             self._run_until_finished(ids)
         except BaseException:
@@ -94,3 +97,14 @@ def _params_list(sampling_params: object, n: int) -> list[SamplingParams | None]
     if len(sampling_params) != n:
         raise ValueError("sampling_params: one per prompt, or a single one for all")
     return list(sampling_params)
+
+
+def _priority_list(priority: object, n: int) -> list[int]:
+    """None (all 0) or one int per prompt, as vLLM's ``generate(priority=[...])``."""
+    if priority is None:
+        return [0] * n
+    if not isinstance(priority, (list, tuple)):
+        raise ValueError(f"priority: a list of integers, one per prompt, got {type(priority).__name__}")
+    if len(priority) != n:
+        raise ValueError(f"priority: one per prompt ({n}), got {len(priority)}")
+    return [check_priority(p) for p in priority]

@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.core.config import PREFILL_SCHEDULES, SCHEDULING_POLICIES
 from engine.costmodel.model import DEFAULT_MAX_NUM_SEQS, SimulatedModel, simulated_model
 from engine.simulate.capacity import Capacity, find_capacity
+from engine.simulate.cluster import colocated, disaggregated
 from engine.simulate.metrics import SLO, Summary, summarize
 from engine.simulate.result import RunResult
 from engine.simulate.simulator import Progress, ServingKnobs, simulate
@@ -52,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     a("--max-num-batched-tokens", type=int, help="token budget per step (default: the framework's)")
     a("--no-prefix-caching", action="store_true")
     a("--no-chunked-prefill", action="store_true")
+    a("--policy", default="fcfs", help=f"scheduling_policy: {', '.join(SCHEDULING_POLICIES)}")
+    a("--prefill-schedule", choices=PREFILL_SCHEDULES, help="default: the framework's (frameworks.py)")
+    a("--disaggregate", nargs=2, type=int, metavar=("P", "D"), help="P prefill + D decode instances, KV over the link")
+    a("--colocate", type=int, metavar="N", help="N instances serving prefill and decode (to compare)")
     a("--rate", type=float, help="Poisson arrivals per second (inf: all at t = 0)")
     a("--num-requests", type=int, default=200)
     a("--prompt-len", default="sharegpt", help="N | uniform:LO-HI | lognormal:MEAN,SIGMA | sharegpt | lmsys-chat"
@@ -99,6 +105,10 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("give --rate (with --num-requests) or --workload")
     if args.capacity and args.workload:
         raise InputError("--capacity sweeps the rate of a generated workload; it cannot take --workload")
+    if args.policy not in SCHEDULING_POLICIES:
+        raise InputError(f"--policy: must be one of {', '.join(SCHEDULING_POLICIES)}, got {args.policy[:40]!r}")
+    if args.disaggregate and args.colocate:
+        raise InputError("--disaggregate and --colocate are two runs: give one")
     if args.time_limit is not None and not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise InputError(f"--time-limit: must be a number of seconds > 0, got {args.time_limit!r}")
 
@@ -112,7 +122,8 @@ def _progress(enabled: bool) -> Any:
 
 def _report(sim: SimulatedModel, run: RunResult, s: Summary, capacity: Capacity | None) -> dict[str, Any]:
     out: dict[str, Any] = {k: getattr(s, k) for k in JSON_KEYS}
-    out.update(simulated=True, partial=s.partial, deployment=sim.deployment.words, cost_model=sim.cost.label,
+    out.update(simulated=True, partial=s.partial, deployment=run.label, cost_model=sim.cost.label,
+               serving_rule=sim.serving.words,
                slo_attainment=s.slo_attainment, finished=s.finished, num_requests=s.num_requests,
                makespan_s=s.makespan_s, per_request=[r.as_dict() for r in run.requests])
     if capacity is not None:
@@ -128,7 +139,7 @@ def _ms(v: float | None) -> str:
 
 def render_text(report: dict[str, Any], workload: str) -> str:
     lines = [f"SIMULATED - predicted times, not measured ({report['cost_model']})",
-             f"deployment: {report['deployment']}", f"workload:   {workload}",
+             f"deployment: {report['deployment']}", f"framework:  {report['serving_rule']}", f"workload:   {workload}",
              f"finished {report['finished']:,} of {report['num_requests']:,} requests in {report['makespan_s']:,.1f} s"
              + ("  (PARTIAL: stopped at the time limit)" if report["partial"] else ""),
              f"TTFT  p50 {_ms(report['ttft_p50_s'])}  p90 {_ms(report['ttft_p90_s'])}  p99 {_ms(report['ttft_p99_s'])}",
@@ -149,11 +160,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check(args)
         sim = simulated_model(args.model, args.hardware, _settings(args), args.max_model_len)
         knobs = ServingKnobs(args.max_num_seqs, args.max_num_batched_tokens, not args.no_prefix_caching,
-                             not args.no_chunked_prefill)
+                             False if args.no_chunked_prefill else None, args.policy, args.prefill_schedule)
         slo = SLO(args.slo_ttft, args.slo_tpot)
         say = _progress(not args.json and sys.stderr.isatty())
 
         def run(w: Workload) -> RunResult:
+            if args.disaggregate:
+                prefill, decode = args.disaggregate
+                return disaggregated(sim, w, prefill, decode, knobs, time_limit_s=args.time_limit)
+            if args.colocate:
+                return colocated(sim, w, args.colocate, knobs, time_limit_s=args.time_limit)
             return simulate(sim, w, knobs, time_limit_s=args.time_limit, progress=say)
         capacity = None
         if args.capacity:

@@ -117,13 +117,14 @@ def run_cluster(sim: SimulatedModel, workload: Workload, roles: Sequence[Role], 
                 r = reqs[i]
                 if x.role == "decode":
                     ids = list(_prompt_ids(x.engine, r)) + [0]
-                    rid = x.engine.add_request(ids, _params(r.max_tokens - 1), f"r{i}", arrival_time=r.arrival_s)
+                    rid = x.engine.add_request(ids, _params(r.max_tokens - 1), f"r{i}", priority=r.priority,
+                                               arrival_time=r.arrival_s)
                     x.runner.imported[rid] = len(ids) - 1
                     second[i] = (k, rid)
                 else:
                     tokens = 1 if x.role == "prefill" else r.max_tokens
                     first[i] = (k, x.engine.add_request(_prompt_ids(x.engine, r), _params(tokens), f"r{i}",
-                                                        arrival_time=r.arrival_s))
+                                                        priority=r.priority, arrival_time=r.arrival_s))
         busy = [x for x in inst if x.busy()]
         if not busy:
             continue

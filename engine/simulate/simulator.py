@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from engine.core.config import SamplingParams
 from engine.core.trace import StepTrace
 from engine.costmodel.clock import RunClock, VirtualClock, WallClock
+from engine.costmodel.frameworks import IN_PROCESS, ServingRule
 from engine.costmodel.model import DEFAULT_MAX_NUM_SEQS, SimulatedModel
 from engine.serving.engine import LLMEngine
 from engine.serving.intake import PreparedRequest
@@ -33,18 +34,23 @@ PROGRESS_EVERY_S = 0.25  # wall seconds between progress reports
 
 @dataclass(frozen=True)
 class ServingKnobs:
-    """The engine's serving knobs for a run (vLLM's names; None: the deployment's default)."""
+    """The engine's serving knobs for a run (vLLM's names). None: the deployment's default (the
+    framework's token budget; its serving rule's prefill schedule and chunking, frameworks.py)."""
 
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
+    enable_chunked_prefill: bool | None = None
+    scheduling_policy: str = "fcfs"
+    prefill_schedule: str | None = None
 
-    def engine_knobs(self, default_batched_tokens: int) -> dict[str, Any]:
+    def engine_knobs(self, default_batched_tokens: int, rule: ServingRule = IN_PROCESS) -> dict[str, Any]:
+        chunked = rule.chunked_prefill if self.enable_chunked_prefill is None else self.enable_chunked_prefill
         return {"max_num_seqs": self.max_num_seqs,
                 "max_num_batched_tokens": self.max_num_batched_tokens or default_batched_tokens,
-                "enable_prefix_caching": self.enable_prefix_caching,
-                "enable_chunked_prefill": self.enable_chunked_prefill}
+                "enable_prefix_caching": self.enable_prefix_caching, "enable_chunked_prefill": chunked,
+                "scheduling_policy": self.scheduling_policy,
+                "prefill_schedule": self.prefill_schedule or rule.prefill_schedule}
 
 
 class Progress(NamedTuple):
@@ -60,7 +66,7 @@ def simulated_engine(sim: SimulatedModel, knobs: ServingKnobs = ServingKnobs()) 
     if d.num_blocks < 1:
         raise ValueError(f"hardware: no KV block fits beside the weights ({d.words})")
     engine = LLMEngine(sim, clock=clock, num_blocks=d.num_blocks, block_size=d.block_size,
-                       max_model_len=d.max_model_len, **knobs.engine_knobs(d.max_num_batched_tokens))
+                       max_model_len=d.max_model_len, **knobs.engine_knobs(d.max_num_batched_tokens, sim.serving))
     return engine, clock
 
 
@@ -143,7 +149,7 @@ def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, labe
             i += 1
         while in_frontend and in_frontend[0][0] <= now:  # the engine receives
             _, j = in_frontend.popleft()
-            ids[j] = engine.enqueue(prepared[j], f"r{j}", arrival_time=sent[j])
+            ids[j] = engine.enqueue(prepared[j], f"r{j}", priority=reqs[j].priority, arrival_time=sent[j])
         if not engine.has_unfinished_requests():
             nxt = min(in_frontend[0][0] if in_frontend else math.inf,
                       reqs[i].arrival_s if i < n and i - finished < seats else math.inf)

@@ -86,6 +86,9 @@ def test_int_knob_rejected(knob: str, bad: str) -> None:
 
 OTHER_KNOBS = [
     ("policy", "fifo"), ("policy", ""), ("policy", None), ("policy", ["static"]), ("policy", 1),
+    ("scheduling_policy", "lifo"), ("scheduling_policy", ""), ("scheduling_policy", None),
+    ("scheduling_policy", ["fcfs"]), ("scheduling_policy", "FCFS"), ("prefill_schedule", "decode_first"),
+    ("prefill_schedule", True), ("prefill_schedule", None),
     ("dtype", "int3"), ("dtype", None), ("dtype", 32), ("dtype", "FLOAT32"),
     ("kv_cache_dtype", "fp4"), ("kv_cache_dtype", 8), ("kv_cache_dtype", ["float32"]),
     ("kv_cache_dtype", "int4"), ("kv_cache_dtype", 3), ("kv_cache_dtype", "INT8"), ("kv_cache_dtype", "fp8_e5m2"),
@@ -353,6 +356,11 @@ BAD_ADD = {
     "n > max_num_seqs": (lambda e: e.add_request("hi", SamplingParams(n=e.config.scheduler_config.max_num_seqs + 1)),
                          r"^n: .*max_num_seqs"),
     "n = MAX_N > max_num_seqs": (lambda e: e.add_request("hi", SamplingParams(n=MAX_N)), r"^n: .*max_num_seqs"),
+    "priority str": (lambda e: e.add_request("hi", priority="1"), "priority"),
+    "priority float": (lambda e: e.add_request("hi", priority=0.5), "priority"),
+    "priority bool": (lambda e: e.add_request("hi", priority=True), "priority"),
+    "priority 2**31": (lambda e: e.add_request("hi", priority=2 ** 31), "priority"),
+    "priority 10**100": (lambda e: e.add_request("hi", priority=-10 ** 100), "priority"),
     "params dict": (lambda e: e.add_request("hi", {"max_tokens": 3}), "sampling_params"),
     "params str": (lambda e: e.add_request("hi", "greedy"), "sampling_params"),
     "abort list id": (lambda e: e.abort_request(["a"]), "request_id"),
