@@ -20,6 +20,8 @@ from engine.sizing.plan import DEFAULT_LINK, Plan
 
 #: vLLM's default max_num_seqs (EngineArgs), used where the caller sets none.
 DEFAULT_MAX_NUM_SEQS = 256
+#: vLLM's token budget floor without chunked prefill (SchedulerConfig: max(max_model_len, 2048))
+UNCHUNKED_MIN_BATCHED_TOKENS = 2048
 #: positions assumed for a config that names no limit
 DEFAULT_MAX_POSITIONS = 131_072
 
@@ -96,15 +98,20 @@ def simulated_model(model: str | ModelSpec, hardware: str | Hardware, settings: 
     if not 2 <= length <= positions:
         raise ValueError(f"max_model_len: must be 2 .. {positions:,} ({spec.display_name}), got {length!r}")
     workload = Workload(batch=1, context=length)
+    plan = Plan(spec, hw, workload, settings)
+    rule = serving or serving_rule(plan.framework, plan.budget.rule)
+    if not rule.chunked_prefill and settings.max_num_batched_tokens is None:
+        # without chunked prefill a prompt runs whole: vLLM's budget is then max(max_model_len, 2048),
+        # and its profiling run (so the KV pool) is sized at that budget
+        settings = replace(settings, max_num_batched_tokens=max(length, UNCHUNKED_MIN_BATCHED_TOKENS))
+        plan = Plan(spec, hw, workload, settings)
     est = estimate(spec, hw, workload, settings, detail=False)
     if not est.fits or est.kv_room_tokens <= 0:
         raise ValueError(f"hardware: {spec.display_name} does not fit on {est.devices} x {est.hardware_name}"
                          f" (TP {est.tp}, PP {est.pp}) at max_model_len {length:,}: {est.reason}")
-    plan = Plan(spec, hw, workload, settings)
     deployment = _deployment(spec, est, plan, length)
     facts = ModelFacts(num_hidden_layers=spec.num_layers, max_position_embeddings=positions,
                        vocab_size=max(spec.vocab, 258), eos_token_ids=())
-    rule = serving or serving_rule(plan.framework, plan.budget.rule)
     if efficiency is None:
         efficiency = replace(plan_efficiency(plan), per_request_s=rule.per_request_s)
     return SimulatedModel(name=f"{spec.key} (simulated)", facts=facts, tokenizer=byte_tokenizer(),
