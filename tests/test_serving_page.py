@@ -56,14 +56,14 @@ def errors(at: AppTest) -> str:
 
 
 def test_a_run_shows_the_simulators_numbers() -> None:
-    at = open_serving(sv_n=20)
+    at = open_serving(sv_n=10)
     assert BADGE in markdown(at)
     ok(at.button(key="sv_run").click().run())
     assert not errors(at)
 
     # the same run through the engine's API (the page's defaults: Llama-3-70B on 8 x H100, vLLM rule)
     sim = simulated_model("llama-3-70b", "h100-sxm", Settings(tp=8, pp=1, framework="auto"))
-    work = generate(20, 10.0, parse_lengths("sharegpt", "p", "prompt"), parse_lengths("sharegpt", "o", "output"), seed=0)
+    work = generate(10, 10.0, parse_lengths("sharegpt", "p", "prompt"), parse_lengths("sharegpt", "o", "output"), seed=0)
     s = summarize(simulate(sim, work), SLO(1.0, 0.05))
     room = estimate("llama-3-70b", "h100-sxm", SizingWorkload(batch=1, context=sim.deployment.max_model_len),
                     Settings(tp=8, pp=1), detail=False).kv_room_tokens
@@ -72,7 +72,7 @@ def test_a_run_shows_the_simulators_numbers() -> None:
     assert got["KV pool"][0] == f"{sim.deployment.kv_pool_tokens:,} tokens"
     assert sim.deployment.kv_pool_tokens // sim.deployment.block_size * sim.deployment.block_size == \
         room // sim.deployment.block_size * sim.deployment.block_size  # the calculator's KV room
-    assert got["Finished"][0] == f"{s.finished:,} / {s.num_requests:,}" and s.finished == 20
+    assert got["Finished"][0] == f"{s.finished:,} / {s.num_requests:,}" and s.finished == 10
     assert got["Throughput"][0] == f"{s.output_tokens_per_s:,.0f} tok/s"
     assert got["Goodput"][0] == f"{s.goodput:,.2f} req/s"
     assert got["KV use (peak)"][0] == f"{s.max_kv_usage:.1%}"
@@ -129,15 +129,15 @@ def test_a_run_past_its_time_limit_is_marked_partial() -> None:
 
 
 def test_step_through_on_the_kv_cache_page() -> None:
-    at = open_serving(sv_n=12)
+    at = open_serving(sv_n=5)
     ok(at.button(key="sv_run").click().run())
     ok(at.button(key="sv_step_through").click().run())
     ok(at.switch_page(KV_CACHE).run())
     assert BADGE in markdown(at)
-    ok(at.number_input(key="run_n").set_value(30).run())
+    ok(at.number_input(key="run_n").set_value(12).run())
     ok(at.button(key="run_n_button").click().run())
     got = metrics(at)
-    assert got["Steps done"][0] == "30"
+    assert got["Steps done"][0] == "12"
     free, total = (int(x) for x in got["Free blocks"][0].split(" / "))
     assert free < total  # requests hold blocks of the simulated pool
     assert got["Last step (predicted)"][0].endswith(" ms")

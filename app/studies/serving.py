@@ -180,5 +180,5 @@ def step_through(inputs: ServingInputs, policy: str) -> SimulatedRun:
     d = sim.deployment
     title = (f"Simulated: {len(small.requests)} requests"
              + (f" of {inputs.workload_name or 'a workload file'}" if inputs.from_file else f" at {inputs.rate:g} req/s")
-             + f", {d.model_name} on {d.tp * d.pp} x {d.hardware_name}")
+             + f" on {d.tp * d.pp} x {d.hardware_name}")
     return SimulatedRun(SimulatedRecipe(sim, small, knobs(policy), title))
