@@ -112,7 +112,7 @@ def recording_download() -> None:
     any script run, where the session state (and so ``current_run.run()``) is out of reach.
     """
     current, slot = current_run.run(), replay.download_slot()
-    if current is None or slot is None:
+    if current is None or slot is None or current_run.is_simulated():  # a recording would lose "predicted"
         return
     name = f"inferscope-{current.meta.scenario}-{current.meta.model}.json"
     slot.download_button("Download recording (JSON)", data=replay.recording_json(current), file_name=name,
@@ -172,7 +172,10 @@ def _run_buttons() -> None:
 
 
 def _workload() -> None:
-    disabled = current_run.is_replay()
+    disabled = current_run.controls_locked()
+    if current_run.is_simulated():
+        st.button("Back to live engine", key="leave_simulated", on_click=current_run.leave_simulated,
+                  help="Drop the simulated run; the scenario and model above run on the real engine again.")
     st.selectbox("Scenario", scenarios.scenario_names(), key=K.scenario, on_change=scenarios.on_scenario_pick,
                  format_func=lambda n: scenarios.scenario(n).title, bind="query-params", persist_state="session",
                  disabled=disabled)
@@ -183,7 +186,7 @@ def _workload() -> None:
 
 def _precision() -> None:
     """Weight quantization, its int4 group size, and the KV cache's dtype (knobs.NONE_WORDS)."""
-    disabled = current_run.is_replay()
+    disabled = current_run.controls_locked()
     with st.expander("Precision", expanded=False):
         scheme, group, kv = (session.knob(k) for k in ("quantization", "quantization_group_size", "kv_cache_dtype"))
         st.selectbox("Weight quantization", _options(QUANT_OPTIONS, scheme.get()), key=scheme.key,
@@ -208,7 +211,7 @@ SPEC_HELP = ("speculative_config: a drafter proposes k tokens, the model verifie
 
 def _speculation() -> None:
     """speculative_config as four widgets (knobs.SpecChoice builds the dict)."""
-    disabled = current_run.is_replay()
+    disabled = current_run.controls_locked()
     with st.expander("Speculative decoding", expanded=False):
         method = session.spec_method.get()
         st.selectbox("Drafter", _options(tuple(SPEC_LABELS), method), key=K.spec_method, help=SPEC_HELP,
@@ -226,7 +229,7 @@ def _speculation() -> None:
 
 
 def _knobs() -> None:
-    disabled = current_run.is_replay()
+    disabled = current_run.controls_locked()
     with st.expander("Engine knobs", expanded=False):
         for knob, (label, help_text) in KNOB_LABELS.items():
             st.number_input(label, min_value=0, max_value=KNOB_MAX[knob], step=1, key=K.knob + knob,

@@ -16,6 +16,7 @@ from app import session, session_reaper
 from app.models import shared_model
 from app.run_spec import RunSpec
 from app.scenarios import requested_spec, spec_scenario
+from app.simulated_run import SimulatedRun
 from engine.replay.run import LiveRun, ReplayRun
 
 
@@ -31,6 +32,38 @@ def live_run() -> LiveRun | None:
 
 def is_replay() -> bool:
     return isinstance(run(), ReplayRun)
+
+
+def simulated_run() -> SimulatedRun | None:
+    """The session's run when it is a simulated one (the Serving page's step-through)."""
+    current = run()
+    return current if isinstance(current, SimulatedRun) else None
+
+
+def is_simulated() -> bool:
+    return simulated_run() is not None
+
+
+def controls_locked() -> bool:
+    """The sidebar's model, scenario and knobs do not apply: the run is a replay or a simulated run."""
+    return is_replay() or is_simulated()
+
+
+def start_simulated(new: SimulatedRun) -> None:
+    """``new`` becomes the session's run (the old one's workers stopped); the live pages draw it
+    until "Back to live engine" (``leave_simulated``)."""
+    close_run()
+    session.run.set(new)
+    session.error.set(None)
+    session.worker_failed.set(False)
+    session.playing.set(False)
+    session.notice.set(None)
+
+
+def leave_simulated() -> None:
+    """Widget callback: drop the simulated run; the controls' live run is built on the next run."""
+    close_run()
+    session.run_spec.set(None)
 
 
 def error() -> str | None:
@@ -51,8 +84,9 @@ def worker_failed() -> bool:
 
 
 def ensure_run() -> None:
-    """Build the session's live run if there is none or the controls changed (not in replay)."""
-    if is_replay():
+    """Build the session's live run if there is none or the controls changed (not in a replay or
+    a simulated run: the controls do not describe those)."""
+    if controls_locked():
         return
     spec = requested_spec()
     if run() is not None and session.run_spec.get() == spec:

@@ -14,8 +14,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import charts, current_run, playback, presentation, timing
+from app import charts, current_run, playback, presentation, session, timing
 from app import controls as shared_controls  # (page() has a parameter named controls)
+from app.simulated_run import SIMULATED_BADGE
 from engine.replay.run import RunView, speculation_label
 from engine.core.trace import RequestStatus
 from visualizers.steps import step_table_csv
@@ -34,6 +35,14 @@ html { font-size: 21px; }
 </style>
 """
 PRESENTATION_CHART_PX = 560
+# The live pages that draw a simulated run (app/simulated_run.py): the others read the model's
+# weights or start engines of their own, and a simulated run has neither.
+SIMULATED_PAGES = ("kv-cache", "batching", "prefix-cache")
+NOT_SIMULATED = ("Not available for a simulated run: this page needs the model's weights or engines of its own, "
+                 "and a simulated run has no weights. The KV cache, Batch composition and Prefix cache pages draw "
+                 "it; **Back to live engine** in the sidebar returns to the real engine.")
+SIMULATED_COMPARISON = ("Not available for a simulated run: the comparison runs the scenario on the real engine. The "
+                        "Serving under load page compares scheduling policies on the simulated deployment.")
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,9 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
     def _views() -> None:
         _advance()
         view = playback.view()
+        if view is not None and current_run.is_simulated() and session.page.get() not in SIMULATED_PAGES:
+            st.info(NOT_SIMULATED, icon=":material/info:")
+            return
         if current_run.error():
             st.error(escape_markdown(current_run.error()), icon=":material/error:")
         if view is None:
@@ -150,8 +162,11 @@ def status(view: RunView, style: Style) -> None:
     snap = view.snapshot
     last = view.last_trace
     with st.container(horizontal=True, vertical_alignment="center"):
+        sim = current_run.simulated_run()
         if view.is_replay:
             st.badge("REPLAY · recorded run, no model", icon=":material/replay:", color="orange")
+        elif sim is not None:
+            st.badge(SIMULATED_BADGE, icon=":material/timer:", color="violet")
         else:
             st.badge("LIVE engine", icon=":material/memory:", color="green")
         precision = f" · {m.precision}" if m.precision else ""  # e.g. "int4 g32 · KV int8"; nothing for fp32
@@ -172,8 +187,17 @@ def status(view: RunView, style: Style) -> None:
     cols[5].metric("Cached blocks", f"{sum(1 for b in snap.blocks if b.cached)}",
                    help="Blocks the prefix cache holds; of them, those no running request uses "
                         f"({snap.num_evictable_blocks} now) are evicted (LRU) before anyone is preempted.")
-    cols[6].metric("Last step (engine)", f"{last.total_ms:.1f} ms" if last else "—",
-                   help="Schedule + forward + sample time of the last engine step, as the engine measured it.")
+    if sim is not None:  # its steps take predicted time on the target, not this machine's
+        predicted = sim.last_step_seconds(view.step)
+        cols[6].metric("Last step (predicted)", f"{predicted * 1e3:.1f} ms" if predicted is not None else "—",
+                       help="The cost model's prediction of the last step on the simulated deployment.")
+        if style.explain:
+            st.caption(escape_markdown(f"Predicted clock: {sim.clock_at(view.step):,.3f} s after the first request"
+                                       f" was sent. {sim.recipe.sim.deployment.words}. Cost model:"
+                                       f" {sim.recipe.sim.cost.label}. {sim.pool_note}"))
+    else:
+        cols[6].metric("Last step (engine)", f"{last.total_ms:.1f} ms" if last else "—",
+                       help="Schedule + forward + sample time of the last engine step, as the engine measured it.")
     if current_run.notice() and view.is_replay and style.explain:
         st.caption(escape_markdown(current_run.notice()))
 

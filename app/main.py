@@ -29,6 +29,7 @@ def main() -> None:
             st.Page("app_pages/fit.py", title="Will it fit?", icon="📐", url_path="fit"),
             st.Page("app_pages/architectures.py", title="Attention architectures", icon="🧠",
                     url_path="architectures"),
+            st.Page("app_pages/serving.py", title="Serving under load", icon="📈", url_path="serving"),
         ],
     }
     LIVE = [KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE, PIPELINE]  # the order of the page keys

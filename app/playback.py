@@ -15,6 +15,7 @@ from streamlit.errors import StreamlitAPIException
 
 from app import session, step_queue, timing
 from app.current_run import close_run, is_worker_error, run
+from app.simulated_run import SimulatedRun
 from engine.replay.run import LiveRun, ReplayRun, RunView
 from engine.core.trace import StepTrace
 
@@ -71,6 +72,9 @@ def reset() -> None:
     session.cursor.set(None)
     if isinstance(current, ReplayRun):
         current.reset()
+    elif isinstance(current, SimulatedRun):  # the same simulated workload from its start
+        close_run()
+        session.run.set(current.restart())
     else:
         close_run()
         session.run_spec.set(None)

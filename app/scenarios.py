@@ -14,6 +14,7 @@ import streamlit as st
 from app import knobs, session
 from app.models import MODELS
 from app.run_spec import RunSpec
+from app.simulated_run import SimulatedRun
 from engine.replay.run import ReplayRun
 from engine.core.config import EngineConfig
 from engine.replay.scenario import Scenario, list_scenarios, load_scenario
@@ -63,7 +64,7 @@ def apply_page_scenario(page: str) -> None:
     """Before the run is built: the page's own scenario (PAGE_SCENARIOS), unless the user chose one."""
     session.page.set(page)
     name = PAGE_SCENARIOS.get(page)
-    replay = isinstance(session.run.get(), ReplayRun)
+    replay = isinstance(session.run.get(), (ReplayRun, SimulatedRun))  # the controls do not describe it
     if name is None or session.scenario_chosen.get() or replay or session.scenario.get() == name:
         return
     session.scenario.set(name)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from streamlit.runtime.uploaded_file_manager import UploadedFile
 
     from app.run_spec import RunSpec
+    from app.studies.serving import ServingInputs
     from engine.serving.generation import GenerateResult
     from engine.replay.run import LiveRun, PolicyRun, ReplayRun, SweepPoint
     from engine.studies.attention_layouts import LayoutWorkload
@@ -85,6 +86,10 @@ class K:
     arch_requests = "arch_requests"
     arch_tokens = "arch_tokens"
     arch_cursor = "_arch_cursor"  # (LayoutWorkload, steps done): where the three engines are shown
+    # the Serving under load page: the inputs last run (results are cached by them)
+    serving_ran = "_serving_ran"
+    serving_policies = "_serving_policies"  # inputs every policy ran for
+    serving_capacity = "_serving_capacity"  # (inputs, policy) the capacity sweep ran for
 
 
 class Slot(Generic[T]):
@@ -193,3 +198,8 @@ arch_budget: Slot[int] = Slot(K.arch_budget, 64)  # KiB
 arch_requests: Slot[int] = Slot(K.arch_requests, 8)
 arch_tokens: Slot[int] = Slot(K.arch_tokens, 16)
 arch_cursor: Slot[tuple[LayoutWorkload, int] | None] = Slot(K.arch_cursor, None)
+
+# -- the Serving under load page (results cached by these inputs: app/studies/serving.py) ------------
+serving_ran: Slot[ServingInputs | None] = Slot(K.serving_ran, None)
+serving_policies: Slot[ServingInputs | None] = Slot(K.serving_policies, None)
+serving_capacity: Slot[tuple[ServingInputs, str] | None] = Slot(K.serving_capacity, None)

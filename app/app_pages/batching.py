@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import live
+from app import current_run, live
 from app.studies import comparisons
 from engine.replay.run import RunView
 from visualizers import batching as vb
@@ -40,6 +40,9 @@ def render(view: RunView, style: live.Style) -> None:
 
 
 def comparison(view: RunView, style: live.Style) -> None:
+    if current_run.is_simulated():
+        st.info(live.SIMULATED_COMPARISON, icon=":material/info:")
+        return
     runs = view.comparison
     if not runs and not view.is_replay:
         if live.comparison_button("Run both policies", "run_comparison",

@@ -40,7 +40,7 @@ def knob(name: str) -> str:
 
 def controls() -> None:
     """p, t, schedule, m and the layer split; each change rebuilds the run (new workers)."""
-    disabled = current_run.is_replay()
+    disabled = current_run.controls_locked()
     with st.container(horizontal=True, vertical_alignment="bottom"):
         st.number_input("Pipeline stages p", min_value=1, max_value=4, step=1, key=knob("pipeline_parallel_size"),
                         persist_state="session", disabled=disabled, width=140,

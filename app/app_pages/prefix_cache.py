@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import live
+from app import current_run, live
 from app.studies import comparisons
 from engine.replay.run import RunView
 from visualizers import prefix_stats as ps
@@ -64,6 +64,9 @@ def counters(view: RunView) -> None:
 
 
 def comparison(view: RunView, style: live.Style) -> None:
+    if current_run.is_simulated():
+        st.info(live.SIMULATED_COMPARISON, icon=":material/info:")
+        return
     runs = comparisons.caching_comparison()
     if view.is_replay:
         st.info("Recordings do not hold the caching comparison: run it on the live engine.")

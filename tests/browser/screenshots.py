@@ -9,7 +9,8 @@ Generate, fit), prefix, quant (the Quantization page's five tabs), spec (Specula
 pipeline (Pipeline parallelism: the Gantt and the calculator view), architectures (the
 Attention architectures page: the calculator's table and chart, the three pools after 6 steps), talk (docs/talk.md: presentation
 mode at 1920x1080 from a bundled recording, step back, the Pipeline page on its own scenario, the
-bundled-recording entry).
+bundled-recording entry), serving (the Serving under load page after a run, and its simulated run on
+the KV cache page).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def _step_to(page, steps: int) -> None:
         wait_for_app(page)
 
 
-GROUPS = ("live", "prefix", "quant", "spec", "pipeline", "architectures", "talk")
+GROUPS = ("live", "prefix", "quant", "spec", "pipeline", "architectures", "talk", "serving")
 
 
 def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
@@ -67,6 +68,8 @@ def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
             _architectures(browser, url, out)
         if "talk" in groups:
             _talk(browser, url, out)
+        if "serving" in groups:
+            _serving(browser, url, out)
         browser.close()
 
 
@@ -192,6 +195,22 @@ TALK_VIEWPORT = {"width": 1920, "height": 1080}  # a projector's screen: present
 
 
 @contextmanager
+def _serving(browser, url: str, out: Path) -> None:
+    """The Serving under load page after a run (Llama-3-70B on 8 x H100 at 10 req/s, ShareGPT lengths),
+    then its step-through on the KV cache page after 8 steps."""
+    page = browser.new_page(viewport=VIEWPORT)
+    load(page, f"{url}/serving")
+    _press(page, "sv_run")
+    page.locator(".st-key-sv_timeline .js-plotly-plot").wait_for(timeout=60_000)
+    _shoot(page, out, "serving")
+    click(page, "sv_step_through")
+    page.wait_for_url("**/kv-cache**", timeout=60_000)
+    wait_for_app(page, timeout=120_000)
+    _step_to(page, 8)
+    _shoot(page, out, "kv-cache-simulated")
+    page.close()
+
+
 def _talk_page(browser, url: str) -> Iterator:
     page = browser.new_page(viewport=TALK_VIEWPORT)
     try:
