@@ -74,10 +74,7 @@ with st.sidebar:
     pp = c2.number_input("Pipeline parallel", min_value=1, max_value=64, value=1, step=1, key="sv_pp")
     policies = study.scheduling_policies()
     policy = st.selectbox("Scheduling policy", policies, key="sv_policy",
-                          help="The scheduler's order (vLLM's scheduling_policy)")
-    if len(policies) == 1:
-        st.caption("The scheduler orders requests first come, first served; other orders appear here when the"
-                   " engine offers them.")
+                          help="Who is admitted first and who is preempted (vLLM's scheduling_policy)")
 
     st.header("Workload")
     source = st.segmented_control("Requests", ["generated", "file"], default="generated", required=True,
@@ -219,20 +216,16 @@ if st.button("Step through it on the KV cache page", key="sv_step_through", icon
 # ---------------------------------------------------------------------------------------
 # policies side by side
 st.subheader("Scheduling policies side by side", anchor=False)
-if len(policies) == 1:
-    st.caption("One policy so far (first come, first served): the table holds this run.")
-    compared = {policy: summary}
+if st.button("Run every policy", key="sv_policies", icon=":material/compare_arrows:"):
+    session.serving_policies.set(inputs)
+compared = {}
+if session.serving_policies.get() == inputs:
+    try:
+        compared = {p: study.summary(_run(p), inputs) for p in policies}
+    except (ValueError, calc.SizingError) as exc:
+        st.error(f"Can't compare the policies: {md(exc)}", icon="🚫")
 else:
-    if st.button("Run every policy", key="sv_policies", icon=":material/compare_arrows:"):
-        session.serving_policies.set(inputs)
-    compared = {}
-    if session.serving_policies.get() == inputs:
-        try:
-            compared = {p: study.summary(_run(p), inputs) for p in policies}
-        except (ValueError, calc.SizingError) as exc:
-            st.error(f"Can't compare the policies: {md(exc)}", icon="🚫")
-    else:
-        st.caption(f"Runs the same workload once per policy ({', '.join(policies)}), every other knob equal.")
+    st.caption(f"Runs the same workload once per policy ({', '.join(policies)}), every other knob equal.")
 if compared:
     st.dataframe(vs.policy_frame(compared), key="sv_policy_table", hide_index=True,
                  column_config={**{c: MS for c in ("p50 TTFT (ms)", "p90 TTFT (ms)", "p50 TPOT (ms)", "p90 TPOT (ms)")},

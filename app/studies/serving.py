@@ -7,7 +7,6 @@ ValueError (or the calculator's SizingError) naming the field; the page shows it
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 from collections import OrderedDict
@@ -22,6 +21,7 @@ from engine.costmodel.model import SimulatedModel, simulated_model
 from engine.simulate.capacity import Capacity, find_capacity
 from engine.simulate.metrics import SLO, Summary, summarize
 from engine.simulate.result import RunResult
+from engine.core.config import SCHEDULING_POLICIES
 from engine.simulate.simulator import Progress, ServingKnobs, simulate
 from engine.simulate.workload import Workload, check_rate, generate, parse_lengths, parse_workload
 from engine.sizing import Settings
@@ -35,17 +35,8 @@ T = TypeVar("T")
 
 
 def scheduling_policies() -> tuple[str, ...]:
-    """The scheduling policies the simulator's knobs take: the engine's list once ServingKnobs has
-    a ``scheduling_policy`` field (the policies package exports it), else FCFS, the scheduler's only
-    order today."""
-    if "scheduling_policy" not in {f.name for f in dataclasses.fields(ServingKnobs)}:
-        return ("fcfs",)
-    try:
-        from engine.core import policies  # type: ignore[attr-defined, unused-ignore]
-    except ImportError:
-        return ("fcfs",)
-    names = getattr(policies, "SCHEDULING_POLICIES", None) or getattr(policies, "POLICIES", None)
-    return tuple(str(n) for n in names) if names else ("fcfs",)
+    """The engine's scheduling policies (``scheduling_policy``; engine/core/policies)."""
+    return SCHEDULING_POLICIES
 
 
 @dataclass(frozen=True)
@@ -110,12 +101,9 @@ def workload(inputs: ServingInputs) -> Workload:
 
 def knobs(policy: str) -> ServingKnobs:
     """The serving knobs with ``policy`` as the scheduling order."""
-    if policy not in scheduling_policies():
-        raise ValueError(f"scheduling_policy: choose one of {', '.join(scheduling_policies())}, got {policy[:40]!r}")
-    if policy == "fcfs" and scheduling_policies() == ("fcfs",):
-        return ServingKnobs()
-    extra: dict[str, Any] = {"scheduling_policy": policy}  # a field of ServingKnobs once the policies land
-    return dataclasses.replace(ServingKnobs(), **extra)
+    if policy not in SCHEDULING_POLICIES:
+        raise ValueError(f"scheduling_policy: choose one of {', '.join(SCHEDULING_POLICIES)}, got {policy[:40]!r}")
+    return ServingKnobs(scheduling_policy=policy)
 
 
 class Results:
