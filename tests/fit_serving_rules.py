@@ -23,7 +23,7 @@ from engine.sizing import Workload, get_hardware, get_model
 from tests.serving_points import TOLERANCE, Point, load_points, relative_errors, simulate_point
 
 MAX_REQUESTS = 300
-PER_REQUEST_SCAN_US = (0, 50, 100, 200, 300, 400)
+PER_REQUEST_SCAN_US = (0, 50, 100, 200, 300, 400, 500, 600, 800)
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "serving_validation.md"
 
 
@@ -56,7 +56,7 @@ def table(points: list[Point]) -> list[str]:
     for p in points:
         pred = simulate_point(p, MAX_REQUESTS)
         for k, e in relative_errors(p, pred).items():
-            unit = 1e3 if k.endswith("_s") else 1.0
+            unit = 1.0 if k.endswith("_per_s") else 1e3  # seconds -> ms; rates as they are
             rows.append(f"| [{p.id}]({p.source}) | {p.role} | {p.framework} {p.framework_version} | {k} |"
                         f" {p.published[k] * unit:,.1f} | {(pred[k] or 0) * unit:,.1f} | {e:+.0%} |"
                         f" {'yes' if abs(e) <= TOLERANCE else 'NO'} |")
@@ -67,15 +67,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", action="store_true")
     ap.add_argument("--no-fit", action="store_true")
+    ap.add_argument("--rule", help="fit only this rule (frameworks.RULES key)")
     args = ap.parse_args()
     points = load_points()
     if not args.no_fit:
         for key, rule in RULES.items():
+            if args.rule and key != args.rule:
+                continue
             mine = [p for p in points if p.role == "fit" and rule_of(p).key == key]
             t = time.perf_counter()
             fitted = fit(rule, mine)
             print(f"{key}: per_request_s={fitted.per_request_s:.6f} frontend_s={fitted.frontend_s:.4f}"
                   f"  (fit on {[p.id for p in mine]}, {time.perf_counter() - t:.0f} s)", flush=True)
+    if args.rule:
+        return
     rows = table(points)
     print("\n".join(rows))
     if args.docs:

@@ -49,6 +49,9 @@ class SlotAllocation:
     copies: tuple[tuple[int, int], ...] = ()
 
 
+NO_ALLOCATION = SlotAllocation(())
+
+
 @dataclass(frozen=True)
 class CachedPrefix:
     """A sequence's share of the tree: the deepest node it locks and the blocks up to it."""
@@ -111,6 +114,8 @@ class KVCacheManager:
         hits = list(computed.block_ids)
         num_needed, shared = self._blocks_needed(request, num_new_tokens, computed, num_lookahead_tokens)
         num_alloc = num_needed + (shared is not None)
+        if num_alloc == 0 and not hits:
+            return NO_ALLOCATION  # the table covers the new tokens already (most decode steps)
         if not self._fits(num_alloc, computed):
             return None
         self._save(rid)

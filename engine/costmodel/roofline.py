@@ -82,6 +82,10 @@ class RooflineCost:
         self.act_bytes = prec.act_bytes
         m = plan.model
         self.head_params = m.vocab * m.hidden  # the LM head's matmul (tied or not)
+        # per stage (by its first layer), per window: KV bytes per token and attention FLOPs per pair, as floats
+        self._kv = {st.first_layer: {w: float(b) for w, b in st.kv_by_window.items()} for st in self.stages}
+        self._attn = {st.first_layer: {w: float(f) for w, f in st.attn_flops_by_window.items()} for st in self.stages}
+        self._windows = {w for st in self.stages for w in (*st.kv_by_window, *st.attn_flops_by_window)}
 
     @property
     def label(self) -> str:
@@ -89,8 +93,9 @@ class RooflineCost:
         return (f"roofline x efficiency: {p.model.display_name} on {p.tp * p.pp} x {p.hw.name} (TP {p.tp}, PP {p.pp}),"
                 f" {p.fmt.key} weights, {p.kv.key} KV; {self.eff.source}")
 
-    def _stage(self, st: StageStatic, shape: StepShape) -> tuple[float, float, float]:
-        """(gemm, attention, elementwise) seconds of one pipeline stage."""
+    def _stage(self, st: StageStatic, shape: StepShape, sums: dict[int | None, tuple[int, int]]) -> tuple[float, float, float]:
+        """(gemm, attention, elementwise) seconds of one pipeline stage; ``sums``: per window, the
+        step's KV tokens read + written and its causal (query, key) pairs (``_window_sums``)."""
         p, eff, tp = self.plan, self.eff, self.plan.tp
         bw = p.hw.bandwidth * eff.memory
         m_tokens, rows = shape.num_tokens, shape.num_samples
@@ -98,26 +103,34 @@ class RooflineCost:
             - ((p.model.lm_head_params + p.model.final_norm_params) if st.last else 0)
         flops = 2 * body * m_tokens + (2 * self.head_params * rows if st.last else 0)
         gemm = max(p.weight_bytes_read(st, m_tokens, tp) / bw, flops / tp / (self.peak * eff.gemm))
-        kv_bytes = pairs_flops = 0.0
-        for window, per_token in st.kv_by_window.items():
-            for c in shape.chunks:
-                kept = c.context if window is None else min(c.context, window)
-                kv_bytes += float(per_token) * (kept + c.new_tokens)  # read the context, write the new
-        for window, f in st.attn_flops_by_window.items():
-            for c in shape.chunks:
-                pairs = c.causal_pairs if window is None or c.context <= window else c.new_tokens * window
-                pairs_flops += f * pairs
+        kv_bytes = sum(per_token * sums[w][0] for w, per_token in self._kv[st.first_layer].items())
+        pairs_flops = sum(f * sums[w][1] for w, f in self._attn[st.first_layer].items())
         attention = max(kv_bytes / bw, pairs_flops / tp / (self.peak_act * eff.attention))
         # (norms and residuals run on the whole hidden vector on every TP rank)
         elementwise = ELEMENTWISE_PASSES * m_tokens * p.model.hidden * self.act_bytes * st.num_layers / bw
         return gemm, attention, elementwise
 
+    @staticmethod
+    def _window_sums(shape: StepShape, windows: set[int | None]) -> dict[int | None, tuple[int, int]]:
+        """Per attention window: KV tokens the step reads (each chunk's kept context) and writes (its
+        new tokens), and its causal (query, key) pairs (a window caps the keys each query sees)."""
+        out = {}
+        for w in windows:
+            kv = pairs = 0
+            for c in shape.chunks:
+                ctx = c.context
+                kv += (ctx if w is None or ctx <= w else w) + c.new_tokens
+                pairs += c.causal_pairs if w is None or ctx <= w else c.new_tokens * w
+            out[w] = (kv, pairs)
+        return out
+
     def step_cost(self, shape: StepShape) -> StepCost:
         if not shape.chunks:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
+        sums = self._window_sums(shape, self._windows)
         gemm = attention = elementwise = 0.0
         for st in self.stages:
-            g, a, e = self._stage(st, shape)
+            g, a, e = self._stage(st, shape, sums)
             gemm, attention, elementwise = gemm + g, attention + a, elementwise + e
         comm = self.plan.comm_seconds(shape.num_tokens, self.plan.tp, self.plan.pp)
         overhead = self.eff.overhead_s + self.eff.per_request_s * shape.num_requests
