@@ -4,7 +4,8 @@ whose role is "fit", then simulate every point and print (or write) the validati
     .venv/bin/python -m tests.fit_serving_rules            # fit, print the table
     .venv/bin/python -m tests.fit_serving_rules --docs     # also write docs/serving_validation.md
 
-Fit, per rule: per_request_s by a scan (the TPOT and throughput of its fit points), then
+Fit, per rule: per_request_s by a scan (the median TPOT of its fit points); gemm_efficiency by a
+scan (the throughput of its prefill-bound fit points: fixed long prompts), if it has any; then
 frontend_s = the mean of published minus predicted median TTFT over its fit points (>= 0).
 The values printed are copied into frameworks.py by hand, with the point ids, as backends.py's are.
 """
@@ -24,6 +25,7 @@ from tests.serving_points import TOLERANCE, Point, load_points, relative_errors,
 
 MAX_REQUESTS = 300
 PER_REQUEST_SCAN_US = (0, 50, 100, 200, 300, 400, 500, 600, 800)
+GEMM_SCAN = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6)
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "serving_validation.md"
 
 
@@ -43,8 +45,12 @@ def _score(points: list[Point], rule: ServingRule, keys: tuple[str, ...]) -> flo
 
 def fit(rule: ServingRule, points: list[Point]) -> ServingRule:
     best = min(PER_REQUEST_SCAN_US, key=lambda us: _score(points, replace(rule, per_request_s=us * 1e-6),
-                                                           ("tpot_p50_s", "output_tokens_per_s")))
+                                                           ("tpot_p50_s",)))
     rule = replace(rule, per_request_s=best * 1e-6, frontend_s=0.0)
+    heavy = [p for p in points if "output_tokens_per_s" in p.published and p.prompt_len.isdigit()]
+    if heavy:  # prefill-bound points (fixed long prompts): the framework's end-to-end compute efficiency
+        gemm = min(GEMM_SCAN, key=lambda g: _score(heavy, replace(rule, gemm_efficiency=g), ("output_tokens_per_s",)))
+        rule = replace(rule, gemm_efficiency=gemm)
     gaps = [p.published["ttft_p50_s"] - (simulate_point(p, MAX_REQUESTS, rule)["ttft_p50_s"] or 0.0)
             for p in points if "ttft_p50_s" in p.published]
     return replace(rule, frontend_s=max(0.0, statistics.mean(gaps)) if gaps else 0.0)
@@ -78,6 +84,7 @@ def main() -> None:
             t = time.perf_counter()
             fitted = fit(rule, mine)
             print(f"{key}: per_request_s={fitted.per_request_s:.6f} frontend_s={fitted.frontend_s:.4f}"
+                  f" gemm_efficiency={fitted.gemm_efficiency}"
                   f"  (fit on {[p.id for p in mine]}, {time.perf_counter() - t:.0f} s)", flush=True)
     if args.rule:
         return

@@ -12,6 +12,10 @@ a framework's measured TTFT and TPOT from that:
                       tokenization (and the first token's way back); it adds to TTFT only
     per_request_s     CPU time per scheduled request per step (input preparation, sampling and
                       output processing in Python): steps grow with the batch beyond the GPU's work
+    gemm_efficiency   the share of the dense peak the framework's compute-bound steps reach end to
+                      end (None: the hardware preset's). Kernels alone reach more (Vidur measured
+                      54-88 % of H100's peak for large GEMMs); a served prefill also pays for
+                      attention, norms, sampling and the host, and lands near a third of the peak
 
 frontend_s and per_request_s are not published as such (efficiency.md, item 3: only shares of
 the time are), so each rule fits them to the points of tests/data/serving_published.json whose
@@ -33,6 +37,7 @@ class ServingRule:
     chunked_prefill: bool  # a prompt longer than the token budget is split across steps
     frontend_s: float
     per_request_s: float
+    gemm_efficiency: float | None = None
     fitted_on: tuple[str, ...] = ()  # point ids in tests/data/serving_published.json
     sources: tuple[str, ...] = ()
     note: str = ""
@@ -49,7 +54,7 @@ IN_PROCESS = ServingRule("in-process", "in-process engine", "mixed", True, 0.0, 
 
 RULES: dict[str, ServingRule] = {r.key: r for r in (
     ServingRule(
-        "vllm-v0", "vLLM V0 (< 0.8)", "prefill_first", False, frontend_s=0.0, per_request_s=0.0,
+        "vllm-v0", "vLLM V0 (< 0.8)", "prefill_first", False, frontend_s=9.6e-3, per_request_s=400e-6,
         fitted_on=("rtx3090-llama3-8b-vllm041-rate1", "rtx3090-llama3-8b-vllm041-rate5"),
         sources=("https://github.com/vllm-project/vllm-project.github.io/blob/c3a01c4a5807c8d900ae468897e45263373e534e/_posts/2024-09-05-perf-update.md",),
         note="V0 schedules waiting prompts first and runs them in a step of their own (chunked prefill off by"
@@ -61,7 +66,7 @@ RULES: dict[str, ServingRule] = {r.key: r for r in (
         sources=("https://github.com/vllm-project/vllm-project.github.io/blob/c3a01c4a5807c8d900ae468897e45263373e534e/_posts/2025-01-27-v1-alpha-release.md",),
         note="V1 always chunks prefills into the decodes' steps under max_num_batched_tokens"),
     ServingRule(
-        "sglang", "SGLang", "prefill_first", True, frontend_s=0.0, per_request_s=0.0,
+        "sglang", "SGLang", "prefill_first", True, frontend_s=19.6e-3, per_request_s=0.0,
         fitted_on=("gpustack-qwen3-8b-h100-sglang-c4",),
         sources=("https://lmsys.org/blog/2024-12-04-sglang-v0-4/",),
         note="SGLang runs prefill batches (chunked at --chunked-prefill-size) apart from decode batches unless"

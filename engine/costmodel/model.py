@@ -113,6 +113,7 @@ def simulated_model(model: str | ModelSpec, hardware: str | Hardware, settings: 
     facts = ModelFacts(num_hidden_layers=spec.num_layers, max_position_embeddings=positions,
                        vocab_size=max(spec.vocab, 258), eos_token_ids=())
     if efficiency is None:
-        efficiency = replace(plan_efficiency(plan), per_request_s=rule.per_request_s)
+        base = plan_efficiency(plan)
+        efficiency = replace(base, per_request_s=rule.per_request_s, gemm=rule.gemm_efficiency or base.gemm)
     return SimulatedModel(name=f"{spec.key} (simulated)", facts=facts, tokenizer=byte_tokenizer(),
                           cost=RooflineCost(plan, efficiency), deployment=deployment, serving=rule)
