@@ -61,8 +61,8 @@ RULES: dict[str, ServingRule] = {r.key: r for r in (
              " default below 32k context); the perf-update post puts 29 % of the time in scheduling and input"
              " preparation and 33 % in the API server (Llama-3-8B, 1 x H100)"),
     ServingRule(
-        "vllm-v1", "vLLM V1 (>= 0.8)", "mixed", True, frontend_s=0.0, per_request_s=0.0,
-        fitted_on=("gpustack-qwen3-8b-h100-vllm-c4",),
+        "vllm-v1", "vLLM V1 (>= 0.8)", "mixed", True, frontend_s=50.9e-3, per_request_s=0.0, gemm_efficiency=0.35,
+        fitted_on=("gpustack-qwen3-8b-h100-vllm-c4", "gpustack-qwen3-14b-h100-vllm-random-2000-100"),
         sources=("https://github.com/vllm-project/vllm-project.github.io/blob/c3a01c4a5807c8d900ae468897e45263373e534e/_posts/2025-01-27-v1-alpha-release.md",),
         note="V1 always chunks prefills into the decodes' steps under max_num_batched_tokens"),
     ServingRule(
