@@ -48,7 +48,8 @@ def sample_and_verify(output: SchedulerOutput, logits: torch.Tensor, intake: Req
     row_of = logits_rows(output)
     to_sample, rows, forked = _sampling_targets(output, row_of, intake, scheduler)
     cp.save_generators(to_sample)
-    results = sample_rows(logits[rows], [r.sampling_params for r in to_sample], [r.generator for r in to_sample])
+    picked = logits if rows == list(range(logits.shape[0])) else logits[torch.tensor(rows, dtype=torch.long)]
+    results = sample_rows(picked, [r.sampling_params for r in to_sample], [r.generator for r in to_sample])
     sampled: list[tuple[Request, int]] = []
     failed: list[tuple[Request, str]] = []
     for r, result in zip(to_sample, results):
@@ -72,7 +73,7 @@ def sample_and_verify(output: SchedulerOutput, logits: torch.Tensor, intake: Req
 
 
 def _sampling_targets(output: SchedulerOutput, row_of: dict[str, int], intake: RequestIntake,
-                      scheduler: Scheduler) -> tuple[list[Request], torch.Tensor, list[Request]]:
+                      scheduler: Scheduler) -> tuple[list[Request], list[int], list[Request]]:
     """The sequences that sample one token this step (not the speculative verifications), the
     logits row each samples from, and the sequences forked here (a parallel-sampling request at
     its first sample forks, and its new sequences sample from its row)."""
@@ -89,4 +90,4 @@ def _sampling_targets(output: SchedulerOutput, row_of: dict[str, int], intake: R
             group += children
         to_sample += group
         rows += [row_of[s.request_id]] * len(group)
-    return to_sample, torch.tensor(rows, dtype=torch.long), forked
+    return to_sample, rows, forked
