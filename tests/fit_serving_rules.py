@@ -25,7 +25,7 @@ from tests.serving_points import TOLERANCE, Point, load_points, relative_errors,
 
 MAX_REQUESTS = 300  # per point while fitting (each scan runs every fit point many times)
 TABLE_REQUESTS = 1000  # per point in the table (the bench's figure)
-PER_REQUEST_SCAN_US = (0, 50, 100, 200, 300, 400, 500, 600, 800)
+PER_REQUEST_SCAN_US = (0, 50, 100, 150, 200, 250, 300, 400, 600)
 GEMM_SCAN = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6)
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "serving_validation.md"
 
@@ -75,8 +75,12 @@ def main() -> None:
     ap.add_argument("--docs", action="store_true")
     ap.add_argument("--no-fit", action="store_true")
     ap.add_argument("--rule", help="fit only this rule (frameworks.RULES key)")
+    ap.add_argument("--requests", type=int, help=f"requests per point while fitting (default {MAX_REQUESTS})")
     args = ap.parse_args()
     points = load_points()
+    if args.requests:
+        global MAX_REQUESTS
+        MAX_REQUESTS = args.requests
     if not args.no_fit:
         for key, rule in RULES.items():
             if args.rule and key != args.rule:
