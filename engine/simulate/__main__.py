@@ -190,7 +190,9 @@ def render_compare(report: dict[str, Any], workload: str) -> str:
     def cell(v: Any, kind: str) -> str:
         if v is None:
             return "-"
-        return _ms(v) if kind == "ms" else f"{v:,.2f} s" if kind == "s" else f"{v:,.2f}"
+        if kind == "ms":
+            return _ms(v)
+        return f"{v:,.2f} s" if kind == "s" else f"{v:,}" if isinstance(v, int) else f"{v:,.2f}"
     lines = [f"SIMULATED vs REAL on this machine ({report['cost_model']})", f"deployment: {report['deployment']}",
              f"workload:   {workload}", f"{'':<14} {'simulated':>14} {'real':>14} {'error':>8}"]
     for label, key, kind in _COMPARE_ROWS:

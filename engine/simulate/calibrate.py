@@ -64,6 +64,8 @@ DEFAULT_BLOCK_SIZE = 16
 DEFAULT_BATCHED_TOKENS = 512
 
 Progress = Callable[[str], None]
+#: a load average above this per CPU marks a profile as measured on a busy machine (its notes)
+BUSY_LOAD_PER_CPU = 0.75
 #: GEMM time is made non-decreasing in M from here on (``measure``)
 GEMM_MONOTONE_FROM = 8
 
@@ -295,6 +297,13 @@ def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress
     return out
 
 
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not every platform has one
+        return 0.0
+
+
 def trace_shape(trace: StepTrace) -> StepShape:
     """The StepShape of a real step, from its trace (a chunk samples when its request sampled)."""
     sampled = {s.request_id for s in trace.sampled}
@@ -347,6 +356,7 @@ def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
 def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Progress | None = None) -> CostProfile:
     """Measure ``model``'s profile now (module doc); nothing read from or written to the cache."""
     t_start = time.perf_counter()
+    load0 = _load_average()
     _say(progress, f"calibrating {model} on this machine: loading the model")
     shared = get_shared_model(model)
     m = shared.model
@@ -396,9 +406,15 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
                            lm_head=head_c, decode_group_s=group_s, decode_row=row_c, prefill_causal=causal_c,
                            prefill_masked=masked_c, overhead=overhead,
                            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                           seconds=time.perf_counter() - t_start, fit_error=fit_error)
+                           seconds=time.perf_counter() - t_start, fit_error=fit_error, notes=notes)
 
+    notes: tuple[str, ...] = ()
     steps = _engine_steps(shared, plan, progress)
+    load1, cpus = _load_average(), os.cpu_count() or 1
+    if max(load0, load1) > BUSY_LOAD_PER_CPU * cpus:
+        notes = (f"measured on a busy machine (load average {load0:.1f} -> {load1:.1f} on {cpus} CPUs): the times "
+                 f"include the other work; --recalibrate when it is quiet",)
+        _say(progress, notes[0])
     _say(progress, f"fitting the step overhead to {len(steps)} whole engine steps")
     bare = MeasuredCost(profile(zero))
     overhead = _fit_overhead(steps, lambda s: bare.step_cost(s).total_s)
