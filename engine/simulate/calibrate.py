@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -253,10 +253,15 @@ class _Parts:
         return _timed(run)
 
 
-def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress | None
-                  ) -> list[tuple[StepShape, float]]:
-    """Whole ``engine.step()`` calls of controlled shapes -> (shape, seconds) per step."""
-    out: list[tuple[StepShape, float]] = []
+class _Step(NamedTuple):
+    shape: StepShape
+    total_s: float  # the whole engine.step()
+    forward_s: float  # of which the runner's forward: batch building and the model (the trace's forward_ms)
+
+
+def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress | None) -> list[_Step]:
+    """Whole ``engine.step()`` calls of controlled shapes, timed."""
+    out: list[_Step] = []
     rng = random.Random(0)
     vocab = min(shared.model.config.vocab_size, 30_000)
 
@@ -274,7 +279,7 @@ def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress
                 trace = engine.step()
                 dt = time.perf_counter() - t0
                 if record:
-                    out.append((trace_shape(trace), dt))
+                    out.append(_Step(trace_shape(trace), dt, min(dt, trace.forward_ms / 1e3)))
 
         engine.add_request(prompt(24), params(3))  # warm-up: first-call allocations, not timed
         drain(False)
@@ -311,30 +316,41 @@ def trace_shape(trace: StepTrace) -> StepShape:
                            for c in trace.scheduled))
 
 
-def _fit_overhead(steps: Sequence[tuple[StepShape, float]], parts: Callable[[StepShape], float]) -> StepOverhead:
-    """measured = k x parts (GEMMs, head, attention timed alone) + a + b x requests + c x tokens,
-    fitted by relative least squares (each step's error as a share of its time: the validation's
-    measure); a negative coefficient is dropped and the rest refitted."""
-    rows = [(parts(s), 1.0, float(s.num_requests), float(s.num_tokens), t) for s, t in steps if t > 0]
-    active = [0, 1, 2, 3]
-    coef = [1.0, 0.0, 0.0, 0.0]
+def _nnls(rows: Sequence[tuple[Sequence[float], float]]) -> list[float]:
+    """Non-negative coefficients c minimising sum(((c . x - t) / t)^2) over rows (x, t), t > 0:
+    relative least squares (each step's error as a share of its time, the validation's measure);
+    a negative coefficient is dropped and the rest refitted."""
+    n = len(rows[0][0]) if rows else 0
+    active = list(range(n))
     while active:
-        # normal equations of the weighted problem, weights 1 / measured
-        a = [[sum(r[i] * r[j] / r[4] ** 2 for r in rows) for j in active] for i in active]
-        y = [sum(r[i] / r[4] for r in rows) for i in active]
+        a = [[sum(x[i] * x[j] / t ** 2 for x, t in rows) for j in active] for i in active]
+        y = [sum(x[i] / t for x, t in rows) for i in active]
         sol = _solve(a, y)
         if sol is None:
             active.pop()
             continue
         if all(v >= 0 for v in sol):
-            coef = [0.0, 0.0, 0.0, 0.0]
+            coef = [0.0] * n
             for i, v in zip(active, sol):
                 coef[i] = v
-            break
+            return coef
         active = [i for i, v in zip(active, sol) if v >= 0]
-    if coef[0] <= 0:  # the parts must count: without them nothing scales with the model
-        coef[0] = 1.0
-    return StepOverhead(coef[1], coef[2], coef[3], coef[0])
+    return [0.0] * n
+
+
+def _fit_overhead(steps: Sequence[_Step], parts: Callable[[StepShape], float]) -> StepOverhead:
+    """Two fits, each on what the trace separates:
+        forward          = k x parts (GEMMs, head, attention timed alone) + c x tokens + a1 + b1 x requests
+        step - forward   = a2 + b2 x requests   (scheduling, sampling, postprocess, the trace)
+    -> per step a1 + a2, per request b1 + b2, per token c, parts scale k."""
+    fwd = [((parts(s.shape), float(s.shape.num_tokens), 1.0, float(s.shape.num_requests)), s.forward_s)
+           for s in steps if s.forward_s > 0]
+    rest = [((1.0, float(s.shape.num_requests)), s.total_s - s.forward_s) for s in steps if s.total_s > s.forward_s]
+    k, c, a1, b1 = _nnls(fwd) if fwd else [1.0, 0.0, 0.0, 0.0]
+    a2, b2 = _nnls(rest) if rest else [0.0, 0.0]
+    if k <= 0:  # the parts must count: without them nothing scales with the model
+        k = 1.0
+    return StepOverhead(a1 + a2, b1 + b2, c, k)
 
 
 def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
@@ -419,7 +435,7 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     bare = MeasuredCost(profile(zero))
     overhead = _fit_overhead(steps, lambda s: bare.step_cost(s).total_s)
     fitted = MeasuredCost(profile(overhead))
-    errors = [abs(fitted.step_cost(s).total_s - t) / t for s, t in steps if t > 0]
+    errors = [abs(fitted.step_cost(s.shape).total_s - s.total_s) / s.total_s for s in steps if s.total_s > 0]
     result = profile(overhead, statistics.median(errors) if errors else 0.0)
     _say(progress, f"calibrated in {result.seconds:.1f} s: parts x {overhead.parts_scale:.2f}, per step "
                    f"{overhead.per_step_s * 1e3:.2f} ms, per request {overhead.per_request_s * 1e3:.3f} ms, per token "
