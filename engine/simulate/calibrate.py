@@ -7,7 +7,8 @@
                               and ``run_real`` on the same workload schedule the same batches
 
 What is measured (medians of interleaved repeats, so a burst of load elsewhere spoils one sample
-of a point, not the point), all on the loaded model, in the engine's dtype and torch threads:
+of a point, not the point; on a busy machine the repeats stop at the plan's time budget and the
+profile says it was busy), all on the loaded model, in the engine's dtype and torch threads:
 
     GEMMs          every layer's four linear calls at M tokens (1 .. 512)
     LM head        final norm + head matmul at R rows
@@ -15,9 +16,10 @@ of a point, not the point), all on the loaded model, in the engine's dtype and t
                    backend on per-layer caches: decode groups of 1 and 8 rows at several widths
                    (-> a time per group and per row), whole-sequence and after-cache prefill chunks
     whole steps    real ``engine.step()`` calls of controlled shapes (decode batches, prefills,
-                   several prefills in one step, a prefix-cache hit): what the parts above do not
-                   explain is fitted, relative least squares, as a time per step + per request +
-                   per token (scheduler, batch building, sampler, trace; norms, rotary, SiLU)
+                   several prefills in one step, a prefix-cache hit), split by the trace into the
+                   runner's forward and the rest: what the parts above do not explain is fitted
+                   (relative least squares) as a scale on the parts + a time per step, per request
+                   and per token (scheduler, batch building, sampler, trace; norms, rotary, SiLU)
 
 The cache file is ``<cache root>/calibration/<model>-<dtype>-<machine key>.json`` (JSON only;
 the machine key hashes the CPU model and count, torch threads and version): a file that does not
@@ -84,9 +86,14 @@ class CalibrationPlan:
     decode_steps: int = 4  # timed decode steps per batch
     prefills: tuple[tuple[int, int], ...] = ((1, 64), (1, 200), (4, 24), (8, 16))  # (requests, tokens each)
     repeats: int = 3
+    #: seconds for the repeats of the parts (after loading); shares per stage: ``STAGE_SHARES``
+    budget_s: float = 36.0
     #: GEMM points above this M time every k-th layer and scale (compute-bound: layers are alike)
     gemm_stride_above: int = 64
 
+
+#: cumulative shares of ``budget_s`` by which each stage's repeats end: GEMMs, head, decode, prefill
+STAGE_SHARES = (0.5, 0.62, 0.72, 1.0)
 
 #: a quick plan for tests (tiny-random): every curve has points, few repeats
 TINY_PLAN = CalibrationPlan(gemm_m=(1, 8, 64), head_rows=(1, 8), decode_widths=(16, 64), decode_group_rows=4,
@@ -181,12 +188,20 @@ def calibrate(model: str = "smollm2-135m", *, progress: Progress | None = None, 
 
 # -- measuring ------------------------------------------------------------------------------------
 
-def _median_sweeps(points: Sequence[Any], run: Callable[[Any], float], repeats: int) -> list[float]:
-    """Median over ``repeats`` sweeps of every point (sweeps interleave, see module doc)."""
+def _median_sweeps(points: Sequence[Any], run: Callable[[Any], float], repeats: int,
+                   deadline: float = math.inf) -> list[float]:
+    """Median over up to ``repeats`` sweeps of every point (sweeps interleave, see module doc); a
+    sweep that would end past ``deadline`` (perf_counter) is not started, the first always is: a
+    busy machine gets fewer repeats, not a longer profile."""
     samples: list[list[float]] = [[] for _ in points]
-    for _ in range(max(1, repeats)):
+    last = 0.0
+    for n in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        if n and t0 + last > deadline:
+            break
         for i, p in enumerate(points):
             samples[i].append(run(p))
+        last = time.perf_counter() - t0
     return [statistics.median(s) for s in samples]
 
 
@@ -387,21 +402,25 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     parts.chunks([plan.masked[0]])
 
     _say(progress, f"GEMMs of every layer at M = {', '.join(map(str, plan.gemm_m))}")
+    t_parts = time.perf_counter()
+    ends = [t_parts + share * plan.budget_s for share in STAGE_SHARES]
     gemm = _median_sweeps(plan.gemm_m, lambda mt: parts.gemm(
-        mt, max(1, mt // plan.gemm_stride_above) if mt > plan.gemm_stride_above else 1), plan.repeats)
+        mt, max(1, mt // plan.gemm_stride_above) if mt > plan.gemm_stride_above else 1), plan.repeats, ends[0])
     _say(progress, f"LM head at {', '.join(map(str, plan.head_rows))} rows")
-    head = _median_sweeps(plan.head_rows, parts.head, plan.repeats)
+    head = _median_sweeps(plan.head_rows, parts.head, plan.repeats, ends[1])
 
     _say(progress, f"decode attention at widths {', '.join(map(str, plan.decode_widths))}")
     g = plan.decode_group_rows
     pts = [(n, w) for w in plan.decode_widths for n in (1, g)]
-    dec = dict(zip(pts, _median_sweeps(pts, lambda p: parts.chunks([(1, p[1] - 1)] * p[0]), plan.repeats)))
+    dec = dict(zip(pts, _median_sweeps(pts, lambda p: parts.chunks([(1, p[1] - 1)] * p[0]), plan.repeats,
+                                                ends[2])))
     per_row = [max(0.0, (dec[(g, w)] - dec[(1, w)]) / (g - 1)) for w in plan.decode_widths]
     group_s = max(0.0, statistics.median(dec[(1, w)] - r for w, r in zip(plan.decode_widths, per_row)))
 
     _say(progress, "prefill attention (whole prompts and after cached tokens)")
-    causal = _median_sweeps(plan.causal_q, lambda q: parts.chunks([(q, 0)]), plan.repeats)
-    masked = _median_sweeps(plan.masked, lambda p: parts.chunks([p]), plan.repeats)
+    prefill = [(q, 0) for q in plan.causal_q] + list(plan.masked)
+    both = _median_sweeps(prefill, lambda p: parts.chunks([p]), plan.repeats, ends[3])
+    causal, masked = both[:len(plan.causal_q)], both[len(plan.causal_q):]
     masked_x = [n * (n + s) for n, s in plan.masked]
     order = sorted(range(len(masked_x)), key=lambda i: masked_x[i])
 
