@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.costmodel.measured import PROFILE_VERSION, CostProfile, Curve, MachineInfo, MeasuredCost, StepOverhead
 from engine.costmodel.model import simulated_model
@@ -150,6 +151,8 @@ def test_cli_compare_real_prints_both(calibrated: tuple[CostProfile, Path], tmp_
                                       monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     profile, _ = calibrated
     monkeypatch.setenv("INFERSCOPE_CACHE", str(tmp_path))
+    # the CLI sets the app's torch threads: keep this process's, so the profile below is this machine's
+    monkeypatch.setenv("INFERSCOPE_TORCH_THREADS", str(torch.get_num_threads()))
     path = cache_path(MODEL, "float32")
     path.parent.mkdir(parents=True)
     path.write_text(profile.to_json())  # cached: the CLI measures nothing

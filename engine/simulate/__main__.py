@@ -26,7 +26,7 @@ from typing import Any
 
 from engine.costmodel.model import DEFAULT_MAX_NUM_SEQS, SimulatedModel, simulated_model
 from engine.simulate.calibrate import DEFAULT_BATCHED_TOKENS, DEFAULT_BLOCK_SIZE, DEFAULT_NUM_BLOCKS, THIS_MACHINE, \
-    calibrate, this_machine_model
+    calibrate, this_machine_model, use_app_threads
 from engine.simulate.capacity import Capacity, find_capacity
 from engine.simulate.metrics import SLO, Summary, summarize
 from engine.simulate.result import RunResult
@@ -128,6 +128,7 @@ def _this_machine(args: argparse.Namespace) -> SimulatedModel:
     """The real engine on this CPU, simulated: the cached profile, or measured now (progress on stderr)."""
     def say(text: str) -> None:
         print(f"calibration: {text}", file=sys.stderr, flush=True)
+    use_app_threads()  # the real engine as the app runs it (and as the profile is measured)
     profile = calibrate(args.model, progress=say, force=args.recalibrate)
     return this_machine_model(args.model, profile, num_blocks=args.num_blocks, block_size=args.block_size,
                               max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS,

@@ -101,6 +101,20 @@ TINY_PLAN = CalibrationPlan(gemm_m=(1, 8, 64), head_rows=(1, 8), decode_widths=(
                             prefills=((1, 32), (2, 16)), repeats=1)
 
 
+def use_app_threads() -> int:
+    """Set torch's intra-op threads as the app runs the real engine (INFERSCOPE_TORCH_THREADS,
+    default 1: app/models.configure_torch) and return them. On a small shared machine two threads
+    wait on each other whenever another process takes a core (steps several times slower, at
+    random); one thread slows in proportion. The CLI and the benchmark call this; ``calibrate``
+    itself measures with whatever the process has (the profile is keyed by it)."""
+    try:
+        threads = max(1, int(os.environ.get("INFERSCOPE_TORCH_THREADS", "1")))
+    except ValueError:
+        raise ValueError("INFERSCOPE_TORCH_THREADS: must be a whole number >= 1") from None
+    torch.set_num_threads(threads)
+    return threads
+
+
 def machine_info() -> MachineInfo:
     return MachineInfo(cpu_model=_cpu_model(), cpu_count=os.cpu_count() or 1, torch_threads=torch.get_num_threads(),
                        torch_version=str(torch.__version__), platform=f"{platform.system()} {platform.machine()}")
