@@ -26,6 +26,7 @@ bigger batch as faster.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -119,7 +120,6 @@ class MachineInfo:
     @property
     def key(self) -> str:
         """A short file-name-safe key of these facts."""
-        import hashlib
         text = json.dumps(asdict(self), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 

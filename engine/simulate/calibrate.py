@@ -515,7 +515,3 @@ def this_machine_model(model: str = "smollm2-135m", profile: CostProfile | None 
     return SimulatedModel(name=f"{model} (simulated on this machine)", facts=facts, tokenizer=shared.tokenizer,
                           cost=MeasuredCost(profile), deployment=deployment)
 
-
-def relative_errors(predicted: Sequence[float], measured: Sequence[float]) -> list[float]:
-    """|p - m| / m per pair (m > 0)."""
-    return [abs(p - m) / m for p, m in zip(predicted, measured) if m > 0 and math.isfinite(p)]
