@@ -87,6 +87,10 @@ def simulated_model(model: str | ModelSpec, hardware: str | Hardware, settings: 
     ValueError (naming the field) when the calculator cannot size it, when it does not fit, or when
     the model keeps no KV cache (a pure state-space model has no blocks to schedule). ``serving``:
     the framework's rule (frameworks.py) instead of the one its version gives (a fit tries others)."""
+    if hardware == "this-machine":  # the real engine on this CPU needs a measured profile (a layer above)
+        raise ValueError("hardware: 'this-machine' is the real engine on this machine, calibrated here: use "
+                         "engine.simulate.calibrate.this_machine_model(model) (python -m engine.simulate "
+                         "--hardware this-machine)")
     spec = get_model(model) if isinstance(model, str) else model
     hw = get_hardware(hardware)
     settings = settings or Settings()

@@ -3,6 +3,13 @@
     python -m engine.simulate --model llama-3-70b --hardware h100-sxm --tp 8 --rate 10 --num-requests 2000
     python -m engine.simulate --model llama-3-8b --hardware a100-80gb --workload requests.json --json
     python -m engine.simulate ... --capacity --slo-ttft 1 --slo-tpot 0.05
+    python -m engine.simulate --model smollm2-135m --hardware this-machine --rate 1 --num-requests 30 \
+        --prompt-len lognormal:60,0.6 --output-len lognormal:30,0.5 --compare-real
+
+``--hardware this-machine`` predicts the real engine on this CPU from a profile measured here
+(engine/simulate/calibrate.py: cached; measured first, with progress on stderr, when there is
+none; ``--recalibrate`` measures again); ``--compare-real`` then also serves the workload with the
+real engine and prints both.
 
 Times are predicted (a cost model), not measured: the output says so. A bad input exits with
 status 2 and one line on stderr; never a traceback.
@@ -19,11 +26,13 @@ from typing import Any
 
 from engine.core.config import PREFILL_SCHEDULES, SCHEDULING_POLICIES
 from engine.costmodel.model import DEFAULT_MAX_NUM_SEQS, SimulatedModel, simulated_model
+from engine.simulate.calibrate import DEFAULT_BATCHED_TOKENS, DEFAULT_BLOCK_SIZE, DEFAULT_NUM_BLOCKS, THIS_MACHINE, \
+    calibrate, this_machine_model, use_app_threads
 from engine.simulate.capacity import Capacity, find_capacity
 from engine.simulate.cluster import colocated, disaggregated
 from engine.simulate.metrics import SLO, Summary, summarize
 from engine.simulate.result import RunResult
-from engine.simulate.simulator import Progress, ServingKnobs, simulate
+from engine.simulate.simulator import Progress, ServingKnobs, run_real, simulate
 from engine.simulate.workload import Workload, generate, parse_lengths, parse_workload
 from engine.sizing import Settings, SizingError
 
@@ -72,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     a("--capacity", action="store_true", help="find the highest rate meeting the SLOs (p90)")
     a("--time-limit", type=float, default=600.0, help="wall seconds per run before it stops, partial")
     a("--json", action="store_true", help="machine-readable output")
+    a("--num-blocks", type=int, default=DEFAULT_NUM_BLOCKS, help="this-machine: the real engine's KV blocks")
+    a("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="this-machine: tokens per KV block")
+    a("--recalibrate", action="store_true", help="this-machine: measure the profile again")
+    a("--compare-real", action="store_true", help="this-machine: also run the real engine on the workload")
     return p
 
 
@@ -111,6 +124,25 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("--disaggregate and --colocate are two runs: give one")
     if args.time_limit is not None and not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise InputError(f"--time-limit: must be a number of seconds > 0, got {args.time_limit!r}")
+    here = args.hardware == THIS_MACHINE
+    for flag, value in (("--compare-real", args.compare_real), ("--recalibrate", args.recalibrate)):
+        if value and not here:
+            raise InputError(f"{flag}: only with --hardware {THIS_MACHINE} (the real engine runs on this machine only)")
+    if args.compare_real and args.capacity:
+        raise InputError("--compare-real runs one workload; it cannot take --capacity")
+    if here and ((args.tp or 1) != 1 or args.pp != 1):
+        raise InputError(f"--tp, --pp: the real engine on {THIS_MACHINE} is simulated in one process (1, 1)")
+
+
+def _this_machine(args: argparse.Namespace) -> SimulatedModel:
+    """The real engine on this CPU, simulated: the cached profile, or measured now (progress on stderr)."""
+    def say(text: str) -> None:
+        print(f"calibration: {text}", file=sys.stderr, flush=True)
+    use_app_threads()  # the real engine as the app runs it (and as the profile is measured)
+    profile = calibrate(args.model, progress=say, force=args.recalibrate)
+    return this_machine_model(args.model, profile, num_blocks=args.num_blocks, block_size=args.block_size,
+                              max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS,
+                              max_model_len=args.max_model_len)
 
 
 def _progress(enabled: bool) -> Any:
@@ -122,7 +154,9 @@ def _progress(enabled: bool) -> Any:
 
 def _report(sim: SimulatedModel, run: RunResult, s: Summary, capacity: Capacity | None) -> dict[str, Any]:
     out: dict[str, Any] = {k: getattr(s, k) for k in JSON_KEYS}
-    out.update(simulated=True, partial=s.partial, deployment=run.label, cost_model=sim.cost.label,
+    simulated = run.simulated
+    out.update(simulated=simulated, partial=s.partial, deployment=run.label,
+               cost_model=sim.cost.label if simulated else "measured: the real engine's wall-clock times",
                serving_rule=sim.serving.words,
                slo_attainment=s.slo_attainment, finished=s.finished, num_requests=s.num_requests,
                makespan_s=s.makespan_s, per_request=[r.as_dict() for r in run.requests])
@@ -154,11 +188,40 @@ def render_text(report: dict[str, Any], workload: str) -> str:
     return "\n".join(lines)
 
 
+#: (label, key, kind) of the side-by-side table of --compare-real
+_COMPARE_ROWS = (("TTFT p50", "ttft_p50_s", "ms"), ("TTFT p90", "ttft_p90_s", "ms"), ("TTFT p99", "ttft_p99_s", "ms"),
+                 ("TPOT p50", "tpot_p50_s", "ms"), ("TPOT p90", "tpot_p90_s", "ms"), ("E2E p50", "e2e_p50_s", "s"),
+                 ("makespan", "makespan_s", "s"), ("output tok/s", "output_tokens_per_s", "n"),
+                 ("requests/s", "requests_per_s", "n"), ("steps", "steps", "n"), ("preemptions", "preemptions", "n"))
+
+
+def render_compare(report: dict[str, Any], workload: str) -> str:
+    """The simulated and the real run side by side, with the relative error of the prediction."""
+    real = report["real"]
+
+    def cell(v: Any, kind: str) -> str:
+        if v is None:
+            return "-"
+        if kind == "ms":
+            return _ms(v)
+        return f"{v:,.2f} s" if kind == "s" else f"{v:,}" if isinstance(v, int) else f"{v:,.2f}"
+    lines = [f"SIMULATED vs REAL on this machine ({report['cost_model']})", f"deployment: {report['deployment']}",
+             f"workload:   {workload}", f"{'':<14} {'simulated':>14} {'real':>14} {'error':>8}"]
+    for label, key, kind in _COMPARE_ROWS:
+        p, m = report[key], real[key]
+        err = f"{(p - m) / m:+.1%}" if p is not None and m else "-"
+        lines.append(f"{label:<14} {cell(p, kind):>14} {cell(m, kind):>14} {err:>8}")
+    if report["partial"] or real["partial"]:
+        lines.append("PARTIAL: a run stopped at the time limit")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         _check(args)
-        sim = simulated_model(args.model, args.hardware, _settings(args), args.max_model_len)
+        sim = _this_machine(args) if args.hardware == THIS_MACHINE else \
+            simulated_model(args.model, args.hardware, _settings(args), args.max_model_len)
         knobs = ServingKnobs(args.max_num_seqs, args.max_num_batched_tokens, not args.no_prefix_caching,
                              False if args.no_chunked_prefill else None, args.policy, args.prefill_schedule)
         slo = SLO(args.slo_ttft, args.slo_tpot)
@@ -183,6 +246,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if say is not None:
             print(file=sys.stderr)
         report = _report(sim, result, summarize(result, slo), capacity)
+        if args.compare_real:
+            extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
+            real = run_real(args.model, workload, knobs, num_blocks=args.num_blocks, block_size=args.block_size,
+                            time_limit_s=args.time_limit, progress=say, **extra)
+            if say is not None:
+                print(file=sys.stderr)
+            report["real"] = _report(sim, real, summarize(real, slo), None)
+            print(json.dumps(report) if args.json else render_compare(report, workload.name))
+            return 0
         print(json.dumps(report) if args.json else render_text(report, workload.name))
         return 0
     except (InputError, SizingError, ValueError) as e:
