@@ -25,7 +25,7 @@ from tests.serving_points import TOLERANCE, Point, load_points, relative_errors,
 
 MAX_REQUESTS = 300  # per point while fitting (each scan runs every fit point many times)
 TABLE_REQUESTS = 1000  # per point in the table (the bench's figure)
-PER_REQUEST_SCAN_US = (0, 50, 100, 150, 200, 250, 300, 400, 600)
+PER_REQUEST_SCAN_US = (0, 50, 100, 150, 200, 250, 300, 400)
 GEMM_SCAN = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6)
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "serving_validation.md"
 
@@ -33,7 +33,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "serving_validation.md"
 def rule_of(p: Point) -> ServingRule:
     plan = Plan(get_model(p.model), get_hardware(p.hardware), Workload(),
                 Settings(tp=p.tp, framework=p.framework, framework_version=p.framework_version))
-    return serving_rule(plan.framework, plan.budget.rule)
+    return serving_rule(plan.framework, plan.budget.rule, plan.budget.version_nums)
 
 
 def _score(points: list[Point], rule: ServingRule, keys: tuple[str, ...]) -> float:
@@ -79,8 +79,7 @@ def main() -> None:
     args = ap.parse_args()
     points = load_points()
     if args.requests:
-        global MAX_REQUESTS
-        MAX_REQUESTS = args.requests
+        globals()["MAX_REQUESTS"] = args.requests
     if not args.no_fit:
         for key, rule in RULES.items():
             if args.rule and key != args.rule:

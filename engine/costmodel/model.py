@@ -103,7 +103,7 @@ def simulated_model(model: str | ModelSpec, hardware: str | Hardware, settings: 
         raise ValueError(f"max_model_len: must be 2 .. {positions:,} ({spec.display_name}), got {length!r}")
     workload = Workload(batch=1, context=length)
     plan = Plan(spec, hw, workload, settings)
-    rule = serving or serving_rule(plan.framework, plan.budget.rule)
+    rule = serving or serving_rule(plan.framework, plan.budget.rule, plan.budget.version_nums)
     if not rule.chunked_prefill and settings.max_num_batched_tokens is None:
         # without chunked prefill a prompt runs whole: vLLM's budget is then max(max_model_len, 2048),
         # and its profiling run (so the KV pool) is sized at that budget
