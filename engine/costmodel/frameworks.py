@@ -54,18 +54,18 @@ IN_PROCESS = ServingRule("in-process", "in-process engine", "mixed", True, 0.0, 
 
 RULES: dict[str, ServingRule] = {r.key: r for r in (
     ServingRule(
-        "vllm-v0-python", "vLLM < 0.6 (V0)", "prefill_first", False, frontend_s=9.6e-3, per_request_s=400e-6,
+        "vllm-v0-python", "vLLM < 0.6 (V0)", "prefill_first", False, frontend_s=0.0, per_request_s=300e-6,
         fitted_on=("rtx3090-llama3-8b-vllm041-rate1", "rtx3090-llama3-8b-vllm041-rate5"),
         sources=("https://github.com/vllm-project/vllm-project.github.io/blob/c3a01c4a5807c8d900ae468897e45263373e534e/_posts/2024-09-05-perf-update.md",),
         note="V0 schedules waiting prompts first and runs them in a step of their own (chunked prefill off by"
              " default below 32k context); before 0.6 the perf-update post puts 29 % of the time in scheduling"
              " and input preparation and 33 % in the API server (Llama-3-8B, 1 x H100)"),
     ServingRule(
-        "vllm-v0", "vLLM 0.6 - 0.7 (V0)", "prefill_first", False, frontend_s=9.6e-3, per_request_s=0.0,
+        "vllm-v0", "vLLM 0.6 - 0.7 (V0)", "prefill_first", False, frontend_s=0.0, per_request_s=0.0,
         sources=("https://github.com/vllm-project/vllm-project.github.io/blob/c3a01c4a5807c8d900ae468897e45263373e534e/_posts/2024-09-05-perf-update.md",),
         note="0.6 took the CPU work off the GPU's path (multi-step scheduling, asynchronous output processing:"
              " 2.7x the throughput of 0.5.3 on Llama-3-8B); no published point here isolates what is left, so"
-             " the per-request time is 0 and the frontend is V0's"),
+             " the per-request time is 0 and the frontend that of < 0.6 (0: the fit found none)"),
     ServingRule(
         "vllm-v1", "vLLM V1 (>= 0.8)", "mixed", True, frontend_s=50.9e-3, per_request_s=0.0, gemm_efficiency=0.35,
         fitted_on=("gpustack-qwen3-8b-h100-vllm-c4", "gpustack-qwen3-14b-h100-vllm-random-2000-100"),
