@@ -2,7 +2,7 @@
 whose role is "fit", then simulate every point and print (or write) the validation table.
 
     .venv/bin/python -m tests.fit_serving_rules            # fit, print the table
-    .venv/bin/python -m tests.fit_serving_rules --docs     # also write docs/serving_validation.md
+    .venv/bin/python -m tests.fit_serving_rules --docs     # also write the table of docs/simulator.md
 
 Fit, per rule: per_request_s by a scan (the median TPOT of its fit points); gemm_efficiency by a
 scan (the throughput of its prefill-bound fit points: fixed long prompts), if it has any; then
@@ -27,7 +27,7 @@ MAX_REQUESTS = 300  # per point while fitting (each scan runs every fit point ma
 TABLE_REQUESTS = 1000  # per point in the table (the bench's figure)
 PER_REQUEST_SCAN_US = (0, 50, 100, 150, 200, 250, 300, 400)
 GEMM_SCAN = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6)
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "serving_validation.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "simulator.md"  # the table goes after its "<!-- table -->"
 
 
 def rule_of(p: Point) -> ServingRule:
@@ -95,7 +95,7 @@ def main() -> None:
     rows = table(points)
     print("\n".join(rows))
     if args.docs:
-        body = DOCS.read_text().split("<!-- table -->")[0] if DOCS.exists() else "# Serving simulator validation\n\n"
+        body = DOCS.read_text().split("<!-- table -->")[0]
         DOCS.write_text(body + "<!-- table -->\n" + "\n".join(rows) + "\n")
 
 

@@ -6,7 +6,7 @@ version, rate or concurrency, dataset lengths) and its published figures compare
 Points whose role is "fit" set the frameworks' fitted constants (engine/costmodel/frameworks.py);
 the "validate" points are held out. ``make test`` runs a few points with fewer requests; the
 sweep (``make bench``) runs them all with up to MAX_REQUESTS requests each. Points known to miss
-stay in the data and are reported in docs/serving_validation.md with their figures.
+stay in the data and are reported in docs/simulator.md with their figures.
 """
 from __future__ import annotations
 
