@@ -114,7 +114,7 @@ class KVCacheManager:
         hits = list(computed.block_ids)
         num_needed, shared = self._blocks_needed(request, num_new_tokens, computed, num_lookahead_tokens)
         num_alloc = num_needed + (shared is not None)
-        if num_alloc == 0 and not hits:
+        if num_alloc == 0 and not hits and rid in self.block_tables:
             return NO_ALLOCATION  # the table covers the new tokens already (most decode steps)
         if not self._fits(num_alloc, computed):
             return None

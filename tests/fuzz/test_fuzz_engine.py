@@ -478,8 +478,8 @@ FAILURES = {
     "prepare ValueError": (lambda e: (e.runner, "prepare"), ValueError("bad batch"), "bad batch"),
     "schedule RuntimeError": (lambda e: (e.scheduler, "schedule"), RuntimeError("sched boom"), "sched boom"),
     "stop check RuntimeError": (lambda e: (scheduler_module, "check_stop"), RuntimeError("stop boom"), "stop boom"),
-    # after the radix tree took this step's full blocks (insert, then lock the new node)
-    "prefix lock RuntimeError": (lambda e: (e.kv.prefix_cache, "lock"), RuntimeError("lock boom"), "lock boom"),
+    # after the radix tree took this step's full blocks (insert, then move the request's lock to the new node)
+    "prefix lock RuntimeError": (lambda e: (e.kv.prefix_cache, "move_lock"), RuntimeError("lock boom"), "lock boom"),
     "trace RuntimeError": (lambda e: (e.tracer, "step_trace"), RuntimeError("trace boom"), "trace boom"),
 }
 
