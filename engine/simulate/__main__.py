@@ -35,6 +35,7 @@ from engine.simulate.result import RunResult
 from engine.simulate.simulator import Progress, ServingKnobs, run_real, simulate
 from engine.simulate.workload import Workload, generate, parse_lengths, parse_workload
 from engine.sizing import Settings, SizingError
+from engine.sizing.cli import one_line
 
 #: the --json keys (a stable contract)
 JSON_KEYS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "e2e_p50_s", "output_tokens_per_s",
@@ -258,19 +259,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report) if args.json else render_text(report, workload.name))
         return 0
     except (InputError, SizingError, ValueError) as e:
-        print(_one_line(f"error: {e}"), file=sys.stderr)
+        print(one_line(f"error: {e}"), file=sys.stderr)
         return 2
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
         return int(e.code or 0)
     except BrokenPipeError:
         return 0
     except Exception as e:  # noqa: BLE001 - the contract: one line, no traceback
-        print(_one_line(f"error: unexpected {type(e).__name__}: {e}"), file=sys.stderr)
+        print(one_line(f"error: unexpected {type(e).__name__}: {e}"), file=sys.stderr)
         return 1
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:2000]
 
 
 if __name__ == "__main__":

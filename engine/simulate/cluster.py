@@ -32,8 +32,8 @@ from engine.costmodel.model import SimulatedModel
 from engine.costmodel.runner import SimulatedRunner
 from engine.serving.engine import LLMEngine
 from engine.simulate.result import RequestRecord, RunResult, StepSample
-from engine.simulate.simulator import Progress, ServingKnobs, simulated_engine, step_sample
-from engine.simulate.workload import Workload, WorkloadRequest
+from engine.simulate.simulator import Progress, ServingKnobs, prepare_workload, simulated_engine, step_sample
+from engine.simulate.workload import Workload
 
 Role = Literal["prefill", "decode", "both"]
 #: latency of one KV transfer besides its bytes (connection setup, a handshake): an assumption
@@ -87,6 +87,7 @@ def run_cluster(sim: SimulatedModel, workload: Workload, roles: Sequence[Role], 
     if not (math.isfinite(link) and link > 0):
         raise ValueError(f"kv_link: must be a bandwidth > 0 bytes/s, got {link!r}")
     inst = _instances(sim, roles, knobs)
+    prompts = [p.token_ids for p in prepare_workload(inst[0].engine, workload)]  # checked and tokenized once
     front = [k for k, x in enumerate(inst) if x.role != "decode"]
     back = [k for k, x in enumerate(inst) if x.role == "decode"]
     reqs = workload.requests
@@ -116,14 +117,14 @@ def run_cluster(sim: SimulatedModel, workload: Workload, roles: Sequence[Role], 
                     x.clock.wait_until(at)
                 r = reqs[i]
                 if x.role == "decode":
-                    ids = list(_prompt_ids(x.engine, r)) + [0]
+                    ids = [*prompts[i], 0]
                     rid = x.engine.add_request(ids, _params(r.max_tokens - 1), f"r{i}", priority=r.priority,
                                                arrival_time=r.arrival_s)
                     x.runner.imported[rid] = len(ids) - 1
                     second[i] = (k, rid)
                 else:
                     tokens = 1 if x.role == "prefill" else r.max_tokens
-                    first[i] = (k, x.engine.add_request(_prompt_ids(x.engine, r), _params(tokens), f"r{i}",
+                    first[i] = (k, x.engine.add_request(prompts[i], _params(tokens), f"r{i}",
                                                         priority=r.priority, arrival_time=r.arrival_s))
         busy = [x for x in inst if x.busy()]
         if not busy:
@@ -141,7 +142,7 @@ def run_cluster(sim: SimulatedModel, workload: Workload, roles: Sequence[Role], 
                 target = min(back, key=lambda b: len(inst[b].engine.scheduler.running) + len(inst[b].inbox)
                              + len(inst[b].engine.scheduler.waiting))
                 heapq.heappush(inst[target].inbox,
-                               (x.clock() + kv_transfer_seconds(sim, len(_prompt_ids(x.engine, reqs[i])), link), seq, i))
+                               (x.clock() + kv_transfer_seconds(sim, len(prompts[i]), link), seq, i))
                 seq += 1
             else:
                 finished += 1
@@ -157,12 +158,6 @@ def run_cluster(sim: SimulatedModel, workload: Workload, roles: Sequence[Role], 
     blocks = sum(x.engine.config.cache_config.num_blocks for x in inst)
     return RunResult(label or _label(sim, roles), True, records, steps, blocks * sim.deployment.block_size, blocks,
                      partial, time.perf_counter() - wall0)
-
-
-def _prompt_ids(engine: LLMEngine, r: WorkloadRequest) -> list[int]:
-    if r.prompt_token_ids is None:
-        return list(engine.tokenizer(r.prompt, add_special_tokens=False).input_ids)
-    return list(r.prompt_token_ids)
 
 
 def _record(inst: list[_Instance], arrival: float, i: int, first: tuple[int, str] | None,

@@ -70,7 +70,7 @@ def simulated_engine(sim: SimulatedModel, knobs: ServingKnobs = ServingKnobs()) 
     return engine, clock
 
 
-def _prepare(engine: LLMEngine, workload: Workload) -> list[PreparedRequest]:
+def prepare_workload(engine: LLMEngine, workload: Workload) -> list[PreparedRequest]:
     """Every request checked before the run starts: a request that can never run fails here,
     named, and nothing has run."""
     prepared = []
@@ -131,7 +131,7 @@ def run_workload(engine: LLMEngine, clock: RunClock, workload: Workload, *, labe
     if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
                                         or max_concurrency < 1):
         raise ValueError(f"max_concurrency: must be a whole number >= 1, got {max_concurrency!r}")
-    prepared = _prepare(engine, workload)
+    prepared = prepare_workload(engine, workload)
     reqs: list[WorkloadRequest] = list(workload.requests)
     ids: dict[int, str] = {}
     sent: dict[int, float] = {}

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except Exception as exc:  # noqa: BLE001 - the contract: one line, no traceback
-        print(_one_line(f"error: unexpected {type(exc).__name__}: {exc}"), file=sys.stderr)
+        print(one_line(f"error: unexpected {type(exc).__name__}: {exc}"), file=sys.stderr)
         return 3
 
 
@@ -263,7 +263,7 @@ def _check_name_lengths(model: str, hardware: str) -> None:
 
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     """The message as one line of at most MESSAGE_LIMIT characters (a 5,000-character model name
     is shown by its start and end)."""
     flat = " ".join(text.split())
@@ -275,5 +275,5 @@ def _one_line(text: str) -> str:
 
 def _refuse(message: str) -> int:
     """A bad input: one line on stderr, exit status 2."""
-    print(_one_line(f"error: {message}"), file=sys.stderr)
+    print(one_line(f"error: {message}"), file=sys.stderr)
     return 2
