@@ -34,11 +34,11 @@ def _profile(**over: object) -> CostProfile:
     """A hand-made profile (no measuring): curves of the shapes a CPU gives."""
     base = dict(model=MODEL, dtype="float32", machine=machine_info(), num_layers=2,
                 gemm=Curve((1.0, 2.0, 4.0, 64.0, 512.0), (0.010, 0.012, 0.011, 0.030, 0.200), log_x=True),
-                lm_head=Curve((1.0, 8.0, 256.0), (0.002, 0.004, 0.050), log_x=True), decode_group_s=0.0005,
-                decode_row=Curve((16.0, 256.0, 2048.0), (0.0001, 0.0004, 0.003)),
+                lm_head=Curve((1.0, 8.0, 256.0), (0.002, 0.004, 0.050), log_x=True),
+                decode_group=Curve((16.0, 2048.0, 16384.0), (0.0005, 0.003, 0.06)),
                 prefill_causal=Curve((10.0, 2080.0, 131328.0), (0.001, 0.004, 0.2)),
                 prefill_masked=Curve((256.0, 8192.0, 131072.0), (0.001, 0.005, 0.1)),
-                overhead=StepOverhead(0.003, 0.0002, 0.00001, 1.1))
+                overhead=StepOverhead(0.003, 0.0002, 0.0004, 0.00001))
     base.update(over)
     return CostProfile(**base)  # type: ignore[arg-type]
 
@@ -92,7 +92,7 @@ def test_curves_interpolate_and_stay_monotone() -> None:
 def test_measured_cost_grows_where_it_should(calibrated: tuple[CostProfile, Path]) -> None:
     for profile in (_profile(), calibrated[0]):
         cost = MeasuredCost(profile)
-        for curve in (profile.lm_head, profile.decode_row, profile.prefill_causal, profile.prefill_masked):
+        for curve in (profile.lm_head, profile.decode_group, profile.prefill_causal, profile.prefill_masked):
             assert curve.is_monotone
         big = [x for x in profile.gemm.xs if x >= 8]
         assert all(profile.gemm(a) <= profile.gemm(b) for a, b in zip(big, big[1:]))

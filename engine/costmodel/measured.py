@@ -7,15 +7,19 @@ another:
                  + the LM head (final norm, head matmul) on the sampled rows
     attention    per layer: the K/V write and paged attention (engine/model/attention.py):
                    decodes   in groups (engine/model/forward_batch.py ``group_decodes``, the same
-                             rule here): a fixed time per group + per row a time at the group's width
+                             rule here): a time per group by its padded slots, rows x width (not
+                             linear: on the machine this was written on 24 rows of 512 took 5x
+                             8 rows of 512, as the gathered K/V outgrow the caches)
                    prefills  one SDPA per chunk: causal (the chunk is the whole sequence) by its
                              causal (query, key) pairs; masked (after cached tokens) by q x context
-    elementwise  norms, rotary, SiLU, residual adds, embedding: a time per token
-    overhead     scheduling, batch building, sampling, postprocess, the trace: a time per step
-                 + a time per scheduled request
+    elementwise  norms, rotary, SiLU, residual adds, embedding, batch building: a time per decode
+                 row and per prefill token
+    overhead     scheduling, sampling, postprocess, the trace: a time per step + a time per
+                 scheduled request
 
-GEMM and attention are timed alone, then scaled by one factor fitted (with the overheads) to whole
-engine steps, so the prediction is of the step as the engine runs it.
+GEMM and attention are timed alone and taken as they are (inside a real step the GEMMs take what
+they take alone: torch's profiler agrees); the rest is fitted to whole engine steps under a
+calibration traffic, so the prediction is of the step as the engine runs it.
 
 Each curve is piecewise linear between measured points (linear extrapolation past the last one,
 the first point's value below the first); GEMM time interpolates in log M, where its points are
@@ -37,7 +41,7 @@ from engine.costmodel.shape import ChunkShape, StepShape
 from engine.model.forward_batch import GROUP_OVERHEAD_SLOTS, group_decodes
 
 #: the profile file format; a file of another version is measured again, never read
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -129,11 +133,9 @@ class StepOverhead:
     """The parts of a step outside the model's GEMMs and attention, fitted to whole engine steps."""
 
     per_step_s: float  # scheduling, batch building, sampling, postprocess, the trace
-    per_request_s: float  # each scheduled request
-    per_token_s: float  # norms, rotary, SiLU, residuals, embedding: each token of the batch
-    #: the GEMM and attention parts run this much slower (> 1) or faster inside a whole step than
-    #: timed alone (caches, the load of the moment); fitted with the rest, 1.0 when they agree
-    parts_scale: float = 1.0
+    per_request_s: float  # each scheduled request: scheduling, sampling, postprocess
+    per_decode_s: float  # each decode row in the forward: norms, rotary, SiLU, residuals, its batch entries
+    per_token_s: float  # each prefill token in the forward: the same ops
 
 
 @dataclass(frozen=True)
@@ -147,8 +149,7 @@ class CostProfile:
     num_layers: int
     gemm: Curve  # s, every layer's linear calls, vs M tokens (log M)
     lm_head: Curve  # s, final norm + LM head, vs sampled rows
-    decode_group_s: float  # s, every layer: one more decode group
-    decode_row: Curve  # s, every layer: one decode row vs its group's width (context slots)
+    decode_group: Curve  # s, every layer: one decode group vs its padded slots, rows x width
     prefill_causal: Curve  # s, every layer: a whole-sequence chunk vs causal pairs q (q + 1) / 2
     prefill_masked: Curve  # s, every layer: a chunk after cached tokens vs q x context
     overhead: StepOverhead
@@ -160,7 +161,7 @@ class CostProfile:
 
     def to_json(self) -> str:
         d = asdict(self)
-        for name in ("gemm", "lm_head", "decode_row", "prefill_causal", "prefill_masked"):
+        for name in ("gemm", "lm_head", "decode_group", "prefill_causal", "prefill_masked"):
             d[name] = getattr(self, name).to_json()
         d["notes"] = list(self.notes)
         return json.dumps(d, indent=1)
@@ -179,12 +180,11 @@ class CostProfile:
                        machine=MachineInfo(str(m["cpu_model"]), int(m["cpu_count"]), int(m["torch_threads"]),
                                            str(m["torch_version"]), str(m["platform"])),
                        num_layers=int(d["num_layers"]), gemm=Curve.from_json(d["gemm"]),
-                       lm_head=Curve.from_json(d["lm_head"]), decode_group_s=_time(d["decode_group_s"]),
-                       decode_row=Curve.from_json(d["decode_row"]),
+                       lm_head=Curve.from_json(d["lm_head"]), decode_group=Curve.from_json(d["decode_group"]),
                        prefill_causal=Curve.from_json(d["prefill_causal"]),
                        prefill_masked=Curve.from_json(d["prefill_masked"]),
                        overhead=StepOverhead(_time(o["per_step_s"]), _time(o["per_request_s"]),
-                                             _time(o["per_token_s"]), _time(o["parts_scale"])),
+                                             _time(o["per_decode_s"]), _time(o["per_token_s"])),
                        measured_at=str(d.get("measured_at", "")), seconds=float(d.get("seconds", 0.0)),
                        fit_error=float(d.get("fit_error", 0.0)), version=PROFILE_VERSION,
                        notes=tuple(str(n) for n in d.get("notes", ())))
@@ -218,8 +218,7 @@ class MeasuredCost:
         if decode_widths:
             # the engine's own grouping rule (forward_batch.group_decodes), so the groups are its groups
             for g in group_decodes(decode_widths, GROUP_OVERHEAD_SLOTS):
-                width = max(decode_widths[i] for i in g)
-                total += p.decode_group_s + len(g) * p.decode_row(width)
+                total += p.decode_group(len(g) * max(decode_widths[i] for i in g))
         for c in chunks:
             if c.new_tokens > 1:
                 total += p.prefill_causal(c.causal_pairs) if c.start == 0 else \
@@ -230,7 +229,8 @@ class MeasuredCost:
         p, o = self.profile, self.profile.overhead
         if not shape.chunks:
             return StepCost(0.0, 0.0, 0.0, 0.0, o.per_step_s)
-        m, k = shape.num_tokens, o.parts_scale
+        m, d = shape.num_tokens, shape.num_decodes
         gemm = p.gemm(m) + (p.lm_head(shape.num_samples) if shape.num_samples else 0.0)
-        return StepCost(gemm_s=k * gemm, attention_s=k * self.attention_s(shape.chunks), elementwise_s=o.per_token_s * m,
+        return StepCost(gemm_s=gemm, attention_s=self.attention_s(shape.chunks),
+                        elementwise_s=o.per_decode_s * d + o.per_token_s * (m - d),
                         comm_s=0.0, overhead_s=o.per_step_s + o.per_request_s * shape.num_requests)

@@ -13,13 +13,15 @@ profile says it was busy), all on the loaded model, in the engine's dtype and to
     GEMMs          every layer's four linear calls at M tokens (1 .. 512)
     LM head        final norm + head matmul at R rows
     attention      the K/V write + paged attention, every layer, through the engine's attention
-                   backend on per-layer caches: decode groups of 1 and 8 rows at several widths
-                   (-> a time per group and per row), whole-sequence and after-cache prefill chunks
-    whole steps    real ``engine.step()`` calls of controlled shapes (decode batches, prefills,
-                   several prefills in one step, a prefix-cache hit), split by the trace into the
-                   runner's forward and the rest: what the parts above do not explain is fitted
-                   (relative least squares) as a scale on the parts + a time per step, per request
-                   and per token (scheduler, batch building, sampler, trace; norms, rotary, SiLU)
+                   backend on per-layer caches, each row on its own slots: decode groups of 1 to
+                   48 rows (-> a time per group by its padded slots), whole-sequence and
+                   after-cache prefill chunks
+    whole steps    real ``engine.step()`` calls under a calibration traffic (``_engine_steps``:
+                   ragged decode batches of 1 .. 32 requests, prefills alone and with decodes,
+                   prefix hits, its own lengths), split by the trace into the runner's forward and
+                   the rest: what the parts above do not explain is fitted (relative least
+                   squares) as a time per step, per request and per token (scheduler, batch
+                   building, sampler, trace; norms, rotary, SiLU)
 
 The cache file is ``<cache root>/calibration/<model>-<dtype>-<machine key>.json`` (JSON only;
 the machine key hashes the CPU model and count, torch threads and version): a file that does not
@@ -79,16 +81,20 @@ class CalibrationPlan:
 
     gemm_m: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
     head_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    decode_widths: tuple[int, ...] = (16, 64, 256, 1024, 2048)
-    decode_group_rows: int = 8
+    #: decode groups (rows, width): their padded slots rows x width, 16 .. 16,384
+    decode_groups: tuple[tuple[int, int], ...] = ((1, 16), (1, 128), (1, 512), (8, 128), (1, 2048), (24, 128),
+                                                  (8, 512), (48, 128), (16, 512), (24, 512), (16, 1024))
     causal_q: tuple[int, ...] = (4, 16, 64, 128, 256, 512)
     masked: tuple[tuple[int, int], ...] = ((4, 60), (16, 112), (32, 224), (64, 448), (128, 384), (256, 256))
-    decode_batches: tuple[int, ...] = (1, 4, 16, 48)  # requests decoding together in whole steps
-    decode_steps: int = 4  # timed decode steps per batch
-    prefills: tuple[tuple[int, int], ...] = ((1, 64), (1, 200), (4, 24), (8, 16))  # (requests, tokens each)
+    #: whole engine steps (``_engine_steps``): requests in the engine, level by level
+    traffic_levels: tuple[int, ...] = (1, 3, 8, 2, 16, 5, 24, 1, 12, 32, 4, 20)
+    traffic_level_steps: int = 8  # steps at each level
+    traffic_prompt: tuple[int, int] = (4, 256)  # tokens, log-uniform
+    traffic_output: tuple[int, int] = (4, 64)  # tokens, uniform: most steps decode, as in serving
+    traffic_s: float = 28.0  # the traffic stops here (seconds) if its levels have not ended
     repeats: int = 3
     #: seconds for the repeats of the parts (after loading); shares per stage: ``STAGE_SHARES``
-    budget_s: float = 36.0
+    budget_s: float = 20.0
     #: GEMM points above this M time every k-th layer and scale (compute-bound: layers are alike)
     gemm_stride_above: int = 64
 
@@ -97,9 +103,9 @@ class CalibrationPlan:
 STAGE_SHARES = (0.5, 0.62, 0.72, 1.0)
 
 #: a quick plan for tests (tiny-random): every curve has points, few repeats
-TINY_PLAN = CalibrationPlan(gemm_m=(1, 8, 64), head_rows=(1, 8), decode_widths=(16, 64), decode_group_rows=4,
-                            causal_q=(8, 32), masked=((8, 24), (16, 48)), decode_batches=(1, 4), decode_steps=2,
-                            prefills=((1, 32), (2, 16)), repeats=1)
+TINY_PLAN = CalibrationPlan(gemm_m=(1, 8, 64), head_rows=(1, 8), decode_groups=((1, 16), (4, 64)),
+                            causal_q=(8, 32), masked=((8, 24), (16, 48)), traffic_levels=(1, 4, 2),
+                            traffic_level_steps=4, traffic_prompt=(4, 64), traffic_output=(2, 8), repeats=1)
 
 
 def use_app_threads() -> int:
@@ -265,11 +271,15 @@ class _Parts:
 
     @torch.inference_mode()
     def chunks(self, chunks: Sequence[tuple[int, int]]) -> float:
-        """K/V write + attention of every layer for chunks of (new tokens, start) (slots shared)."""
+        """K/V write + attention of every layer for chunks of (new tokens, start), each chunk on its
+        own slots, as the engine's requests are (rows sharing slots read the same K/V from cache:
+        up to a third faster at 8 rows of 400 tokens on the machine this was written on)."""
         c = self.c
-        slots = list(range(max(s + n for n, s in chunks)))
-        batch = build_forward_batch([[0] * n for n, _ in chunks], [s for _, s in chunks], [slots] * len(chunks),
-                                    [1] * len(chunks))
+        slots: list[list[int]] = []
+        for n, s in chunks:
+            first = slots[-1][-1] + 1 if slots else 0
+            slots.append(list(range(first, first + s + n)))
+        batch = build_forward_batch([[0] * n for n, _ in chunks], [s for _, s in chunks], slots, [1] * len(chunks))
         t = batch.num_tokens
         q = torch.randn(t, c.num_attention_heads, c.head_dim).to(self.dtype)
         k = torch.randn(t, c.num_key_value_heads, c.head_dim).to(self.dtype)
@@ -290,45 +300,47 @@ class _Step(NamedTuple):
 
 
 def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress | None) -> list[_Step]:
-    """Whole ``engine.step()`` calls of controlled shapes, timed."""
+    """Whole ``engine.step()`` calls under a calibration traffic, timed (``plan.traffic_s`` at most).
+
+    The traffic holds the number of running requests at a level that moves through
+    ``plan.traffic_levels`` (every ``plan.traffic_level_steps`` steps), topping it up with new
+    requests, so the steps are the shapes serving makes: ragged decode batches of every size,
+    prefills alone and riding along with decodes, prefix-cache hits (every fourth prompt starts
+    with the previous one's first blocks), preemptions when the pool fills. Its lengths come from
+    its own generator (log-uniform prompts, uniform outputs), not from any validation workload."""
     out: list[_Step] = []
     rng = random.Random(0)
     vocab = min(shared.model.config.vocab_size, 30_000)
+    lo, hi = plan.traffic_prompt
 
-    def prompt(n: int) -> list[int]:
-        return [rng.randrange(3, vocab) for _ in range(n)]
+    def prompt(previous: list[int]) -> list[int]:
+        n = round(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+        head = previous[:(len(previous) // DEFAULT_BLOCK_SIZE) * DEFAULT_BLOCK_SIZE] if rng.random() < 0.25 else []
+        return head[:n] + [rng.randrange(3, vocab) for _ in range(max(1, n - len(head)))]
 
-    def params(k: int) -> SamplingParams:
-        return SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True)
+    def params() -> SamplingParams:
+        return SamplingParams(temperature=0.0, max_tokens=rng.randint(*plan.traffic_output), ignore_eos=True)
 
     with LLMEngine(shared, num_blocks=DEFAULT_NUM_BLOCKS, block_size=DEFAULT_BLOCK_SIZE,
                    max_num_batched_tokens=DEFAULT_BATCHED_TOKENS, max_num_seqs=256) as engine:
-        def drain(record: bool) -> None:
-            while engine.has_unfinished_requests():
-                t0 = time.perf_counter()
-                trace = engine.step()
-                dt = time.perf_counter() - t0
-                if record:
-                    out.append(_Step(trace_shape(trace), dt, min(dt, trace.forward_ms / 1e3)))
-
-        engine.add_request(prompt(24), params(3))  # warm-up: first-call allocations, not timed
-        drain(False)
-        for b in plan.decode_batches:
-            _say(progress, f"whole engine steps: {b} request(s) decoding together")
-            for _ in range(b):
-                engine.add_request(prompt(8), params(plan.decode_steps + 1))
-            drain(True)
-        for n, tokens in plan.prefills:
-            _say(progress, f"whole engine steps: {n} prefill(s) of {tokens} tokens in one step")
-            for _ in range(n):
-                engine.add_request(prompt(tokens), params(1))
-            drain(True)
-        # a prefix-cache hit: the second prompt's first blocks are cached (a masked prefill chunk)
-        first = prompt(8 * DEFAULT_BLOCK_SIZE)
-        engine.add_request(first, params(1))
-        drain(False)
-        engine.add_request(first[:6 * DEFAULT_BLOCK_SIZE] + prompt(40), params(2))
-        drain(True)
+        engine.add_request([rng.randrange(3, vocab) for _ in range(24)], SamplingParams(temperature=0.0, max_tokens=3))
+        while engine.has_unfinished_requests():  # warm-up: first-call allocations, not timed
+            engine.step()
+        _say(progress, f"whole engine steps under a calibration traffic (up to {plan.traffic_s:.0f} s)")
+        last: list[int] = []
+        deadline = time.perf_counter() + plan.traffic_s
+        for i in range(len(plan.traffic_levels) * plan.traffic_level_steps):
+            level = plan.traffic_levels[i // plan.traffic_level_steps]
+            while len(engine.intake.pending) + len(engine.scheduler.waiting) + len(engine.scheduler.running) < level:
+                last = prompt(last)
+                engine.add_request(last, params())
+            t0 = time.perf_counter()
+            trace = engine.step()
+            dt = time.perf_counter() - t0
+            if trace.scheduled:
+                out.append(_Step(trace_shape(trace), dt, min(dt, trace.forward_ms / 1e3)))
+            if t0 + dt > deadline:
+                break
     return out
 
 
@@ -346,15 +358,15 @@ def trace_shape(trace: StepTrace) -> StepShape:
                            for c in trace.scheduled))
 
 
-def _nnls(rows: Sequence[tuple[Sequence[float], float]]) -> list[float]:
-    """Non-negative coefficients c minimising sum(((c . x - t) / t)^2) over rows (x, t), t > 0:
-    relative least squares (each step's error as a share of its time, the validation's measure);
-    a negative coefficient is dropped and the rest refitted."""
+def _nnls(rows: Sequence[tuple[Sequence[float], float, float]]) -> list[float]:
+    """Non-negative coefficients c minimising sum(((c . x - y) / t)^2) over rows (x, y, t), t > 0:
+    each row's error as a share of its step's time t (the validation's measure); a negative
+    coefficient is dropped and the rest refitted."""
     n = len(rows[0][0]) if rows else 0
     active = list(range(n))
     while active:
-        a = [[sum(x[i] * x[j] / t ** 2 for x, t in rows) for j in active] for i in active]
-        y = [sum(x[i] / t for x, t in rows) for i in active]
+        a = [[sum(x[i] * x[j] / t ** 2 for x, _, t in rows) for j in active] for i in active]
+        y = [sum(x[i] * v / t ** 2 for x, v, t in rows) for i in active]
         sol = _solve(a, y)
         if sol is None:
             active.pop()
@@ -369,18 +381,24 @@ def _nnls(rows: Sequence[tuple[Sequence[float], float]]) -> list[float]:
 
 
 def _fit_overhead(steps: Sequence[_Step], parts: Callable[[StepShape], float]) -> StepOverhead:
-    """Two fits, each on what the trace separates:
-        forward          = k x parts (GEMMs, head, attention timed alone) + c x tokens + a1 + b1 x requests
-        step - forward   = a2 + b2 x requests   (scheduling, sampling, postprocess, the trace)
-    -> per step a1 + a2, per request b1 + b2, per token c, parts scale k."""
-    fwd = [((parts(s.shape), float(s.shape.num_tokens), 1.0, float(s.shape.num_requests)), s.forward_s)
-           for s in steps if s.forward_s > 0]
-    rest = [((1.0, float(s.shape.num_requests)), s.total_s - s.forward_s) for s in steps if s.total_s > s.forward_s]
-    k, c, a1, b1 = _nnls(fwd) if fwd else [1.0, 0.0, 0.0, 0.0]
-    a2, b2 = _nnls(rest) if rest else [0.0, 0.0]
-    if k <= 0:  # the parts must count: without them nothing scales with the model
-        k = 1.0
-    return StepOverhead(a1 + a2, b1 + b2, c, k)
+    """Two fits, each on what the trace separates, of what the parts (GEMMs, head, attention timed
+    alone, taken as they are) leave unexplained:
+        forward - parts  = a1 + d x decodes + c x prefill tokens   (norms, rotary, SiLU, batch building)
+        step - forward   = a2 + b x requests   (scheduling, sampling, postprocess, the trace)
+    -> per step a1 + a2, per request b, per decode row d, per prefill token c.
+
+    The features are chosen to be apart: decode steps fix a1 + d x decodes, prefill steps c (a
+    time per request in the forward too was collinear with both, and moved 0.6 .. 5.7 ms from one
+    profile to the next). The parts are not scaled by a fitted factor either: it is collinear
+    with the per-row terms, and moved by +-10 % between profiles, which the validation met as a
+    bias."""
+    fwd = [((1.0, float(s.shape.num_decodes), float(s.shape.num_tokens - s.shape.num_decodes)),
+            s.forward_s - parts(s.shape), s.total_s) for s in steps if s.forward_s > 0]
+    rest = [((1.0, float(s.shape.num_requests)), s.total_s - s.forward_s, s.total_s)
+            for s in steps if s.total_s > s.forward_s]
+    a1, d, c = _nnls(fwd) if fwd else [0.0, 0.0, 0.0]
+    a2, b = _nnls(rest) if rest else [0.0, 0.0]
+    return StepOverhead(a1 + a2, b, d, c)
 
 
 def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
@@ -407,12 +425,12 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     shared = get_shared_model(model)
     m = shared.model
     dtype = next(k for k, v in DTYPES.items() if v == m.dtype)
-    max_w = max((*plan.decode_widths, *plan.causal_q, *(n + s for n, s in plan.masked)))
-    parts = _Parts(shared, max_w)
+    max_slots = max((*(n * w for n, w in plan.decode_groups), *plan.causal_q, *(n + s for n, s in plan.masked)))
+    parts = _Parts(shared, max_slots)
     # first calls allocate and pick kernels: run each part once untimed
     parts.gemm(plan.gemm_m[0], 1)
     parts.head(plan.head_rows[0])
-    parts.chunks([(1, plan.decode_widths[0] - 1)])
+    parts.chunks([(1, plan.decode_groups[0][1] - 1)])
     parts.chunks([(plan.causal_q[0], 0)])
     parts.chunks([plan.masked[0]])
 
@@ -424,13 +442,10 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     _say(progress, f"LM head at {', '.join(map(str, plan.head_rows))} rows")
     head = _median_sweeps(plan.head_rows, parts.head, plan.repeats, ends[1])
 
-    _say(progress, f"decode attention at widths {', '.join(map(str, plan.decode_widths))}")
-    g = plan.decode_group_rows
-    pts = [(n, w) for w in plan.decode_widths for n in (1, g)]
-    dec = dict(zip(pts, _median_sweeps(pts, lambda p: parts.chunks([(1, p[1] - 1)] * p[0]), plan.repeats,
-                                                ends[2])))
-    per_row = [max(0.0, (dec[(g, w)] - dec[(1, w)]) / (g - 1)) for w in plan.decode_widths]
-    group_s = max(0.0, statistics.median(dec[(1, w)] - r for w, r in zip(plan.decode_widths, per_row)))
+    _say(progress, f"decode attention: groups of {', '.join(f'{n} x {w}' for n, w in plan.decode_groups)} slots")
+    dec = _median_sweeps(plan.decode_groups, lambda p: parts.chunks([(1, p[1] - 1)] * p[0]), plan.repeats, ends[2])
+    dec_x = [n * w for n, w in plan.decode_groups]
+    dec_order = sorted(range(len(dec_x)), key=lambda i: dec_x[i])
 
     _say(progress, "prefill attention (whole prompts and after cached tokens)")
     prefill = [(q, 0) for q in plan.causal_q] + list(plan.masked)
@@ -446,14 +461,14 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     gemm_c = Curve(tuple(float(plan.gemm_m[i]) for i in small) + big.xs, tuple(gemm[i] for i in small) + big.ys,
                    log_x=True)
     head_c = Curve.monotone(tuple(map(float, plan.head_rows)), tuple(head), log_x=True)
-    row_c = Curve.monotone(tuple(map(float, plan.decode_widths)), tuple(per_row))
+    group_c = Curve.monotone(tuple(float(dec_x[i]) for i in dec_order), tuple(dec[i] for i in dec_order))
     causal_c = Curve.monotone(tuple(float(q * (q + 1) // 2) for q in plan.causal_q), tuple(causal))
     masked_c = Curve.monotone(tuple(float(masked_x[i]) for i in order), tuple(masked[i] for i in order))
-    zero = StepOverhead(0.0, 0.0, 0.0, 1.0)
+    zero = StepOverhead(0.0, 0.0, 0.0, 0.0)
 
     def profile(overhead: StepOverhead, fit_error: float = 0.0) -> CostProfile:
         return CostProfile(model=model, dtype=dtype, machine=machine_info(), num_layers=len(m.layers), gemm=gemm_c,
-                           lm_head=head_c, decode_group_s=group_s, decode_row=row_c, prefill_causal=causal_c,
+                           lm_head=head_c, decode_group=group_c, prefill_causal=causal_c,
                            prefill_masked=masked_c, overhead=overhead,
                            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                            seconds=time.perf_counter() - t_start, fit_error=fit_error, notes=notes)
@@ -471,9 +486,9 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     fitted = MeasuredCost(profile(overhead))
     errors = [abs(fitted.step_cost(s.shape).total_s - s.total_s) / s.total_s for s in steps if s.total_s > 0]
     result = profile(overhead, statistics.median(errors) if errors else 0.0)
-    _say(progress, f"calibrated in {result.seconds:.1f} s: parts x {overhead.parts_scale:.2f}, per step "
-                   f"{overhead.per_step_s * 1e3:.2f} ms, per request {overhead.per_request_s * 1e3:.3f} ms, per token "
-                   f"{overhead.per_token_s * 1e3:.3f} ms; median step error on the calibration steps "
+    _say(progress, f"calibrated in {result.seconds:.1f} s: per step "
+                   f"{overhead.per_step_s * 1e3:.2f} ms, per request {overhead.per_request_s * 1e3:.3f} ms, per decode row "
+                   f"{overhead.per_decode_s * 1e3:.3f} ms, per prefill token {overhead.per_token_s * 1e3:.3f} ms; median step error on the calibration steps "
                    f"{result.fit_error:.1%}")
     return result
 
