@@ -405,6 +405,10 @@ def merged_settings(evidence: Evidence | None, typed: dict[str, Value]) -> dict[
     return out
 
 
+def _alnum(text: str) -> str:
+    return "".join(ch for ch in text.lower() if ch.isalnum())
+
+
 def _contradictions(settings: dict[str, Setting], framework: str, spec: ModelSpec) -> list[str]:
     out = []
     fw = settings.get("framework")
@@ -413,10 +417,9 @@ def _contradictions(settings: dict[str, Setting], framework: str, spec: ModelSpe
         out.append(f"the log is a {fw.value} log (line {fw.line_no}), but the audit is for {framework}")
     m = settings.get("model")
     if m is not None and m.source == "log" and isinstance(m.value, str):
-        names = {n.lower() for n in (spec.key, spec.hf_id or "", spec.display_name) if n}
-        tail = m.value.rstrip("/").split("/")[-1].lower()
-        stem = spec.key.lower().replace("-", "")
-        if not any(n in m.value.lower() for n in names) and stem[:6] not in tail.replace("-", "").replace(".", ""):
+        said = _alnum(m.value)
+        names = {_alnum(n.split("/")[-1]) for n in (spec.key, spec.hf_id or "", spec.display_name) if n}
+        if not any(n and n in said for n in names):
             out.append(f"the log serves {m.value!r} (line {m.line_no}), not {spec.display_name}")
     return out
 
@@ -427,7 +430,8 @@ def _row_hardware(row: Support, hw: Hardware, kn: Knowledge) -> tuple[bool, str]
     arch = feats.arch if feats else hw.device_class
     if arch in row.unsupported_on:
         return False, f"{row.unsupported_why} ({hw.name} is {arch})"
-    if row.value and "fp8" in row.value.lower():
+    if row.value and "fp8" in row.value.lower() and not hw.device_class.startswith("nvidia"):
+        # (CUDA GPUs without FP8 compute still store an FP8 KV cache: the sm conditions say the rest)
         has, why = hardware_meets("fp8", hw, kn)
         if has is False:
             return False, why
@@ -457,7 +461,7 @@ def _check(opt: Optimisation, spec: ModelSpec, hw: Hardware, kn: Knowledge, fv: 
         hw_ok = hw_ok_ if hw_ok_ is not None else True
         if not hw_ok and opt.needs_why:
             hw_why += f" ({opt.needs_why})"
-    if "fp8" in opt.name:  # FP8 weights need FP8 in the hardware, whatever the framework
+    if "fp8" in opt.name and not hw.device_class.startswith("nvidia"):  # (on CUDA the sm condition decides)
         fp8, fp8_why = hardware_meets("fp8", hw, kn)
         if fp8 is False:
             hw_ok, hw_why = False, fp8_why
@@ -472,7 +476,8 @@ def _check(opt: Optimisation, spec: ModelSpec, hw: Hardware, kn: Knowledge, fv: 
                                          "" if hw_ok else hw_why, row_why) if w)
     if opt.name == "kv_cache_quant" and supported is not False:
         fp8, fp8_why = hardware_meets("fp8", hw, kn)
-        if fp8 is False and (row is None or (row.value is not None and "fp8" in row.value.lower())):
+        if fp8 is False and not hw.device_class.startswith("nvidia") and (
+                row is None or (row.value is not None and "fp8" in row.value.lower())):
             supported = False
             sup_why += f"; FP8 KV cache: {fp8_why}" + ("" if row is not None else
                                                        f", and the table knows no INT8 KV path in {fv.framework}")

@@ -24,6 +24,7 @@ from engine.simulate.metrics import Summary, summarize
 from engine.simulate.simulator import ServingKnobs, run_real
 from engine.simulate.workload import Lengths, Workload, generate
 from engine.sizing.estimate import estimate
+from engine.sizing.formats import SizingError
 from engine.sizing.plan import Settings
 from engine.sizing.plan import Workload as SizingWorkload
 
@@ -82,7 +83,8 @@ class Ablation:
     workload: str
     baseline: Figures
     rows: tuple[AblationRow, ...]
-    decode_bound_tokens_per_s: float  # the calculator's bandwidth bound on this machine, batch 1, fp32
+    decode_bound_tokens_per_s: float | None  # the calculator's bandwidth bound here, batch 1, fp32 (None: a
+    # model the calculator does not know, e.g. tiny-random)
     decode_measured_tokens_per_s: float | None  # 1 / the baseline's p50 TPOT
     load_average: tuple[float, float]
     seconds: float
@@ -116,10 +118,13 @@ def ablation(model: str = "smollm2-135m", work: Workload | None = None,
         say(f"[{i}/{len(VARIANTS)}] {v.title} {v.direction}")
         f = _run(model, work, v.knobs)
         rows.append(AblationRow(v.name, v.title, v.direction, f, base.makespan_s / f.makespan_s if f.makespan_s else 0.0))
-    est = estimate(model, "this-machine", SizingWorkload(batch=1, context=256), Settings(weights="fp32", kv_dtype="fp32"),
-                   detail=False)
+    try:
+        bound: float | None = estimate(model, "this-machine", SizingWorkload(batch=1, context=256),
+                                       Settings(weights="fp32", kv_dtype="fp32"), detail=False).decode_tokens_per_s_roofline
+    except SizingError:
+        bound = None
     measured = 1.0 / base.tpot_p50_s if base.tpot_p50_s else None
-    return Ablation(model, work.name, base, tuple(rows), est.decode_tokens_per_s_roofline, measured,
+    return Ablation(model, work.name, base, tuple(rows), bound, measured,
                     (load0, os.getloadavg()[0]), time.perf_counter() - t0,
                     ("measured on this machine; times move with its load (load average recorded)",))
 
@@ -134,7 +139,8 @@ def ablation_json(a: Ablation) -> dict[str, Any]:
             "roofline": {"decode_bound_tokens_per_s": a.decode_bound_tokens_per_s,
                          "decode_measured_tokens_per_s": a.decode_measured_tokens_per_s,
                          "bandwidth_utilisation": (a.decode_measured_tokens_per_s / a.decode_bound_tokens_per_s
-                                                   if a.decode_measured_tokens_per_s else None)},
+                                                   if a.decode_measured_tokens_per_s and a.decode_bound_tokens_per_s
+                                                   else None)},
             "load_average": list(a.load_average), "seconds": a.seconds, "notes": list(a.notes)}
 
 
@@ -147,7 +153,7 @@ def ablation_text(a: Ablation) -> str:
         f = r.figures
         lines.append(f"  {r.title:<28} {r.direction:>3}: makespan {f.makespan_s:6.2f} s  x{r.speedup:.2f}  "
                      f"TTFT p50 {(f.ttft_p50_s or 0):.2f} s  TPOT p50 {(f.tpot_p50_s or 0) * 1e3:.0f} ms")
-    if a.decode_measured_tokens_per_s:
+    if a.decode_measured_tokens_per_s and a.decode_bound_tokens_per_s:
         lines.append(f"  roofline: decode {a.decode_measured_tokens_per_s:.1f} tokens/s per sequence at the baseline's "
                      f"batch against a batch-1 bound of {a.decode_bound_tokens_per_s:.1f}")
     return "\n".join(lines)
