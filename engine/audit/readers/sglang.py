@@ -30,32 +30,27 @@ _GRAPH = re.compile(r"Capture (?:cuda|CUDA) graph (?:begin|end)")
 _VERSION = re.compile(r"\bsglang(?:==|:\s*|\s+v|\s+version:?\s*v?)([0-9]+\.[0-9][0-9A-Za-z.+_-]*)", re.IGNORECASE)
 
 
+#: ServerArgs field -> canonical name, for fields read as they are
+_SAME: dict[str, str] = {
+    "model_path": "model", "tp_size": "tensor_parallel_size", "pp_size": "pipeline_parallel_size",
+    "kv_cache_dtype": "kv_cache_dtype", "quantization": "quantization", "attention_backend": "attention_backend",
+    "context_length": "max_model_len", "mem_fraction_static": "gpu_memory_utilization",
+    "max_running_requests": "max_num_seqs", "speculative_algorithm": "speculative",
+}
+#: ServerArgs "disable_*" switch -> the canonical setting it turns off
+_DISABLES: dict[str, str] = {"disable_radix_cache": "enable_prefix_caching", "disable_cuda_graph": "cuda_graphs"}
+
+
 def _canonical(key: str, raw: str) -> tuple[str, Value] | None:
     v = literal(raw)
     if v is None:
         return None
-    if key == "model_path":
-        return "model", v
-    if key == "tp_size":
-        return "tensor_parallel_size", v
-    if key == "pp_size":
-        return "pipeline_parallel_size", v
-    if key == "disable_radix_cache" and isinstance(v, bool):
-        return "enable_prefix_caching", not v
-    if key == "chunked_prefill_size" and isinstance(v, int):
+    if key in _SAME:
+        return _SAME[key], v
+    if key in _DISABLES and isinstance(v, bool):
+        return _DISABLES[key], not v
+    if key == "chunked_prefill_size" and isinstance(v, int):  # -1 (or 0) turns chunking off
         return "enable_chunked_prefill", v > 0
-    if key == "disable_cuda_graph" and isinstance(v, bool):
-        return "cuda_graphs", not v
-    if key in ("kv_cache_dtype", "quantization", "attention_backend"):
-        return key, v
-    if key == "context_length":
-        return "max_model_len", v
-    if key == "mem_fraction_static":
-        return "gpu_memory_utilization", v
-    if key == "max_running_requests":
-        return "max_num_seqs", v
-    if key == "speculative_algorithm":
-        return "speculative", str(v)
     return None
 
 
