@@ -62,6 +62,9 @@ QUANT_TARGET = {"weight_quant_fp8": "fp8", "weight_quant_w8a8": "w8a8", "weight_
 #: optimisation -> the canonical setting that says whether it is on
 SETTING_OF = {"prefix_caching": "enable_prefix_caching", "chunked_prefill": "enable_chunked_prefill",
               "cuda_graphs": "cuda_graphs"}
+#: words in a speculative setting that name its method (anything else is a draft model)
+SPECULATIVE_WORDS = {"speculative_ngram": ("ngram",), "speculative_eagle_mtp": ("eagle", "mtp", "medusa"),
+                     "speculative_draft": ()}
 #: the shared-prefix workload the simulator prices prefix caching and chunked prefill on
 GAIN_REQUESTS = 48
 
@@ -224,13 +227,12 @@ def enabled(opt: Optimisation, settings: dict[str, Setting], row: Support | None
             return bool(s.value) if isinstance(s.value, bool) else None, _said(s)
         on = ("flashinfer" in v) if n == "flashinfer" else any(k in v for k in ("flash_attn", "fa3", "fa2", "flashattn"))
         return on, _said(s)
-    if n.startswith("speculative") and "speculative" in settings:
+    if n in SPECULATIVE_WORDS and "speculative" in settings:
         s = settings["speculative"]
         v = str(s.value).lower()
-        words = {"speculative_ngram": ("ngram",), "speculative_draft": ("draft",),
-                 "speculative_eagle_mtp": ("eagle", "mtp", "medusa")}[n] if n in (
-            "speculative_ngram", "speculative_draft", "speculative_eagle_mtp") else ()
-        return (v not in ("none", "") and any(w in v for w in words)), _said(s)
+        method = next((m for m, words in SPECULATIVE_WORDS.items() if any(w in v for w in words)),
+                      "speculative_draft")  # any other speculative config names a draft model
+        return (v not in ("none", "") and method == n), _said(s)
     if n in ("tensor_parallel", "pipeline_parallel") and f"{n}_size" in settings:
         s = settings[f"{n}_size"]
         return (isinstance(s.value, int) and s.value > 1), _said(s)
