@@ -169,6 +169,17 @@ def test_a_log_of_another_framework_is_said() -> None:
     assert any("sglang log" in w for w in r.warnings)
 
 
+def test_a_log_from_other_hardware_is_said() -> None:
+    on_npu = run_audit("qwen3-8b", "h100-sxm", "vllm-ascend", evidence=_log("ascend-02"), simulate_gains=False)
+    assert any("Ascend NPU" in w and "H100" in w for w in on_npu.warnings)
+    assert not any("runs on" in w for w in run_audit("qwen3-8b", "atlas-800i-a2", "vllm-ascend",
+                                                     evidence=_log("ascend-02"), simulate_gains=False).warnings)
+    gpu = run_audit("mistral-7b", "rtx-3090", "llama.cpp", evidence=_log("lcpp-04"), simulate_gains=False)
+    assert any("RTX 4070 SUPER" in w for w in gpu.warnings)
+    same = run_audit("mistral-7b", "rtx-3090", "llama.cpp", evidence=_log("lcpp-05"), simulate_gains=False)
+    assert not any("runs on" in w for w in same.warnings)
+
+
 def test_simulated_gains_price_prefix_caching_and_chunked_prefill() -> None:
     r = run_audit("llama-3.1-8b", "h100-sxm", "vllm", "0.6.3", simulate_gains=True)
     prefix = _item(r, "prefix_caching")

@@ -411,8 +411,22 @@ def _alnum(text: str) -> str:
     return "".join(ch for ch in text.lower() if ch.isalnum())
 
 
-def _contradictions(settings: dict[str, Setting], framework: str, spec: ModelSpec) -> list[str]:
-    out = []
+def _device_contradiction(device: str, line_no: int, hw: Hardware) -> str | None:
+    """The log's device against the chosen hardware: a CUDA GPU for an NPU (or the other way round),
+    or another GPU model (the hardware key's first part with a digit, e.g. "4090", "h100", must appear)."""
+    cuda = "cuda" in device.lower() or "compute capability" in device
+    npu = "npu" in device.lower()
+    if (cuda and not hw.device_class.startswith("nvidia")) or (npu and not hw.device_class.startswith("ascend")):
+        return f"the log runs on {device} (line {line_no}), but the audit is for {hw.name}"
+    model = next((part for part in hw.key.split("-") if any(ch.isdigit() for ch in part)), "")
+    if cuda and "compute capability" in device and model and model not in _alnum(device):
+        return f"the log runs on {device} (line {line_no}), but the audit is for {hw.name}"
+    return None
+
+
+def _contradictions(settings: dict[str, Setting], framework: str, spec: ModelSpec, hw: Hardware,
+                    devices: tuple[tuple[str, int], ...]) -> list[str]:
+    out = [w for d, n in devices if (w := _device_contradiction(d, n, hw)) is not None]
     fw = settings.get("framework")
     if fw is not None and fw.source == "log" and str(fw.value) != framework and not (
             {str(fw.value), framework} == {"vllm", "vllm-ascend"}):
@@ -543,7 +557,7 @@ def run_audit(model: str, hardware: str, framework: str, version: str | None = N
         warnings.append(warn)
     assert fv is not None  # the framework is in the table (checked above)
     detected = with_defaults(detected, kn, fv.framework, fv.version, hw)
-    warnings += _contradictions(detected, framework, spec)
+    warnings += _contradictions(detected, framework, spec, hw, evidence.devices if evidence else ())
     work = Workload(batch=batch, context=context)
     gain = gains(spec, hw, detected, fv.framework, fv.version, work, simulate_gains)
     items = tuple(_check(o, spec, hw, kn, fv, detected, gain) for o in kn.optimisations)

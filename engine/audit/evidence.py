@@ -83,6 +83,7 @@ class Evidence:
     lines_understood: tuple[int, ...]  # 1-based line numbers any reader took something from
     warnings: tuple[str, ...] = ()
     engine: str | None = None  # vLLM's engine generation where the log says ("V0" | "V1")
+    devices: tuple[tuple[str, int], ...] = ()  # (a device the log names, its 1-based line)
 
     @property
     def understood_anything(self) -> bool:

@@ -35,6 +35,7 @@ def read_evidence(text: str) -> Evidence:
     formats: list[str] = []
     used: set[int] = set()
     engine: str | None = None
+    devices: list[tuple[str, int]] = []
     frameworks: dict[str, Setting] = {}
     for name, reader in READERS:
         try:
@@ -48,6 +49,7 @@ def read_evidence(text: str) -> Evidence:
         used |= found.lines
         warnings.extend(found.warnings)
         engine = engine or found.engine
+        devices += found.devices
         benchmark = benchmark or found.benchmark
         for s in found.settings:
             if s.name == "framework":
@@ -56,4 +58,5 @@ def read_evidence(text: str) -> Evidence:
     if len(frameworks) > 1:
         warnings.append(f"the text names several frameworks ({', '.join(frameworks)}): the first, "
                         f"{next(iter(frameworks))}, is taken")
-    return Evidence(tuple(formats), settings, benchmark, len(lines), tuple(sorted(used)), tuple(warnings), engine)
+    return Evidence(tuple(formats), settings, benchmark, len(lines), tuple(sorted(used)), tuple(warnings), engine,
+                    tuple(devices))

@@ -25,6 +25,7 @@ class Found(NamedTuple):
     lines: set[int]  # 1-based line numbers it took something from
     warnings: list[str]
     engine: str | None = None  # vLLM's engine generation when the log says ("V0" | "V1")
+    devices: tuple[tuple[str, int], ...] = ()  # (the device the log names, its 1-based line)
 
 
 _CONFIG = re.compile(r"with config: |ServerArgs\(|Namespace\(|non-default args: \{")

@@ -9,6 +9,7 @@ Lines it reads:
     llama_context: flash_attn = 1 | enabled | auto
     llama_kv_cache_init: ... type_k = 'q8_0', type_v = 'q8_0'   /   llama_kv_cache: ... K (f16): ..., V (f16): ...
     srv load_model: loading model '/models/x.gguf'
+    Device 0: NVIDIA GeForce RTX 3090, compute capability 8.6     (the device: checked against the hardware)
     | model | size | params | backend | ngl | fa | type_k | test | t/s |     (llama-bench)
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ _FLASH = re.compile(r":\s+flash_attn\s+= (\w+)")
 _TYPE_KV = re.compile(r"type_k = '(\w+)', type_v = '(\w+)'")
 _KV_SIZES = re.compile(r"K \((\w+)\): [0-9.]+ MiB, V \((\w+)\)")
 _MODEL = re.compile(r"loading model '([^']+)'")
+_DEVICE = re.compile(r"Device [0-9]+: (.+?), compute capability ([0-9.]+)")
 _PAIR = re.compile(r"([A-Z][A-Z0-9_]*) = ([0-9]+)")
 #: instruction-set features (system_info also lists build options: BLAS, OPENMP, LLAMAFILE, ...)
 CPU_FEATURES = ("SSE3", "SSSE3", "AVX", "AVX_VNNI", "AVX2", "F16C", "FMA", "BMI2", "AVX512", "AVX512_VBMI",
@@ -90,7 +92,13 @@ class _Put:
 def read(lines: list[str]) -> Found:
     """Every setting a llama.cpp log or llama-bench table states (module doc)."""
     put = _Put()
+    devices: list[tuple[str, int]] = []
     for n, line in enumerate(lines, 1):
+        m = _DEVICE.search(line)
+        if m:
+            devices.append((f"{m.group(1)} (compute capability {m.group(2)})", n))
+            put.used.add(n)
+            continue
         m = _BUILD.search(line)
         if m:
             build = m.group(1) or m.group(4)
@@ -130,4 +138,4 @@ def read(lines: list[str]) -> Found:
     used = put.used | set(bench.lines if bench else ())
     first = min(used)
     return Found([Setting("framework", "llama.cpp", "log", lines[first - 1], first), *put.found.values()], bench,
-                 used, [])
+                 used, [], None, tuple(devices))

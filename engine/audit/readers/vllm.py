@@ -80,6 +80,7 @@ def read(lines: list[str]) -> Found:
     warnings: list[str] = []
     engine: str | None = None
     ascend = False
+    devices: list[tuple[str, int]] = []
     block_size = 0  # stated by the config or the args, else unknown
     blocks: tuple[int, int, str] | None = None  # (blocks, line_no, line)
 
@@ -99,6 +100,9 @@ def read(lines: list[str]) -> Found:
             put("version", m.group(2), n, line)
             pairs = scan_pairs(m.group(3))
             ascend = ascend or pairs.get("device_config") == "npu"
+            if pairs.get("device_config") in ("npu", "cuda"):
+                devices.append(("an Ascend NPU (device_config=npu)" if pairs["device_config"] == "npu"
+                                else "a CUDA GPU (device_config=cuda)", n))
             for key, raw in pairs.items():
                 got = _canonical(key, raw)
                 if got:
@@ -156,4 +160,4 @@ def read(lines: list[str]) -> Found:
     framework = "vllm-ascend" if ascend else "vllm"
     first = min(used) if used else 1
     settings = [Setting("framework", framework, "log", lines[first - 1], first)] + list(found.values())
-    return Found(settings, None, used, warnings, engine)
+    return Found(settings, None, used, warnings, engine, tuple(devices))
