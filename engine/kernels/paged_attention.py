@@ -1,0 +1,318 @@
+"""FlashAttention over a paged KV cache for the engine's mixed batch, and FlashDecoding's split-KV.
+
+One launch attends every row of a flattened batch (prefill chunks and decodes together). Grid:
+``(query blocks, kv_heads, num_segments)``; a query block is up to BLOCK_M consecutive new tokens
+of ONE request, and the GQA query heads that share the program's KV head are packed into its rows
+(row r = token r // GROUP_PAD, head kv_head * GROUP + r % GROUP_PAD), so K/V are loaded once per
+KV head, never once per query head:
+
+    context positions of one request  0 ........................................ seq_len - 1
+    KV tiles (BLOCK_N positions each)   | tile 0 | tile 1 | tile 2 | tile 3 | tile 4 |
+    through the block table             blocks[p // block_size] * block_size + p % block_size
+    segments (num_segments = 2)         |<----- segment 0 ----->|<--- segment 1 --->|
+
+                        tile 0    tile 1    tile 2    tile 3    tile 4
+    query rows (Br)   +---------+---------+---------+---------+------\\-+
+    (BLOCK_M tokens   | S = QKᵀ | S = QKᵀ | S = QKᵀ | S = QKᵀ | causal \\|   each tile: scores,
+     x GROUP heads)   +---------+---------+---------+---------+---------+   mask, online softmax
+                        Bc = BLOCK_N                                          step, P·V
+
+Algorithm (online softmax, per row, over the tiles of its segment in order):
+
+    m_new = max(m, rowmax(S_tile))                 running max
+    alpha = exp(m - m_new)                         rescale of everything summed so far
+    P     = exp(S_tile - m_new)
+    l     = l * alpha + rowsum(P)                  running sum
+    acc   = acc * alpha + P · V_tile               unnormalised output
+    out   = acc / l                                after the last tile
+
+Invariants: after each tile, ``l = sum_j exp(s_j - m)`` and ``acc = sum_j exp(s_j - m) v_j`` over
+exactly the positions visited so far (the rescale keeps both relative to the current max), so
+``acc / l`` is the softmax-weighted mean of those positions' V; the full S matrix never exists.
+Causal: a query at position p (p = seq_len - q_len + its index in the chunk) sees positions 0..p
+only, so a cached prefix is seen whole and the new chunk triangularly; tiles past the query
+block's last position are not visited at all. A row that has seen only masked scores keeps
+m = -inf, l = 0 (the ``m_safe`` guard keeps exp(-inf - -inf) out of it).
+
+Split-KV (FlashDecoding, ``num_segments`` S > 1): the tiles a query block visits are cut into S
+contiguous runs; segment s stores its normalised partial output o_s = acc_s / l_s, its m_s and
+l_s; ``_merge_kernel`` then combines, per row, with M = max_s m_s, w_s = l_s * exp(m_s - M):
+``out = sum_s w_s o_s / sum_s w_s`` (the log-sum-exp merge: lse_s = m_s + log l_s). An empty
+segment has m = -inf, l = 0 and weight 0. Splitting gives a long-context decode S programs per
+KV head instead of one: the parallelism a GPU needs when there are few query rows.
+
+Trace (``trace=True``, the compile-time ``TRACE`` flag): every program also stores, after each of
+its tiles, the rows' m, l, alpha and acc / l (the partial output so far). Bounded: at most
+``TRACE_MAX_CONTEXT`` = 512 context positions per request (a larger ``seq_lens`` is a ValueError
+naming ``trace``), so at most 512 / BLOCK_N tiles per program; without the flag the stores are
+not compiled in at all.
+
+Runs on a GPU (compiled) or on CPU tensors under ``TRITON_INTERPRET=1`` (Triton's interpreter:
+the same kernel code, executed with numpy, slowly; for tiny models and teaching). fp32 dots use
+``input_precision="ieee"`` (no TF32), so fp32 results match a float64 reference to ~1e-6.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.validation import check_paged_inputs
+
+#: Most context positions per request that ``trace=True`` records (the tiles per program are
+#: at most TRACE_MAX_CONTEXT / block_n).
+TRACE_MAX_CONTEXT = 512
+#: Most segments one split-KV launch takes (the merge holds them all in one tile).
+MAX_SEGMENTS = 64
+#: Default KV tile width (Bc) and the smallest tile side tl.dot takes when compiled for a GPU.
+BLOCK_N = 16
+MIN_DOT = 16
+#: Whether the kernels below were defined under TRITON_INTERPRET=1 (Triton decides at definition).
+INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, seg_m_ptr, seg_l_ptr,
+    tables_ptr, seq_lens_ptr, qsl_ptr, work_seq_ptr, work_start_ptr,
+    tr_m_ptr, tr_l_ptr, tr_alpha_ptr, tr_o_ptr, tr_count_ptr,
+    scale, num_segments, num_tokens, num_heads, num_kv_heads,
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    SPLIT: tl.constexpr, TRACE: tl.constexpr, TRACE_TILES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    seg = tl.program_id(2)
+    ROWS: tl.constexpr = BLOCK_M * GROUP_PAD
+
+    seq = tl.load(work_seq_ptr + pid)
+    q_block = tl.load(work_start_ptr + pid)  # first new token of this block, within its request
+    row0 = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - row0
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    r = tl.arange(0, ROWS)
+    tok = r // GROUP_PAD  # token of the row within the block
+    g = r % GROUP_PAD  # query head of the row within the KV head's group
+    row_ok = (q_block + tok < q_len) & (g < GROUP)
+    token = row0 + q_block + tok  # row in the flat batch
+    head = kvh * GROUP + g
+    pos = seq_len - q_len + q_block + tok  # the row's position in its request
+    d = tl.arange(0, D_PAD)
+    d_ok = d < HEAD_DIM
+
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+
+    # Causal: no row of this block sees past its last token, so later tiles are never visited.
+    kv_end = tl.minimum(seq_len, seq_len - q_len + q_block + BLOCK_M)
+    num_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N
+    per_seg = (num_tiles + num_segments - 1) // num_segments
+    t_lo = seg * per_seg
+    t_hi = tl.minimum(t_lo + per_seg, num_tiles)
+
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D_PAD], tl.float32)
+    trace_base = ((pid * num_kv_heads + kvh) * num_segments + seg) * TRACE_TILES
+    for t in range(t_lo, t_hi):
+        n = t * BLOCK_N + tl.arange(0, BLOCK_N)  # context positions of this tile
+        n_ok = n < kv_end
+        # Paged: position n lives in slot n % BLOCK_SIZE of block table[n // BLOCK_SIZE].
+        blk = tl.load(tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        off = n % BLOCK_SIZE
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+                    mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+                    mask=kv_mask, other=0.0).to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [ROWS, BLOCK_N]
+        s = tl.where(n_ok[None, :] & (n[None, :] <= pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m_i = m_new
+        if TRACE:
+            i = t - t_lo
+            if i < TRACE_TILES:
+                at = (trace_base + i) * ROWS + r
+                tl.store(tr_m_ptr + at, m_i)
+                tl.store(tr_l_ptr + at, l_i)
+                tl.store(tr_alpha_ptr + at, alpha)
+                part = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+                tl.store(tr_o_ptr + at[:, None] * D_PAD + d[None, :], part)
+    if TRACE:
+        tl.store(tr_count_ptr + trace_base // TRACE_TILES, t_hi - t_lo)
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if SPLIT:
+        # Partials [S, T, H, D] fp32 and their m, l [S, T, H], contiguous.
+        at = (seg * num_tokens + token) * num_heads + head
+        tl.store(seg_m_ptr + at, m_i, mask=row_ok)
+        tl.store(seg_l_ptr + at, l_i, mask=row_ok)
+        tl.store(o_ptr + at[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        tl.store(o_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _merge_kernel(
+    part_ptr, seg_m_ptr, seg_l_ptr, o_ptr,
+    num_segments, num_tokens, stride_ot, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr, SEG_PAD: tl.constexpr,
+):
+    """One program per token, all heads: columns are (head, dim) flattened, rows the segments."""
+    t = tl.program_id(0)
+    s = tl.arange(0, SEG_PAD)
+    c = tl.arange(0, HD_PAD)
+    h = c // HEAD_DIM
+    c_ok = c < NUM_HEADS * HEAD_DIM
+    ok = (s[:, None] < num_segments) & c_ok[None, :]
+    at = (s[:, None] * num_tokens + t) * NUM_HEADS + h[None, :]  # [SEG_PAD, HD_PAD] into m, l
+    m = tl.load(seg_m_ptr + at, mask=ok, other=float("-inf"))
+    lsum = tl.load(seg_l_ptr + at, mask=ok, other=0.0)
+    part = tl.load(part_ptr + (s[:, None] * num_tokens + t) * NUM_HEADS * HEAD_DIM + c[None, :], mask=ok, other=0.0)
+    m_max = tl.reduce(m, 0, tl.standard._elementwise_max)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = lsum * tl.exp(m - m_max[None, :])  # segment weight: its sum rescaled to the global max
+    den = tl.reduce(w, 0, tl.standard._sum_combine)
+    out = tl.reduce(w * part, 0, tl.standard._sum_combine) / tl.where(den > 0, den, 1.0)  # padding columns: 0 / 1, not 0 / 0
+    d = c % HEAD_DIM
+    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=c_ok)
+
+
+@dataclass(frozen=True)
+class AttentionTrace:
+    """Per-tile statistics of one ``paged_attention(..., trace=True)`` launch.
+
+    P = programs along the query axis, KVH = KV heads, S = segments, N = tiles per program
+    (TRACE_MAX_CONTEXT / block_n at most), R = rows per program (block_m x group_pad: row r is
+    token r // group_pad of the block, query head kv_head * group + r % group_pad; rows past the
+    chunk or the group are padding), D = head_dim padded to a power of two.
+    """
+
+    block_m: int
+    block_n: int
+    group: int
+    group_pad: int
+    work_seq: torch.Tensor  # [P] int64 request of each query block
+    work_start: torch.Tensor  # [P] int64 first new token of the block within its request
+    tile_count: torch.Tensor  # [P, KVH, S] int32 tiles each program visited (entries past it are zeros)
+    tile_m: torch.Tensor  # [P, KVH, S, N, R] fp32 running max after each tile
+    tile_l: torch.Tensor  # [P, KVH, S, N, R] fp32 running sum after each tile
+    tile_alpha: torch.Tensor  # [P, KVH, S, N, R] fp32 rescale exp(m_old - m_new) applied at that tile
+    tile_out: torch.Tensor  # [P, KVH, S, N, R, D] fp32 partial output acc / l after each tile
+    segment_m: torch.Tensor | None  # [S, T, H] fp32 each segment's final max (split-KV only)
+    segment_l: torch.Tensor | None  # [S, T, H] fp32 each segment's final sum (split-KV only)
+    segment_out: torch.Tensor | None  # [S, T, H, head_dim] fp32 each segment's partial output
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _work(query_start_loc: list[int], block_m: int) -> tuple[list[int], list[int]]:
+    """Query blocks: (request, first new token) of every BLOCK_M run of each request's new tokens."""
+    seqs: list[int] = []
+    starts: list[int] = []
+    for i in range(len(query_start_loc) - 1):
+        for start in range(0, query_start_loc[i + 1] - query_start_loc[i], block_m):
+            seqs.append(i)
+            starts.append(start)
+    return seqs, starts
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, num_segments: int = 1,
+                    trace: bool = False, *, block_n: int = BLOCK_N,
+                    ) -> torch.Tensor | tuple[torch.Tensor, AttentionTrace]:
+    """Causal attention of every new token over its own request's paged context, one launch.
+
+    q [T, heads, head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim] (this
+    step's K/V already written); block_tables [num_seqs, max_blocks] int32/int64; seq_lens
+    [num_seqs] context per request including its new tokens; query_start_loc [num_seqs + 1]
+    (request i's new tokens are rows qsl[i] .. qsl[i+1] - 1, at positions seq_len - q_len ..
+    seq_len - 1). -> out [T, heads, head_dim] in q's dtype, or (out, AttentionTrace) with
+    ``trace=True``. Bad inputs are a ValueError naming the argument, before any launch.
+    """
+    lens, qsl = check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                   num_segments, MAX_SEGMENTS)
+    if not isinstance(block_n, int) or block_n < 1 or block_n & (block_n - 1):
+        raise ValueError(f"block_n: must be a power of two >= 1, got {block_n!r}")
+    if trace and max(lens) > TRACE_MAX_CONTEXT:
+        raise ValueError(f"trace: traces at most {TRACE_MAX_CONTEXT} context positions per request "
+                         f"(seq_lens has {max(lens)})")
+    num_tokens, heads, d = q.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = heads // kv_heads
+    group_pad = _pow2(group)
+    block_m = max(1, MIN_DOT // group_pad)  # rows = block_m * group_pad >= 16, what a GPU's tl.dot takes
+    rows = block_m * group_pad
+    block_n = max(block_n, MIN_DOT) if q.is_cuda else block_n
+    d_pad = max(_pow2(d), MIN_DOT)
+    seqs, starts = _work(qsl, block_m)
+    dev = q.device
+    work_seq = torch.tensor(seqs, dtype=torch.int64, device=dev)
+    work_start = torch.tensor(starts, dtype=torch.int64, device=dev)
+    lens_t = seq_lens.to(device=dev, dtype=torch.int64).contiguous()
+    qsl_t = query_start_loc.to(device=dev, dtype=torch.int64).contiguous()
+    tables = block_tables.contiguous()
+    q = q.contiguous()
+    k_cache = k_cache.contiguous()
+    v_cache = v_cache.contiguous()
+    out = torch.empty_like(q)
+    split = num_segments > 1
+    f32 = dict(dtype=torch.float32, device=dev)
+    if split:
+        part = torch.empty(num_segments, num_tokens, heads, d, **f32)  # type: ignore[arg-type]
+        seg_m = torch.empty(num_segments, num_tokens, heads, **f32)  # type: ignore[arg-type]
+        seg_l = torch.empty(num_segments, num_tokens, heads, **f32)  # type: ignore[arg-type]
+    else:
+        part, seg_m, seg_l = out, out, out  # unused pointers
+    programs = (len(seqs), kv_heads, num_segments)
+    tiles = -(-TRACE_MAX_CONTEXT // block_n) if trace else 1
+    tr_shape = (*programs, tiles, rows)
+    tr_m = torch.zeros(tr_shape if trace else (1,), **f32)  # type: ignore[arg-type]
+    tr_l = torch.zeros_like(tr_m)
+    tr_alpha = torch.zeros_like(tr_m)
+    tr_o = torch.zeros((*tr_shape, d_pad) if trace else (1,), **f32)  # type: ignore[arg-type]
+    tr_count = torch.zeros(programs if trace else (1,), dtype=torch.int32, device=dev)
+    _attention_kernel[programs](
+        q, k_cache, v_cache, part if split else out, seg_m, seg_l,
+        tables, lens_t, qsl_t, work_seq, work_start,
+        tr_m, tr_l, tr_alpha, tr_o, tr_count,
+        float(scale), num_segments, num_tokens, heads, kv_heads,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1),
+        tables.stride(0),
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=d, D_PAD=d_pad, BLOCK_SIZE=block_size,
+        SPLIT=split, TRACE=trace, TRACE_TILES=tiles,
+    )
+    if split:
+        _merge_kernel[(num_tokens,)](
+            part, seg_m, seg_l, out, num_segments, num_tokens, out.stride(0), out.stride(1),
+            NUM_HEADS=heads, HEAD_DIM=d, HD_PAD=_pow2(heads * d), SEG_PAD=_pow2(num_segments),
+        )
+    if not trace:
+        return out
+    record = AttentionTrace(
+        block_m=block_m, block_n=block_n, group=group, group_pad=group_pad, work_seq=work_seq,
+        work_start=work_start, tile_count=tr_count, tile_m=tr_m, tile_l=tr_l, tile_alpha=tr_alpha,
+        tile_out=tr_o, segment_m=seg_m if split else None, segment_l=seg_l if split else None,
+        segment_out=part if split else None)
+    return out, record
