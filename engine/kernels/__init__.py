@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from engine.kernels.kv_write import write_kv
 from engine.kernels.paged_attention import (
-    MAX_SEGMENTS, TRACE_MAX_CONTEXT, AttentionTrace, paged_attention, INTERPRETED,
+    BLOCK_N, INTERPRETED, MAX_SEGMENTS, TRACE_MAX_CONTEXT, AttentionTrace, paged_attention,
 )
 from engine.kernels.reference import paged_attention_reference
 
-__all__ = ["AttentionTrace", "INTERPRETED", "MAX_SEGMENTS", "TRACE_MAX_CONTEXT", "paged_attention",
+__all__ = ["AttentionTrace", "BLOCK_N", "INTERPRETED", "MAX_SEGMENTS", "TRACE_MAX_CONTEXT", "paged_attention",
            "paged_attention_reference", "write_kv"]

@@ -2,7 +2,7 @@
 
 Rule: token t's K (and V) [kv_heads, head_dim] go to slot s = slot_mapping[t], i.e. block
 s // block_size, offset s % block_size of the cache [num_blocks, block_size, kv_heads, head_dim],
-cast to the cache's dtype. One program per token writes all its heads:
+cast to the cache's dtype (by torch, before the launch). One program writes BLOCK_T tokens, all their heads:
 
     k [T, kv_heads, head_dim]        slot_mapping [T]         k_cache [num_blocks, block_size, ...]
     t=0  [h0 | h1]  ------------->   s=37  ---------------->  block 37 // bs, offset 37 % bs
@@ -24,25 +24,32 @@ from engine.kernels.validation import check_kv_write
 
 @triton.jit
 def _write_kernel(
-    k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr,
+    k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, num_tokens,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_cs, stride_ch, stride_vcb, stride_vcs, stride_vch,
-    KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, COLS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    slot = tl.load(slots_ptr + t).to(tl.int64)
+    """BLOCK_T tokens per program; columns are (head, dim) flattened: c = head * D_PAD + dim."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # int64 (see paged_attention.py)
+    t_ok = t < num_tokens
+    slot = tl.load(slots_ptr + t, mask=t_ok, other=0).to(tl.int64)
     blk = slot // BLOCK_SIZE
     off = slot % BLOCK_SIZE
-    h = tl.arange(0, H_PAD)
-    d = tl.arange(0, D_PAD)
-    ok = (h[:, None] < KV_HEADS) & (d[None, :] < HEAD_DIM)
-    k = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=ok)
-    v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=ok)
-    tl.store(kc_ptr + blk * stride_cb + off * stride_cs + h[:, None] * stride_ch + d[None, :],
-             k.to(kc_ptr.dtype.element_ty), mask=ok)
-    tl.store(vc_ptr + blk * stride_vcb + off * stride_vcs + h[:, None] * stride_vch + d[None, :],
-             v.to(vc_ptr.dtype.element_ty), mask=ok)
+    c = tl.arange(0, COLS).to(tl.int64)
+    h = c // D_PAD
+    d = c % D_PAD
+    ok = t_ok[:, None] & ((h < KV_HEADS) & (d < HEAD_DIM))[None, :]
+    k = tl.load(k_ptr + t[:, None] * stride_kt + (h * stride_kh + d)[None, :], mask=ok)
+    v = tl.load(v_ptr + t[:, None] * stride_vt + (h * stride_vh + d)[None, :], mask=ok)
+    tl.store(kc_ptr + (blk * stride_cb + off * stride_cs)[:, None] + (h * stride_ch + d)[None, :],
+             k, mask=ok)
+    tl.store(vc_ptr + (blk * stride_vcb + off * stride_vcs)[:, None] + (h * stride_vch + d)[None, :],
+             v, mask=ok)
+
+
+#: Tokens per program (the interpreter's cost is per program and per op, not per element).
+BLOCK_T = 32
 
 
 def _pow2(n: int) -> int:
@@ -59,12 +66,16 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         return
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("k_cache: the caches must be contiguous (the kernel writes them in place)")
-    k, v = k.contiguous(), v.contiguous()
+    # Cast in torch (round to nearest even): Triton's interpreter truncates fp32 -> bf16 casts,
+    # so the kernel only moves values already in the cache's dtype.
+    k, v = k.to(k_cache.dtype).contiguous(), v.to(v_cache.dtype).contiguous()
     kvh, d = k.shape[1], k.shape[2]
-    _write_kernel[(k.shape[0],)](
-        k, v, k_cache, v_cache, slot_mapping.contiguous(),
+    num_tokens = k.shape[0]
+    _write_kernel[(-(-num_tokens // BLOCK_T),)](
+        k, v, k_cache, v_cache, slot_mapping.contiguous(), num_tokens,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        KV_HEADS=kvh, HEAD_DIM=d, H_PAD=_pow2(kvh), D_PAD=_pow2(d), BLOCK_SIZE=k_cache.shape[1],
+        KV_HEADS=kvh, HEAD_DIM=d, D_PAD=_pow2(d), COLS=_pow2(kvh) * _pow2(d), BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_T=BLOCK_T,
     )

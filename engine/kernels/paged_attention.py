@@ -67,7 +67,7 @@ TRACE_MAX_CONTEXT = 512
 #: Most segments one split-KV launch takes (the merge holds them all in one tile).
 MAX_SEGMENTS = 64
 #: Default KV tile width (Bc) and the smallest tile side tl.dot takes when compiled for a GPU.
-BLOCK_N = 16
+BLOCK_N = 64
 MIN_DOT = 16
 #: Whether the kernels below were defined under TRITON_INTERPRET=1 (Triton decides at definition).
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
@@ -88,9 +88,11 @@ def _attention_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     SPLIT: tl.constexpr, TRACE: tl.constexpr, TRACE_TILES: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    kvh = tl.program_id(1)
-    seg = tl.program_id(2)
+    # Index arithmetic in int64: no overflow on large caches, and the interpreter skips its
+    # per-op int32 overflow check (a third of its time here).
+    pid = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1).to(tl.int64)
+    seg = tl.program_id(2).to(tl.int64)
     ROWS: tl.constexpr = BLOCK_M * GROUP_PAD
 
     seq = tl.load(work_seq_ptr + pid)
@@ -99,14 +101,14 @@ def _attention_kernel(
     q_len = tl.load(qsl_ptr + seq + 1) - row0
     seq_len = tl.load(seq_lens_ptr + seq)
 
-    r = tl.arange(0, ROWS)
+    r = tl.arange(0, ROWS).to(tl.int64)
     tok = r // GROUP_PAD  # token of the row within the block
     g = r % GROUP_PAD  # query head of the row within the KV head's group
     row_ok = (q_block + tok < q_len) & (g < GROUP)
     token = row0 + q_block + tok  # row in the flat batch
     head = kvh * GROUP + g
     pos = seq_len - q_len + q_block + tok  # the row's position in its request
-    d = tl.arange(0, D_PAD)
+    d = tl.arange(0, D_PAD).to(tl.int64)
     d_ok = d < HEAD_DIM
 
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
@@ -119,12 +121,15 @@ def _attention_kernel(
     t_lo = seg * per_seg
     t_hi = tl.minimum(t_lo + per_seg, num_tiles)
 
+    # tl.full, not tl.zeros / tl.max / tl.sum: those are nested @jit functions, and the interpreter
+    # re-patches triton.language on every such call (~5 ms each); tl.reduce with Triton's own
+    # max / sum combine functions takes its numpy fast path. Compiled, both are the same code.
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, D_PAD], tl.float32)
+    l_i = tl.full([ROWS], 0.0, tl.float32)
+    acc = tl.full([ROWS, D_PAD], 0.0, tl.float32)
     trace_base = ((pid * num_kv_heads + kvh) * num_segments + seg) * TRACE_TILES
     for t in range(t_lo, t_hi):
-        n = t * BLOCK_N + tl.arange(0, BLOCK_N)  # context positions of this tile
+        n = t * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # context positions of this tile
         n_ok = n < kv_end
         # Paged: position n lives in slot n % BLOCK_SIZE of block table[n // BLOCK_SIZE].
         blk = tl.load(tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
@@ -164,7 +169,7 @@ def _attention_kernel(
         tl.store(o_ptr + at[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
     else:
         tl.store(o_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+                 out, mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -174,9 +179,9 @@ def _merge_kernel(
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr, SEG_PAD: tl.constexpr,
 ):
     """One program per token, all heads: columns are (head, dim) flattened, rows the segments."""
-    t = tl.program_id(0)
-    s = tl.arange(0, SEG_PAD)
-    c = tl.arange(0, HD_PAD)
+    t = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, SEG_PAD).to(tl.int64)
+    c = tl.arange(0, HD_PAD).to(tl.int64)
     h = c // HEAD_DIM
     c_ok = c < NUM_HEADS * HEAD_DIM
     ok = (s[:, None] < num_segments) & c_ok[None, :]
@@ -190,7 +195,7 @@ def _merge_kernel(
     den = tl.reduce(w, 0, tl.standard._sum_combine)
     out = tl.reduce(w * part, 0, tl.standard._sum_combine) / tl.where(den > 0, den, 1.0)  # padding columns: 0 / 1, not 0 / 0
     d = c % HEAD_DIM
-    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=c_ok)
+    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, out, mask=c_ok)
 
 
 @dataclass(frozen=True)
@@ -272,7 +277,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q = q.contiguous()
     k_cache = k_cache.contiguous()
     v_cache = v_cache.contiguous()
-    out = torch.empty_like(q)
+    # fp32 out, cast by torch after: Triton's interpreter truncates fp32 -> bf16 casts (a GPU rounds
+    # to nearest even); torch rounds the same way everywhere.
+    out = torch.empty(q.shape, dtype=torch.float32, device=dev)
     split = num_segments > 1
     f32 = dict(dtype=torch.float32, device=dev)
     if split:
@@ -308,6 +315,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             part, seg_m, seg_l, out, num_segments, num_tokens, out.stride(0), out.stride(1),
             NUM_HEADS=heads, HEAD_DIM=d, HD_PAD=_pow2(heads * d), SEG_PAD=_pow2(num_segments),
         )
+    out = out.to(q.dtype)
     if not trace:
         return out
     record = AttentionTrace(
