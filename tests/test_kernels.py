@@ -232,7 +232,7 @@ def _generate(backend: str) -> tuple[list[tuple[int, ...]], list[int], list[Step
     ids += [engine.add_request(PREFIX + q, params) for q in QUESTIONS]
     traces += run_to_completion(engine)
     outs = [engine.get_output(r) for r in ids]
-    return [tuple(o.outputs[0].token_ids) for o in outs], [o.num_cached_tokens for o in outs], traces
+    return [tuple(o.outputs[0].token_ids) for o in outs], [o.num_cached_tokens or 0 for o in outs], traces
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["default", "split-kv"])

@@ -281,20 +281,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # to nearest even); torch rounds the same way everywhere.
     out = torch.empty(q.shape, dtype=torch.float32, device=dev)
     split = num_segments > 1
-    f32 = dict(dtype=torch.float32, device=dev)
+    f32 = torch.float32
     if split:
-        part = torch.empty(num_segments, num_tokens, heads, d, **f32)  # type: ignore[arg-type]
-        seg_m = torch.empty(num_segments, num_tokens, heads, **f32)  # type: ignore[arg-type]
-        seg_l = torch.empty(num_segments, num_tokens, heads, **f32)  # type: ignore[arg-type]
+        part = torch.empty(num_segments, num_tokens, heads, d, dtype=f32, device=dev)
+        seg_m = torch.empty(num_segments, num_tokens, heads, dtype=f32, device=dev)
+        seg_l = torch.empty(num_segments, num_tokens, heads, dtype=f32, device=dev)
     else:
         part, seg_m, seg_l = out, out, out  # unused pointers
     programs = (len(seqs), kv_heads, num_segments)
     tiles = -(-TRACE_MAX_CONTEXT // block_n) if trace else 1
     tr_shape = (*programs, tiles, rows)
-    tr_m = torch.zeros(tr_shape if trace else (1,), **f32)  # type: ignore[arg-type]
+    tr_m = torch.zeros(tr_shape if trace else (1,), dtype=f32, device=dev)
     tr_l = torch.zeros_like(tr_m)
     tr_alpha = torch.zeros_like(tr_m)
-    tr_o = torch.zeros((*tr_shape, d_pad) if trace else (1,), **f32)  # type: ignore[arg-type]
+    tr_o = torch.zeros((*tr_shape, d_pad) if trace else (1,), dtype=f32, device=dev)
     tr_count = torch.zeros(programs if trace else (1,), dtype=torch.int32, device=dev)
     _attention_kernel[programs](
         q, k_cache, v_cache, part if split else out, seg_m, seg_l,

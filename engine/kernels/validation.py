@@ -116,9 +116,9 @@ def check_kv_write(k_cache: object, v_cache: object, k: object, v: object, slot_
     for name, t in (("k", kt), ("v", vt)):
         if t.dtype not in FLOAT_DTYPES:
             raise ValueError(f"{name}: dtype must be one of {FLOAT_DTYPES}, got {t.dtype}")
-    for name, t in (("v_cache", vc), ("k", kt), ("v", vt), ("slot_mapping", slot_mapping)):
-        if isinstance(t, torch.Tensor) and t.device != kc.device:
-            raise ValueError(f"{name}: must be on k_cache's device {kc.device}, got {t.device}")
+    for name, x in (("v_cache", vc), ("k", kt), ("v", vt), ("slot_mapping", slot_mapping)):
+        if isinstance(x, torch.Tensor) and x.device != kc.device:
+            raise ValueError(f"{name}: must be on k_cache's device {kc.device}, got {x.device}")
     slots = _shape("slot_mapping", slot_mapping, 1, "[tokens]")
     if slots.dtype not in INDEX_DTYPES:
         raise ValueError(f"slot_mapping: dtype must be int32 or int64, got {slots.dtype}")
