@@ -3,9 +3,10 @@
 The kernels against their float64 reference (max abs error <= 1e-5 in fp32) over block sizes 1, 4,
 16, GQA ratios 1, 3, 4, head dims 16 and 64, contexts crossing block and tile boundaries, mixed
 prefill + decode batches and 1..8 split-KV segments (the matrix covered by a few cases, not its
-product: the interpreter is slow); bad inputs refused before a launch; and tiny-random's greedy
-tokens identical with attention_backend="triton" and "torch" through chunked prefill, prefix hits
-and preemption.
+product: the interpreter is slow), float and int8 / fp8 caches; bad inputs refused before a
+launch; and tiny-random's greedy tokens identical with attention_backend="triton" and "torch"
+through chunked prefill, prefix hits and preemption (and in shorter runs with split-KV decodes
+and int8 / fp8 KV caches).
 
 TRITON_INTERPRET=1 is set at import, before anything imports engine.kernels (Triton reads it when
 a kernel is defined); pytest imports every test module before running any, so this holds in
@@ -27,7 +28,11 @@ from engine.core.trace import StepTrace  # noqa: E402
 from engine.kernels import (  # noqa: E402
     INTERPRETED, TRACE_MAX_CONTEXT, AttentionTrace, paged_attention, paged_attention_reference, write_kv,
 )
+from engine.kernels import write_kv_quantized  # noqa: E402
 from engine.model.attention import ATTENTION_BACKENDS, attention_backend  # noqa: E402
+from engine.model.forward_batch import ForwardBatch  # noqa: E402
+from engine.model.kv_quant import QuantizedKV, allocate, quantize  # noqa: E402
+from engine.model.kv_quant import write as kv_write  # noqa: E402
 from engine.model.shared import get_shared_model  # noqa: E402
 from engine.model.triton_attention import TritonAttention  # noqa: E402
 from tests.conftest import run_to_completion  # noqa: E402
@@ -177,6 +182,10 @@ BAD_INPUTS = [
     _bad("query_start_loc", query_start_loc=torch.tensor([0, 2, 5])),  # q has 3 tokens
     _bad("scale", scale=0.0),
     _bad("num_segments", num_segments=0),
+    _bad("k_scale", k_scale=torch.ones(6, 4, 2)),  # without v_scale
+    _bad("k_cache", k_scale=torch.ones(6, 4, 2), v_scale=torch.ones(6, 4, 2)),  # scales for a float cache
+    _bad("v_scale", k_cache=torch.zeros(6, 4, 2, 16, dtype=torch.int8), v_cache=torch.zeros(6, 4, 2, 16, dtype=torch.int8),
+         k_scale=torch.ones(6, 4, 2), v_scale=torch.ones(6, 4)),
 ]
 
 
@@ -191,19 +200,53 @@ def test_bad_inputs_are_refused_before_launch(change: dict[str, object], name: s
         paged_attention(**args)  # type: ignore[arg-type]
 
 
-def test_write_kv_refuses_bad_slots_and_quantized_caches() -> None:
+def test_write_kv_refuses_bad_inputs() -> None:
     cache = torch.zeros(2, 4, 1, 16)
     k = torch.zeros(3, 1, 16)
     with pytest.raises(ValueError, match="^slot_mapping:"):
         write_kv(cache, cache.clone(), k, k, torch.tensor([0, 1, 8]))
     with pytest.raises(ValueError, match="^k:"):
         write_kv(cache, cache.clone(), torch.zeros(3, 2, 16), k, torch.tensor([0, 1, 2]))
-    from engine.model.kv_quant import allocate
-    with pytest.raises(ValueError, match="^kv_cache_dtype:"):
-        TritonAttention().write_kv(allocate((2, 4, 1, 16), "int8"), allocate((2, 4, 1, 16), "int8"), k, k,
-                                   torch.tensor([0, 1, 2]))
-    with pytest.raises(ValueError, match="^kv_cache_dtype:"):
-        LLMEngine(get_shared_model("tiny-random"), attention_backend="triton", kv_cache_dtype="int8")
+    with pytest.raises(ValueError, match="^k_cache:.*k_scale"):  # an int8 cache without its scales
+        write_kv(cache.to(torch.int8), cache.to(torch.int8), k, k, torch.tensor([0, 1, 2]))
+    q8 = allocate((2, 4, 1, 16), "int8")
+    assert isinstance(q8, QuantizedKV)
+    with pytest.raises(ValueError, match="^k:"):  # values not quantized
+        write_kv_quantized(q8.data, q8.data.clone(), q8.scale, q8.scale.clone(), k, k, torch.zeros(3, 1),
+                           torch.zeros(3, 1), torch.tensor([0, 1, 2]))
+
+
+def _quantized(shape: tuple[int, int, int, int], name: str) -> QuantizedKV:
+    cache = allocate(shape, name)
+    assert isinstance(cache, QuantizedKV)
+    return cache
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8"])
+def test_quantized_cache_write_and_attention(name: str) -> None:
+    """An int8 / fp8 cache: the kernel's scatter of values quantized by kv_quant's rule is
+    bit-identical to kv_quant.write; attention over data x scale equals the float64 reference."""
+    gen = torch.Generator().manual_seed(1)
+    shape = (11, 4, 2, 16)
+    k_cache, v_cache, k_want, v_want = (_quantized(shape, name) for _ in range(4))
+    slots = torch.randperm(44, generator=gen)[:40]
+    k, v = 3 * torch.randn(2, 40, 2, 16, generator=gen)
+    (kq, ks), (vq, vs) = quantize(k, name), quantize(v, name)
+    write_kv_quantized(k_cache.data, v_cache.data, k_cache.scale, v_cache.scale, kq, vq, ks, vs, slots)
+    kv_write(k_want, k, slots)
+    kv_write(v_want, v, slots)
+    for got, want in ((k_cache, k_want), (v_cache, v_want)):
+        assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
+        assert torch.equal(got.scale, want.scale)
+    tables = torch.arange(11, dtype=torch.int32).expand(2, 11).contiguous()  # two requests, one table
+    q = torch.randn(7, 4, 16, generator=gen)
+    lens, qsl = torch.tensor([29, 43]), torch.tensor([0, 6, 7])
+    out = paged_attention(q, k_cache.data, v_cache.data, tables, lens, qsl, 0.25, num_segments=3, block_n=16,
+                          k_scale=k_cache.scale, v_scale=v_cache.scale)
+    ref = paged_attention_reference(q, k_cache.data, v_cache.data, tables, lens, qsl, 0.25,
+                                    k_scale=k_cache.scale, v_scale=v_cache.scale)
+    assert isinstance(out, torch.Tensor)
+    assert (out.double() - ref).abs().max().item() <= TOL
 
 
 def test_triton_backend_needs_the_interpreter_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -235,13 +278,9 @@ def _generate(backend: str) -> tuple[list[tuple[int, ...]], list[int], list[Step
     return [tuple(o.outputs[0].token_ids) for o in outs], [o.num_cached_tokens or 0 for o in outs], traces
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["default", "split-kv"])
-def test_tiny_random_greedy_equal_to_the_torch_backend(split: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tiny_random_greedy_equal_to_the_torch_backend() -> None:
     """Identical greedy token ids; the run went through chunked prefill, prefix hits and
-    preemption (integrity checked after every step). split-kv: KV tiles of 16 and segments of 16
-    tokens, so every decode-only step's attention is split (FlashDecoding) in the engine too."""
-    if split:
-        monkeypatch.setitem(ATTENTION_BACKENDS, "triton", lambda: TritonAttention(segment_tokens=16, block_n=16))
+    preemption (integrity checked after every step)."""
     want, want_cached, _ = _generate("torch")
     got, cached, traces = _generate("triton")
     assert got == want and cached == want_cached
@@ -249,3 +288,34 @@ def test_tiny_random_greedy_equal_to_the_torch_backend(split: bool, monkeypatch:
         "no prefill was chunked"
     assert any(n > 0 for n in cached[1:]), "no prefix hit"
     assert any(t.preempted for t in traces), "the small pool never preempted"
+
+
+@pytest.mark.parametrize("variant", ["split-kv", "int8", "fp8"])
+def test_tiny_random_greedy_equal_in_variants(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shorter runs (chunked prefill, then decodes; integrity checked after every step), tokens
+    equal to the torch backend's: split-kv (KV tiles and segments of 16 tokens, so every
+    decode-only step is split, FlashDecoding) and int8 / fp8 KV caches (both backends quantize
+    with kv_quant's rule; the kernel dequantizes per tile)."""
+    knobs: dict[str, str] = {}
+    segments: list[int] = []
+
+    class Splitting(TritonAttention):
+        def num_segments(self, batch: ForwardBatch) -> int:
+            segments.append(super().num_segments(batch))
+            return segments[-1]
+
+    if variant == "split-kv":
+        monkeypatch.setitem(ATTENTION_BACKENDS, "triton", lambda: Splitting(segment_tokens=16, block_n=16))
+    else:
+        knobs["kv_cache_dtype"] = variant
+
+    def run(backend: str) -> list[tuple[int, ...]]:
+        engine = LLMEngine(get_shared_model("tiny-random"), attention_backend=backend, block_size=4, num_blocks=40,
+                           max_num_batched_tokens=16, **knobs)
+        params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        ids = [engine.add_request(PREFIX + q, params) for q in QUESTIONS[:2]]
+        run_to_completion(engine)
+        return [tuple(engine.get_output(r).outputs[0].token_ids) for r in ids]
+
+    assert run("triton") == run("torch")
+    assert variant != "split-kv" or max(segments) >= 3, "no decode step was split"

@@ -407,8 +407,8 @@ class EngineConfig:
                             or another registered name; an unknown one is a ValueError at start
     attention_backend       the attention kernels of the forward (engine/model/attention.py
                             ATTENTION_BACKENDS): "torch" (the reference) or "triton" (engine/kernels:
-                            on CPU only under TRITON_INTERPRET=1, slow: tiny models and teaching;
-                            float KV caches only); checked at start
+                            on CPU only under TRITON_INTERPRET=1, slow: tiny models and teaching);
+                            checked at start
 
     Rules across sub-configs (checked here): a quantization computes in bfloat16; speculation runs
     in one process; t > 1 refuses a weight quantization (its packed codes are not sliced).
@@ -451,10 +451,6 @@ class EngineConfig:
                              f"quantized CPU kernels have SIMD paths only for bf16 activations); pass "
                              f"dtype='bfloat16' or 'auto', got {_short(self.dtype)}")
         _require_int("seed", self.seed, 0, MAX_SEED)
-        if self.attention_backend == "triton" and self.kv_cache_dtype in ("int8", "fp8"):
-            raise ValueError(f"kv_cache_dtype: attention_backend='triton' takes a float KV cache (its kernels do "
-                             f"not read int8 / fp8 caches yet); use attention_backend='torch' for a quantized "
-                             f"cache, got {self.kv_cache_dtype!r}")
         if self.parallel_config.world_size == 1:
             return
         if self.speculative_config is not None:

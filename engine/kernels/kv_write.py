@@ -2,16 +2,21 @@
 
 Rule: token t's K (and V) [kv_heads, head_dim] go to slot s = slot_mapping[t], i.e. block
 s // block_size, offset s % block_size of the cache [num_blocks, block_size, kv_heads, head_dim],
-cast to the cache's dtype (by torch, before the launch). One program writes BLOCK_T tokens, all their heads:
+in the cache's dtype. One program writes BLOCK_T tokens, all their heads:
 
     k [T, kv_heads, head_dim]        slot_mapping [T]         k_cache [num_blocks, block_size, ...]
     t=0  [h0 | h1]  ------------->   s=37  ---------------->  block 37 // bs, offset 37 % bs
     t=1  [h0 | h1]  ------------->   s=5   ---------------->  block  5 // bs, offset  5 % bs
 
 Invariant: only the T addressed slots change; slots are distinct within a step (the engine's
-block tables are disjoint), so the programs never race. A quantized cache (int8 / fp8 with
-per-token-head scales, engine/model/kv_quant.py) is refused with a ValueError naming k_cache:
-its write (absmax scale, round-half-even) is not ported yet.
+block tables are disjoint), so the programs never race. The kernel only moves values: dtype
+casts happen in torch before the launch (Triton's interpreter truncates fp32 -> bf16 where a GPU
+and torch round to nearest even).
+
+Quantized caches (int8 / fp8 e4m3 data with one fp32 scale per token and KV head):
+``write_kv_quantized`` takes values already quantized by the caller (the engine quantizes with
+its one rule, engine/model/kv_quant.py) and scatters data and scales with the same kernel: the
+data as raw bytes, the scales as a cache of head_dim 1.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.validation import check_kv_write
+from engine.kernels.validation import check_kv_write, check_quantized_kv_write
 
 
 @triton.jit
@@ -42,10 +47,8 @@ def _write_kernel(
     ok = t_ok[:, None] & ((h < KV_HEADS) & (d < HEAD_DIM))[None, :]
     k = tl.load(k_ptr + t[:, None] * stride_kt + (h * stride_kh + d)[None, :], mask=ok)
     v = tl.load(v_ptr + t[:, None] * stride_vt + (h * stride_vh + d)[None, :], mask=ok)
-    tl.store(kc_ptr + (blk * stride_cb + off * stride_cs)[:, None] + (h * stride_ch + d)[None, :],
-             k, mask=ok)
-    tl.store(vc_ptr + (blk * stride_vcb + off * stride_vcs)[:, None] + (h * stride_vch + d)[None, :],
-             v, mask=ok)
+    tl.store(kc_ptr + (blk * stride_cb + off * stride_cs)[:, None] + (h * stride_ch + d)[None, :], k, mask=ok)
+    tl.store(vc_ptr + (blk * stride_vcb + off * stride_vcs)[:, None] + (h * stride_vch + d)[None, :], v, mask=ok)
 
 
 #: Tokens per program (the interpreter's cost is per program and per op, not per element).
@@ -56,21 +59,14 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _scatter(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Scatter k, v [T, kv_heads, head_dim] into the caches' slots [T], in place (module rule).
-    Bad inputs (shapes, dtypes, a slot outside the cache, a quantized cache) are a ValueError
-    naming the argument, before the launch."""
-    check_kv_write(k_cache, v_cache, k, v, slot_mapping)
-    if k.shape[0] == 0:
-        return
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("k_cache: the caches must be contiguous (the kernel writes them in place)")
-    # Cast in torch (round to nearest even): Triton's interpreter truncates fp32 -> bf16 casts,
-    # so the kernel only moves values already in the cache's dtype.
-    k, v = k.to(k_cache.dtype).contiguous(), v.to(v_cache.dtype).contiguous()
-    kvh, d = k.shape[1], k.shape[2]
+    """The launch: k, v [T, kv_heads, d] already in the caches' dtype; caches contiguous."""
     num_tokens = k.shape[0]
+    if num_tokens == 0:
+        return
+    k, v = k.contiguous(), v.contiguous()
+    kvh, d = k.shape[1], k.shape[2]
     _write_kernel[(-(-num_tokens // BLOCK_T),)](
         k, v, k_cache, v_cache, slot_mapping.contiguous(), num_tokens,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -79,3 +75,27 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
         KV_HEADS=kvh, HEAD_DIM=d, D_PAD=_pow2(d), COLS=_pow2(kvh) * _pow2(d), BLOCK_SIZE=k_cache.shape[1],
         BLOCK_T=BLOCK_T,
     )
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter k, v [T, kv_heads, head_dim] into the float caches' slots [T], in place (module
+    rule). Bad inputs (shapes, dtypes, a slot outside the cache, a non-float cache) are a
+    ValueError naming the argument, before the launch."""
+    check_kv_write(k_cache, v_cache, k, v, slot_mapping)
+    _scatter(k_cache, v_cache, k.to(k_cache.dtype), v.to(v_cache.dtype), slot_mapping)
+
+
+def write_kv_quantized(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
+                       k: torch.Tensor, v: torch.Tensor, k_scales: torch.Tensor, v_scales: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> None:
+    """Quantized caches: data [num_blocks, block_size, kv_heads, head_dim] int8 / float8_e4m3fn and
+    scales [num_blocks, block_size, kv_heads] fp32; k, v [T, kv_heads, head_dim] already quantized
+    (the caches' dtype) with their scales k_scales, v_scales [T, kv_heads]. Scatters both (module
+    doc); a ValueError naming the argument before the launch on bad inputs."""
+    check_quantized_kv_write(k_cache, v_cache, k_scale, v_scale, k, v, k_scales, v_scales, slot_mapping)
+    # Bytes: the kernel moves bits, whatever the storage dtype (fp8 has few CPU kernels in torch).
+    _scatter(k_cache.view(torch.uint8), v_cache.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8),
+             slot_mapping)
+    _scatter(k_scale.unsqueeze(-1), v_scale.unsqueeze(-1), k_scales.unsqueeze(-1), v_scales.unsqueeze(-1),
+             slot_mapping)

@@ -75,7 +75,7 @@ INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, seg_m_ptr, seg_l_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, seg_m_ptr, seg_l_ptr, ks_ptr, vs_ptr,
     tables_ptr, seq_lens_ptr, qsl_ptr, work_seq_ptr, work_start_ptr,
     tr_m_ptr, tr_l_ptr, tr_alpha_ptr, tr_o_ptr, tr_count_ptr,
     scale, num_segments, num_tokens, num_heads, num_kv_heads,
@@ -83,10 +83,10 @@ def _attention_kernel(
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ot, stride_oh,
-    stride_bt,
+    stride_bt, stride_sb, stride_ss,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SPLIT: tl.constexpr, TRACE: tl.constexpr, TRACE_TILES: tl.constexpr,
+    SPLIT: tl.constexpr, TRACE: tl.constexpr, TRACE_TILES: tl.constexpr, QUANT: tl.constexpr,
 ):
     # Index arithmetic in int64: no overflow on large caches, and the interpreter skips its
     # per-op int32 overflow check (a third of its time here).
@@ -139,6 +139,10 @@ def _attention_kernel(
                     mask=kv_mask, other=0.0).to(tl.float32)
         v = tl.load(v_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh + d[None, :],
                     mask=kv_mask, other=0.0).to(tl.float32)
+        if QUANT:  # int8 / fp8 data x its fp32 scale per (token, KV head): the values the cache holds
+            at_scale = blk * stride_sb + off * stride_ss + kvh  # scales [num_blocks, block_size, kv_heads]
+            k = k * tl.load(ks_ptr + at_scale, mask=n_ok, other=0.0)[:, None]
+            v = v * tl.load(vs_ptr + at_scale, mask=n_ok, other=0.0)[:, None]
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [ROWS, BLOCK_N]
         s = tl.where(n_ok[None, :] & (n[None, :] <= pos[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
@@ -241,7 +245,8 @@ def _work(query_start_loc: list[int], block_m: int) -> tuple[list[int], list[int
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, num_segments: int = 1,
-                    trace: bool = False, *, block_n: int = BLOCK_N,
+                    trace: bool = False, *, block_n: int = BLOCK_N, k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None,
                     ) -> torch.Tensor | tuple[torch.Tensor, AttentionTrace]:
     """Causal attention of every new token over its own request's paged context, one launch.
 
@@ -250,10 +255,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     [num_seqs] context per request including its new tokens; query_start_loc [num_seqs + 1]
     (request i's new tokens are rows qsl[i] .. qsl[i+1] - 1, at positions seq_len - q_len ..
     seq_len - 1). -> out [T, heads, head_dim] in q's dtype, or (out, AttentionTrace) with
-    ``trace=True``. Bad inputs are a ValueError naming the argument, before any launch.
+    ``trace=True``. A quantized cache: int8 / float8_e4m3fn data as the caches and k_scale, v_scale
+    [num_blocks, block_size, kv_heads] fp32 (position p's K is data * scale, dequantized in fp32
+    in the tile). ``block_n`` is the KV tile width Bc (a power of two; >= 16 on a GPU). Bad inputs
+    are a ValueError naming the argument, before any launch.
     """
     lens, qsl = check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                                   num_segments, MAX_SEGMENTS)
+                                   num_segments, MAX_SEGMENTS, k_scale, v_scale)
     if not isinstance(block_n, int) or block_n < 1 or block_n & (block_n - 1):
         raise ValueError(f"block_n: must be a power of two >= 1, got {block_n!r}")
     if trace and max(lens) > TRACE_MAX_CONTEXT:
@@ -296,8 +304,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     tr_alpha = torch.zeros_like(tr_m)
     tr_o = torch.zeros((*tr_shape, d_pad) if trace else (1,), dtype=f32, device=dev)
     tr_count = torch.zeros(programs if trace else (1,), dtype=torch.int32, device=dev)
+    quant = k_scale is not None and v_scale is not None
+    ks = k_scale.contiguous() if quant else out  # type: ignore[union-attr]
+    vs = v_scale.contiguous() if quant else out  # type: ignore[union-attr]
     _attention_kernel[programs](
-        q, k_cache, v_cache, part if split else out, seg_m, seg_l,
+        q, k_cache, v_cache, part if split else out, seg_m, seg_l, ks, vs,
         tables, lens_t, qsl_t, work_seq, work_start,
         tr_m, tr_l, tr_alpha, tr_o, tr_count,
         float(scale), num_segments, num_tokens, heads, kv_heads,
@@ -305,10 +316,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1),
-        tables.stride(0),
+        tables.stride(0), ks.stride(0) if quant else 0, ks.stride(1) if quant else 0,
         GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_DIM=d, D_PAD=d_pad, BLOCK_SIZE=block_size,
-        SPLIT=split, TRACE=trace, TRACE_TILES=tiles,
+        SPLIT=split, TRACE=trace, TRACE_TILES=tiles, QUANT=quant,
     )
     if split:
         _merge_kernel[(num_tokens,)](

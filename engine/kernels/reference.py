@@ -13,8 +13,10 @@ import torch
 
 def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                              scale: float) -> torch.Tensor:
-    """Same arguments and layouts as ``engine.kernels.paged_attention`` -> [T, heads, head_dim] float64."""
+                              scale: float, k_scale: torch.Tensor | None = None,
+                              v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Same arguments and layouts as ``engine.kernels.paged_attention`` -> [T, heads, head_dim] float64
+    (a quantized cache: data * scale, in float64)."""
     heads, d = q.shape[1], q.shape[2]
     block_size, kvh = k_cache.shape[1], k_cache.shape[2]
     group = heads // kvh
@@ -23,8 +25,13 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     for i, seq_len in enumerate(int(x) for x in seq_lens.tolist()):
         pos = torch.arange(seq_len)
         blocks = block_tables[i].long()[pos // block_size]
-        k = k_cache[blocks, pos % block_size].double().repeat_interleave(group, dim=1)  # [L, H, d]
-        v = v_cache[blocks, pos % block_size].double().repeat_interleave(group, dim=1)  # [L, H, d]
+        k = k_cache[blocks, pos % block_size].double()  # [L, KVH, d]
+        v = v_cache[blocks, pos % block_size].double()
+        if k_scale is not None and v_scale is not None:
+            k = k * k_scale[blocks, pos % block_size].double().unsqueeze(-1)
+            v = v * v_scale[blocks, pos % block_size].double().unsqueeze(-1)
+        k = k.repeat_interleave(group, dim=1)  # [L, H, d]
+        v = v.repeat_interleave(group, dim=1)
         qs = q[qsl[i]: qsl[i + 1]].double()  # [n, H, d]
         n = qs.shape[0]
         scores = torch.einsum("nhd,lhd->hnl", qs, k) * scale  # [H, n, L]

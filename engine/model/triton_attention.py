@@ -15,8 +15,11 @@ tensors under Triton's interpreter, which needs ``TRITON_INTERPRET=1`` in the en
 before ``engine.kernels`` is first imported (Triton reads it when a kernel is defined). The
 interpreter executes the kernel with numpy, program by program: exact, and slow (about 10-50 ms
 per program and layer): for tiny models and teaching. Without it, choosing this backend is a
-ValueError naming attention_backend. A quantized KV cache (int8 / fp8) is refused (EngineConfig
-checks the pair; the kernels refuse the cache too).
+ValueError naming attention_backend.
+
+A quantized KV cache (int8 / fp8, kv_quant.py): write_kv quantizes with kv_quant's one rule (in
+torch) and the kernel scatters data and scales; the attention kernel dequantizes each tile in
+fp32 (data * scale), the very values the torch backend gathers.
 
 Split-KV (FlashDecoding): a decode-only step whose longest context exceeds ``segment_tokens``
 cuts each context into ceil(longest / segment_tokens) segments (at most 8), merged by
@@ -29,6 +32,7 @@ from types import ModuleType
 
 import torch
 
+from engine.model import kv_quant
 from engine.model.forward_batch import ForwardBatch
 from engine.model.kv_quant import KVCache, QuantizedKV
 
@@ -87,10 +91,13 @@ class TritonAttention:
 
     def write_kv(self, k_cache: KVCache, v_cache: KVCache, k: torch.Tensor, v: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
-        if isinstance(k_cache, QuantizedKV) or isinstance(v_cache, QuantizedKV):
-            raise ValueError("kv_cache_dtype: the 'triton' attention backend takes a float KV cache; "
-                             "int8 / fp8 KV caches run with attention_backend='torch'")
-        self.kernels.write_kv(k_cache, v_cache, k, v, slot_mapping)
+        if isinstance(k_cache, QuantizedKV) and isinstance(v_cache, QuantizedKV):
+            kq, ks = kv_quant.quantize(k, k_cache.name)  # [T, kvh, d] storage dtype, [T, kvh] fp32
+            vq, vs = kv_quant.quantize(v, v_cache.name)
+            self.kernels.write_kv_quantized(k_cache.data, v_cache.data, k_cache.scale, v_cache.scale,
+                                            kq, vq, ks, vs, slot_mapping)
+        else:
+            self.kernels.write_kv(k_cache, v_cache, k, v, slot_mapping)
 
     def num_segments(self, batch: ForwardBatch) -> int:
         """Split-KV only for decode-only steps with a context longer than segment_tokens."""
@@ -100,9 +107,6 @@ class TritonAttention:
 
     def attention(self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache, batch: ForwardBatch,
                   scale: float) -> torch.Tensor:
-        if isinstance(k_cache, QuantizedKV) or isinstance(v_cache, QuantizedKV):
-            raise ValueError("kv_cache_dtype: the 'triton' attention backend takes a float KV cache; "
-                             "int8 / fp8 KV caches run with attention_backend='torch'")
         if self._batch is not batch or self._args is None:
             dev = q.device
             self._args = (block_tables(batch, k_cache.shape[1]).to(dev),
@@ -111,7 +115,12 @@ class TritonAttention:
                           self.num_segments(batch))
             self._batch = batch
         tables, seq_lens, qsl, segments = self._args
-        out = self.kernels.paged_attention(q, k_cache, v_cache, tables, seq_lens, qsl, scale,
-                                           num_segments=segments, block_n=self.block_n)
+        if isinstance(k_cache, QuantizedKV) and isinstance(v_cache, QuantizedKV):
+            out = self.kernels.paged_attention(q, k_cache.data, v_cache.data, tables, seq_lens, qsl, scale,
+                                               num_segments=segments, block_n=self.block_n,
+                                               k_scale=k_cache.scale, v_scale=v_cache.scale)
+        else:
+            out = self.kernels.paged_attention(q, k_cache, v_cache, tables, seq_lens, qsl, scale,
+                                               num_segments=segments, block_n=self.block_n)
         assert isinstance(out, torch.Tensor)
         return out
