@@ -296,7 +296,7 @@ def test_tiny_random_greedy_equal_in_variants(variant: str, monkeypatch: pytest.
     equal to the torch backend's: split-kv (KV tiles and segments of 16 tokens, so every
     decode-only step is split, FlashDecoding) and int8 / fp8 KV caches (both backends quantize
     with kv_quant's rule; the kernel dequantizes per tile)."""
-    knobs: dict[str, str] = {}
+    kv_cache_dtype = None if variant == "split-kv" else variant  # None: the weights' dtype
     segments: list[int] = []
 
     class Splitting(TritonAttention):
@@ -306,12 +306,10 @@ def test_tiny_random_greedy_equal_in_variants(variant: str, monkeypatch: pytest.
 
     if variant == "split-kv":
         monkeypatch.setitem(ATTENTION_BACKENDS, "triton", lambda: Splitting(segment_tokens=16, block_n=16))
-    else:
-        knobs["kv_cache_dtype"] = variant
 
     def run(backend: str) -> list[tuple[int, ...]]:
         engine = LLMEngine(get_shared_model("tiny-random"), attention_backend=backend, block_size=4, num_blocks=40,
-                           max_num_batched_tokens=16, **knobs)
+                           max_num_batched_tokens=16, kv_cache_dtype=kv_cache_dtype)
         params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
         ids = [engine.add_request(PREFIX + q, params) for q in QUESTIONS[:2]]
         run_to_completion(engine)

@@ -44,8 +44,14 @@ KV head instead of one: the parallelism a GPU needs when there are few query row
 Trace (``trace=True``, the compile-time ``TRACE`` flag): every program also stores, after each of
 its tiles, the rows' m, l, alpha and acc / l (the partial output so far). Bounded: at most
 ``TRACE_MAX_CONTEXT`` = 512 context positions per request (a larger ``seq_lens`` is a ValueError
-naming ``trace``), so at most 512 / BLOCK_N tiles per program; without the flag the stores are
-not compiled in at all.
+naming ``trace``), so at most 512 / block_n tiles per program, and the record holds
+P x KVH x S x (512 / block_n) x R x (D + 3) fp32 values (P query blocks, R rows each, D head_dim
+padded): e.g. tiny-random, a 512-token prefill, block_n 64: 64 x 2 x 1 x 8 x 16 x 19 x 4 B = 1.2 MB.
+Without the flag the stores are not compiled in at all.
+
+Quantized caches (``k_scale``/``v_scale`` given, the compile-time ``QUANT`` flag): int8 / fp8
+data, dequantized in each tile as data x its fp32 scale per (token, KV head), the values the
+torch backend gathers (engine/model/kv_quant.py).
 
 Runs on a GPU (compiled) or on CPU tensors under ``TRITON_INTERPRET=1`` (Triton's interpreter:
 the same kernel code, executed with numpy, slowly; for tiny models and teaching). fp32 dots use
@@ -162,7 +168,7 @@ def _attention_kernel(
                 part = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
                 tl.store(tr_o_ptr + at[:, None] * D_PAD + d[None, :], part)
     if TRACE:
-        tl.store(tr_count_ptr + trace_base // TRACE_TILES, t_hi - t_lo)
+        tl.store(tr_count_ptr + trace_base // TRACE_TILES, tl.maximum(t_hi - t_lo, 0))  # empty segment: 0
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if SPLIT:
