@@ -293,8 +293,8 @@ def test_tiny_random_greedy_equal_to_the_torch_backend() -> None:
 @pytest.mark.parametrize("variant", ["split-kv", "int8", "fp8"])
 def test_tiny_random_greedy_equal_in_variants(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Shorter runs (chunked prefill, then decodes; integrity checked after every step), tokens
-    equal to the torch backend's: split-kv (KV tiles and segments of 16 tokens, so every
-    decode-only step is split, FlashDecoding) and int8 / fp8 KV caches (both backends quantize
+    equal to the torch backend's: split-kv (KV tiles and segments of 32 tokens, so every
+    decode-only step past 32 tokens is split, FlashDecoding) and int8 / fp8 KV caches (both backends quantize
     with kv_quant's rule; the kernel dequantizes per tile)."""
     kv_cache_dtype = None if variant == "split-kv" else variant  # None: the weights' dtype
     segments: list[int] = []
@@ -305,7 +305,7 @@ def test_tiny_random_greedy_equal_in_variants(variant: str, monkeypatch: pytest.
             return segments[-1]
 
     if variant == "split-kv":
-        monkeypatch.setitem(ATTENTION_BACKENDS, "triton", lambda: Splitting(segment_tokens=16, block_n=16))
+        monkeypatch.setitem(ATTENTION_BACKENDS, "triton", lambda: Splitting(segment_tokens=32, block_n=32))
 
     def run(backend: str) -> list[tuple[int, ...]]:
         engine = LLMEngine(get_shared_model("tiny-random"), attention_backend=backend, block_size=4, num_blocks=40,
@@ -316,4 +316,4 @@ def test_tiny_random_greedy_equal_in_variants(variant: str, monkeypatch: pytest.
         return [tuple(engine.get_output(r).outputs[0].token_ids) for r in ids]
 
     assert run("triton") == run("torch")
-    assert variant != "split-kv" or max(segments) >= 3, "no decode step was split"
+    assert variant != "split-kv" or max(segments) >= 2, "no decode step was split"

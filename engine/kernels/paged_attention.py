@@ -86,8 +86,7 @@ def _attention_kernel(
     tr_m_ptr, tr_l_ptr, tr_alpha_ptr, tr_o_ptr, tr_count_ptr,
     scale, num_segments, num_tokens, num_heads, num_kv_heads,
     stride_qt, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
+    stride_kb, stride_ks, stride_kh,  # K's and V's (both caches contiguous, the same shape)
     stride_ot, stride_oh,
     stride_bt, stride_sb, stride_ss,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -141,16 +140,16 @@ def _attention_kernel(
         blk = tl.load(tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
         off = n % BLOCK_SIZE
         kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + blk[:, None] * stride_kb + off[:, None] * stride_ks + kvh * stride_kh + d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vs + kvh * stride_vh + d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)
+        kv_at = (blk * stride_kb + off * stride_ks + kvh * stride_kh)[:, None] + d[None, :]  # [BLOCK_N, D_PAD]
+        k = tl.load(k_ptr + kv_at, mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + kv_at, mask=kv_mask, other=0.0).to(tl.float32)
         if QUANT:  # int8 / fp8 data x its fp32 scale per (token, KV head): the values the cache holds
             at_scale = blk * stride_sb + off * stride_ss + kvh  # scales [num_blocks, block_size, kv_heads]
             k = k * tl.load(ks_ptr + at_scale, mask=n_ok, other=0.0)[:, None]
             v = v * tl.load(vs_ptr + at_scale, mask=n_ok, other=0.0)[:, None]
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [ROWS, BLOCK_N]
-        s = tl.where(n_ok[None, :] & (n[None, :] <= pos[:, None]), s, float("-inf"))
+        # Causal mask; it also hides n >= kv_end from every real row (pos < kv_end there).
+        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet
         alpha = tl.exp(m_i - m_safe)
@@ -320,7 +319,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         float(scale), num_segments, num_tokens, heads, kv_heads,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1),
         tables.stride(0), ks.stride(0) if quant else 0, ks.stride(1) if quant else 0,
         GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, BLOCK_N=block_n,
