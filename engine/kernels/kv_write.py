@@ -24,7 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.validation import check_kv_write, check_quantized_kv_write
+from engine.kernels.paged_attention import INTERPRETED
+from engine.kernels.validation import check_kv_write, check_quantized_kv_write, check_runnable
 
 
 @triton.jit
@@ -62,6 +63,7 @@ def _pow2(n: int) -> int:
 def _scatter(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """The launch: k, v [T, kv_heads, d] already in the caches' dtype; caches contiguous."""
+    check_runnable("k_cache", k_cache, INTERPRETED)
     num_tokens = k.shape[0]
     if num_tokens == 0:
         return

@@ -65,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.validation import check_paged_inputs
+from engine.kernels.validation import check_paged_inputs, check_runnable
 
 #: Most context positions per request that ``trace=True`` records (the tiles per program are
 #: at most TRACE_MAX_CONTEXT / block_n).
@@ -267,6 +267,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """
     lens, qsl = check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                                    num_segments, MAX_SEGMENTS, k_scale, v_scale)
+    check_runnable("q", q, INTERPRETED)
     if not isinstance(block_n, int) or block_n < 1 or block_n & (block_n - 1):
         raise ValueError(f"block_n: must be a power of two >= 1, got {block_n!r}")
     if trace and max(lens) > TRACE_MAX_CONTEXT:

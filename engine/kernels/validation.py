@@ -183,3 +183,11 @@ def check_quantized_kv_write(k_cache: object, v_cache: object, k_scale: object, 
         if t.dtype != torch.float32 or tuple(t.shape) != (kt.shape[0], kc.shape[2]):
             raise ValueError(f"{name}: must be float32 [{kt.shape[0]}, {kc.shape[2]}], got {t.dtype} {tuple(t.shape)}")
     _check_slots(slot_mapping, kt.shape[0], kc)
+
+
+def check_runnable(name: str, t: torch.Tensor, interpreted: bool) -> None:
+    """CPU tensors run only in Triton's interpreter (there is no CPU backend to compile for); a
+    GPU tensor needs the compiled kernels (the interpreter would copy it to the host and back)."""
+    if t.device.type == "cpu" and not interpreted:
+        raise ValueError(f"{name}: on CPU tensors the Triton kernels run only in Triton's interpreter: set "
+                         f"TRITON_INTERPRET=1 before engine.kernels is imported (slow: tiny models and teaching)")

@@ -10,11 +10,11 @@ tables; the ForwardBatch holds each request's slots, so the tables are derived o
 Invariant (the engine's KV layout, checked when the tables are derived): position p of a request
 is slot table[p // block_size] * block_size + p % block_size.
 
-Where it runs: on a GPU (not wired into the engine yet: the engine runs on CPU), or on CPU
-tensors under Triton's interpreter, which needs ``TRITON_INTERPRET=1`` in the environment
+Where it runs: on a GPU (``device="cuda"``; not wired into the engine yet, which runs on CPU), or
+on CPU tensors under Triton's interpreter, which needs ``TRITON_INTERPRET=1`` in the environment
 before ``engine.kernels`` is first imported (Triton reads it when a kernel is defined). The
-interpreter executes the kernel with numpy, program by program: exact, and slow (about 10-50 ms
-per program and layer): for tiny models and teaching. Without it, choosing this backend is a
+interpreter executes the kernel with numpy, program by program: exact, and slow (about 0.1 s per
+layer of a tiny-random step on a 2-core CPU): for tiny models and teaching. Without it, choosing this backend is a
 ValueError naming attention_backend.
 
 A quantized KV cache (int8 / fp8, kv_quant.py): write_kv quantizes with kv_quant's one rule (in
@@ -41,15 +41,17 @@ SEGMENT_TOKENS = 256
 MAX_STEP_SEGMENTS = 8
 
 
-def _kernels() -> ModuleType:
-    """engine.kernels, imported only once the interpreter (or a GPU) is known to be there."""
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("attention_backend: 'triton' needs a CUDA GPU, or on CPU Triton's interpreter: set "
+def _kernels(device: str) -> ModuleType:
+    """engine.kernels, imported only once the interpreter (CPU) or a GPU (CUDA) is known to be there."""
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("attention_backend: 'triton' on CPU runs only in Triton's interpreter: set "
                          "TRITON_INTERPRET=1 in the environment before the engine starts (the interpreter "
                          "runs the kernels exactly but slowly: for tiny models and teaching)")
+    if device != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"attention_backend: 'triton' on device {device!r} needs a CUDA GPU, and none is visible")
     import engine.kernels as kernels  # defines the kernels: Triton reads TRITON_INTERPRET here
 
-    if not torch.cuda.is_available() and not kernels.INTERPRETED:
+    if device == "cpu" and not kernels.INTERPRETED:
         raise ValueError("attention_backend: 'triton' on CPU needs Triton's interpreter, but engine.kernels was "
                          "imported before TRITON_INTERPRET=1 was set; set it before anything imports the "
                          "engine's kernels (the interpreter is for tiny models and teaching)")
@@ -81,8 +83,10 @@ class TritonAttention:
 
     name = "triton"
 
-    def __init__(self, segment_tokens: int = SEGMENT_TOKENS, block_n: int | None = None) -> None:
-        self.kernels = _kernels()
+    def __init__(self, segment_tokens: int = SEGMENT_TOKENS, block_n: int | None = None,
+                 device: str = "cpu") -> None:
+        # device: where the engine's tensors live; "cpu" today (the engine has no CUDA device knob yet).
+        self.kernels = _kernels(device)
         self.segment_tokens = segment_tokens
         self.block_n: int = self.kernels.BLOCK_N if block_n is None else block_n  # KV tile width (Bc)
         # The step's tables, derived once and reused by every layer of that step.
