@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from engine import LLMEngine, SamplingParams  # noqa: E402
 from engine.core.trace import StepTrace  # noqa: E402
 from engine.kernels import (  # noqa: E402
-    INTERPRETED, TRACE_MAX_CONTEXT, AttentionTrace, paged_attention, paged_attention_reference, write_kv,
+    INTERPRETED, TRACE_MAX_CONTEXT, paged_attention, paged_attention_reference, write_kv,
 )
 from engine.kernels import write_kv_quantized  # noqa: E402
 from engine.model.attention import ATTENTION_BACKENDS, attention_backend  # noqa: E402
@@ -123,7 +123,7 @@ def test_trace_records_the_online_softmax() -> None:
     requests = [(10, 6), (40, 1)]
     q, k, v, tables, lens, qsl, scale = args = _paged_case(requests, 4, 4, 2, 16, seed=5)
     out, tr = paged_attention(*args, num_segments=2, trace=True, block_n=8)
-    assert isinstance(tr, AttentionTrace) and tr.segment_m is not None and tr.segment_l is not None
+    assert tr.segment_m is not None and tr.segment_l is not None
     assert tr.segment_out is not None
     ref = paged_attention_reference(*args)
     assert (out.double() - ref).abs().max().item() <= TOL
@@ -131,7 +131,11 @@ def test_trace_records_the_online_softmax() -> None:
     p = int((tr.work_seq == 1).nonzero()[0])
     count = tr.tile_count[p, 0].tolist()  # tiles per segment: 41 positions / 8 = 6 tiles, 3 + 3
     assert count == [3, 3]
+    assert [len(tr.tile_positions(p, s)) for s in range(2)] == count
+    assert tr.tile_positions(p, 1)[-1] == range(40, 41)
     row_token = int(qsl[1])
+    assert tr.row_of(p, 0, 0) == (row_token, 0) and tr.row_of(p, 0, 1) == (row_token, 1)
+    assert tr.row_of(p, 0, tr.group_pad) is None  # the block's second token: past the decode's one
     kh = k[tables[1, torch.arange(41) // 4].long(), torch.arange(41) % 4, 0].double()  # [41, d]
     scores = (q[row_token, 0].double() @ kh.T) * scale  # [41]
     for seg in range(2):
@@ -197,7 +201,7 @@ def test_bad_inputs_are_refused_before_launch(change: dict[str, object], name: s
         query_start_loc=torch.tensor([0, 2, 3]), scale=0.25)
     args.update(change)
     with pytest.raises(ValueError, match=f"^{name}:"):
-        paged_attention(**args)  # type: ignore[arg-type]
+        paged_attention(**args)  # type: ignore[call-overload]  # deliberately bad arguments
 
 
 def test_write_kv_refuses_bad_inputs() -> None:

@@ -60,6 +60,7 @@ the same kernel code, executed with numpy, slowly; for tiny models and teaching)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 import triton
@@ -231,6 +232,30 @@ class AttentionTrace:
     segment_m: torch.Tensor | None  # [S, T, H] fp32 each segment's final max (split-KV only)
     segment_l: torch.Tensor | None  # [S, T, H] fp32 each segment's final sum (split-KV only)
     segment_out: torch.Tensor | None  # [S, T, H, head_dim] fp32 each segment's partial output
+    seq_lens: tuple[int, ...]  # [num_seqs] the launch's seq_lens
+    query_start_loc: tuple[int, ...]  # [num_seqs + 1] the launch's query_start_loc
+    num_segments: int
+
+    def row_of(self, program: int, kv_head: int, r: int) -> tuple[int, int] | None:
+        """Program row r -> (flat batch row, query head), or None for a padding row."""
+        seq, start = int(self.work_seq[program]), int(self.work_start[program])
+        tok, g = r // self.group_pad, r % self.group_pad
+        q_len = self.query_start_loc[seq + 1] - self.query_start_loc[seq]
+        if start + tok >= q_len or g >= self.group:
+            return None
+        return self.query_start_loc[seq] + start + tok, kv_head * self.group + g
+
+    def tile_positions(self, program: int, segment: int) -> list[range]:
+        """The context positions of each tile the program visited in ``segment``, in visiting
+        order (the kernel's own rule: tiles up to the block's last query, cut into segments)."""
+        seq, start = int(self.work_seq[program]), int(self.work_start[program])
+        seq_len = self.seq_lens[seq]
+        q_len = self.query_start_loc[seq + 1] - self.query_start_loc[seq]
+        kv_end = min(seq_len, seq_len - q_len + start + self.block_m)
+        num_tiles = -(-kv_end // self.block_n)
+        per_seg = -(-num_tiles // self.num_segments)
+        lo, hi = segment * per_seg, min(segment * per_seg + per_seg, num_tiles)
+        return [range(t * self.block_n, min((t + 1) * self.block_n, kv_end)) for t in range(lo, hi)]
 
 
 def _pow2(n: int) -> int:
@@ -246,6 +271,20 @@ def _work(query_start_loc: list[int], block_m: int) -> tuple[list[int], list[int
             seqs.append(i)
             starts.append(start)
     return seqs, starts
+
+
+@overload
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, num_segments: int = 1,
+                    trace: Literal[False] = False, *, block_n: int = BLOCK_N, k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+@overload
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, num_segments: int = 1,
+                    *, trace: Literal[True], block_n: int = BLOCK_N, k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, AttentionTrace]: ...
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -338,5 +377,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         block_m=block_m, block_n=block_n, group=group, group_pad=group_pad, work_seq=work_seq,
         work_start=work_start, tile_count=tr_count, tile_m=tr_m, tile_l=tr_l, tile_alpha=tr_alpha,
         tile_out=tr_o, segment_m=seg_m if split else None, segment_l=seg_l if split else None,
-        segment_out=part if split else None)
+        segment_out=part if split else None, seq_lens=tuple(lens), query_start_loc=tuple(qsl),
+        num_segments=num_segments)
     return out, record
