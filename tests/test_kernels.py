@@ -26,15 +26,14 @@ import torch  # noqa: E402
 from engine import LLMEngine, SamplingParams  # noqa: E402
 from engine.core.trace import StepTrace  # noqa: E402
 from engine.kernels import (  # noqa: E402
-    INTERPRETED, TRACE_MAX_CONTEXT, paged_attention, paged_attention_reference, write_kv,
+    INTERPRETED, TRACE_MAX_CONTEXT, paged_attention, paged_attention_reference, write_kv, write_kv_quantized,
 )
-from engine.kernels import write_kv_quantized  # noqa: E402
 from engine.model.attention import ATTENTION_BACKENDS, attention_backend  # noqa: E402
-from engine.model.forward_batch import ForwardBatch  # noqa: E402
+from engine.model.forward_batch import ForwardBatch, build_forward_batch  # noqa: E402
 from engine.model.kv_quant import QuantizedKV, allocate, quantize  # noqa: E402
 from engine.model.kv_quant import write as kv_write  # noqa: E402
 from engine.model.shared import get_shared_model  # noqa: E402
-from engine.model.triton_attention import TritonAttention  # noqa: E402
+from engine.model.triton_attention import TritonAttention, block_tables  # noqa: E402
 from tests.conftest import run_to_completion  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -257,6 +256,18 @@ def test_triton_backend_needs_the_interpreter_on_cpu(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="^attention_backend: 'triton'.*TRITON_INTERPRET=1.*teaching"):
         attention_backend("triton")
+
+
+def test_block_tables_from_the_forward_batch() -> None:
+    """The backend's tables: block b of a request is slots[b * bs] // bs, for prefill chunks and
+    for decodes (whose group rows are padded); every slot is table[p // bs] * bs + p % bs."""
+    bs = 4
+    tables = [[7, 2, 9], [5], [3, 8]]  # blocks per request
+    lens = [10, 3, 6]  # context after the step
+    slots = [[t[p // bs] * bs + p % bs for p in range(n)] for t, n in zip(tables, lens)]
+    batch = build_forward_batch([[1, 2, 3], [4], [5]], [7, 2, 5], slots, [True] * 3)  # prefill, 2 decodes
+    got = block_tables(batch, bs)
+    assert got.tolist() == [[7, 2, 9], [5, 0, 0], [3, 8, 0]]
 
 
 # -- the engine: greedy parity with the torch backend ------------------------------------------
