@@ -203,7 +203,8 @@ def _merge_kernel(
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = lsum * tl.exp(m - m_max[None, :])  # segment weight: its sum rescaled to the global max
     den = tl.reduce(w, 0, tl.standard._sum_combine)
-    out = tl.reduce(w * part, 0, tl.standard._sum_combine) / tl.where(den > 0, den, 1.0)  # padding columns: 0 / 1, not 0 / 0
+    # Padding columns (and an all-empty row) divide 0 by 1, not 0 by 0.
+    out = tl.reduce(w * part, 0, tl.standard._sum_combine) / tl.where(den > 0, den, 1.0)
     d = c % HEAD_DIM
     tl.store(o_ptr + t * stride_ot + h * stride_oh + d, out, mask=c_ok)
 
