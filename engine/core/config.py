@@ -406,7 +406,9 @@ class EngineConfig:
                             process, or worker processes when p * t > 1), "in_process", "workers",
                             or another registered name; an unknown one is a ValueError at start
     attention_backend       the attention kernels of the forward (engine/model/attention.py
-                            ATTENTION_BACKENDS): "torch" (the reference); checked at start
+                            ATTENTION_BACKENDS): "torch" (the reference) or "triton" (engine/kernels:
+                            on CPU only under TRITON_INTERPRET=1, slow: tiny models and teaching);
+                            checked at start
 
     Rules across sub-configs (checked here): a quantization computes in bfloat16; speculation runs
     in one process; t > 1 refuses a weight quantization (its packed codes are not sliced).

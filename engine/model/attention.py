@@ -5,7 +5,8 @@ The seam: ``AttentionBackend`` is the one call per layer the Llama forward makes
 step's K/V into their slots, then attend); ``attention_backend(name)`` picks one by
 ``EngineConfig.attention_backend`` from ``ATTENTION_BACKENDS``. A new backend (e.g. Triton) is
 one module with a class of these two methods, plus one entry in ``ATTENTION_BACKENDS``
-(docs/architecture.md). The rest of this docstring is the torch backend's.
+(docs/architecture.md); "triton" (triton_attention.py, over engine/kernels) is one. The rest
+of this docstring is the torch backend's.
 
 Each layer's cache is ``[num_blocks, block_size, kv_heads, head_dim]``; viewed as rows it is
 ``[num_slots, kv_heads * head_dim]`` and a token's K/V live at its slot (see kv_cache.py).
@@ -49,6 +50,7 @@ import torch.nn.functional as F
 from engine.model import kv_quant
 from engine.model.forward_batch import DecodeGroup, ForwardBatch, SequenceKV
 from engine.model.kv_quant import KVCache, QuantizedKV
+from engine.model.triton_attention import TritonAttention
 
 #: What attention gathers from: a float cache as rows [num_slots, kvh * d], or a quantized cache.
 KVRows = torch.Tensor | QuantizedKV
@@ -162,7 +164,7 @@ class TorchAttention:
 TORCH_ATTENTION = TorchAttention()
 
 #: EngineConfig.attention_backend -> the backend's constructor.
-ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {"torch": TorchAttention}
+ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {"torch": TorchAttention, "triton": TritonAttention}
 
 
 def attention_backend(name: str) -> AttentionBackend:
