@@ -30,6 +30,7 @@ def main() -> None:
             st.Page("app_pages/architectures.py", title="Attention architectures", icon="🧠",
                     url_path="architectures"),
             st.Page("app_pages/serving.py", title="Serving under load", icon="📈", url_path="serving"),
+            st.Page("app_pages/audit.py", title="Audit", icon="🩺", url_path="audit"),
         ],
     }
     LIVE = [KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE, PIPELINE]  # the order of the page keys

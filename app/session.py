@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from app.run_spec import RunSpec
     from app.studies.serving import ServingInputs
+    from engine.audit.this_engine import Ablation
     from engine.serving.generation import GenerateResult
     from engine.replay.run import LiveRun, PolicyRun, ReplayRun, SweepPoint
     from engine.studies.attention_layouts import LayoutWorkload
@@ -90,6 +91,9 @@ class K:
     serving_ran = "_serving_ran"
     serving_policies = "_serving_policies"  # inputs every policy ran for
     serving_capacity = "_serving_capacity"  # (inputs, policy) the capacity sweep ran for
+    # the Audit page: Audit was pressed (from then on every change re-audits), this engine's ablations
+    audit_on = "_audit_on"
+    audit_ablations = "_audit_ablations"  # (model, workload) -> Ablation, measured in this session
 
 
 class Slot(Generic[T]):
@@ -203,3 +207,7 @@ arch_cursor: Slot[tuple[LayoutWorkload, int] | None] = Slot(K.arch_cursor, None)
 serving_ran: Slot[ServingInputs | None] = Slot(K.serving_ran, None)
 serving_policies: Slot[ServingInputs | None] = Slot(K.serving_policies, None)
 serving_capacity: Slot[tuple[ServingInputs, str] | None] = Slot(K.serving_capacity, None)
+
+# -- the Audit page (audits cached by their inputs: app/studies/audit.py) ------------------------------
+audit_on: Slot[bool] = Slot(K.audit_on, False)
+audit_ablations: Slot[Mapping[tuple[str, str], Ablation]] = Slot(K.audit_ablations, {})
