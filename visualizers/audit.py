@@ -132,10 +132,10 @@ def roofline_figure(rl: Roofline, font_size: int = 12) -> go.Figure:
                              textposition="inside", insidetextanchor="middle",
                              hovertemplate=f"{name}: %{{x:.0%}}<extra></extra>"), row=2, col=1)
     fig.update_yaxes(autorange="reversed", row=1, col=1)
-    fig.update_xaxes(title_text="tokens/s per sequence", rangemode="tozero", row=1, col=1)
+    fig.update_xaxes(rangemode="tozero", row=1, col=1)  # (the subplot's title names the unit)
     fig.update_xaxes(tickformat=".0%", range=[0, 1], row=2, col=1)
-    fig.update_layout(barmode="stack", height=430, font=dict(size=font_size), template="plotly_white",
-                      title="The roofline gap", margin=dict(t=80, b=40, l=10, r=10),
+    fig.update_layout(barmode="stack", height=400, font=dict(size=font_size), template="plotly_white",
+                      margin=dict(t=40, b=40, l=10, r=10),
                       legend=dict(orientation="h", yanchor="top", y=-0.12, x=0),
                       meta={"figure": "audit_roofline"})
     return fig

@@ -24,6 +24,8 @@ PRESET_HARDWARE = [h for h in calc.hardware_presets() if h != "this-machine"]  #
 PLAIN_DELTA: dict[str, Any] = {"delta_color": "off", "delta_arrow": "off"}
 CHART = {"displaylogo": False}
 WIDE_TEXT = st.column_config.TextColumn(width="large")
+FACTOR = st.column_config.NumberColumn(format="×%.2f", help="The predicted factor the ranking uses")
+STATUS = st.column_config.TextColumn(width=140)  # "⛔ unsupported" whole
 
 st.title("🩺 Audit")
 st.caption("Why is it slow here? Which known optimisations a deployment applies on its hardware, how far it is from"
@@ -81,8 +83,9 @@ def show_report(report: AuditReport, ev: Evidence | None) -> None:
                 **PLAIN_DELTA)
     rl = report.roofline
     if rl is not None and rl.bandwidth_utilisation is not None:
-        m[3].metric("Decode, measured", f"{rl.bandwidth_utilisation:.0%} of the bound",
-                    f"the preset expects {rl.typical_utilisation:.0%}", **PLAIN_DELTA)
+        m[3].metric("Decode vs the bound, measured", f"{rl.bandwidth_utilisation:.0%}",
+                    f"the preset expects {rl.typical_utilisation:.0%}", **PLAIN_DELTA,
+                    help="Measured decode tokens/s per sequence over the bandwidth bound (the roofline)")
     elif rl is not None:
         m[3].metric("Decode, predicted", f"{rl.decode_predicted_tokens_per_s:,.3g} tok/s",
                     f"bound {rl.decode_bound_tokens_per_s:,.3g} tok/s", **PLAIN_DELTA)
@@ -90,19 +93,20 @@ def show_report(report: AuditReport, ev: Evidence | None) -> None:
     st.subheader("Settings", anchor=False)
     st.caption("What the readers took from the log (with its line), what you typed, and the version's defaults for"
                " the rest.")
-    st.dataframe(va.detected_frame(report.detected), key="au_settings", hide_index=True,
-                 column_config={"from": WIDE_TEXT})
+    st.container(key="au_settings").dataframe(va.detected_frame(report.detected), hide_index=True,
+                                              column_config={"from": WIDE_TEXT})
     if ev is not None and ev.benchmark is not None:
         with st.expander("Benchmark figures read"):
-            st.dataframe(va.benchmark_frame(ev), key="au_bench", hide_index=True)
+            st.dataframe(va.benchmark_frame(ev), hide_index=True)
 
     st.subheader("Checklist", anchor=False)
     st.caption(" · ".join(va.STATUS_LABEL.values()) + ". Expected gains are predicted for this model on this"
                " hardware; words without numbers are the table's sourced figures.")
-    st.dataframe(va.styled_status(va.checklist_frame(report)), key="au_checklist", hide_index=True,
-                 column_order=["status", "optimisation", "evidence", "expected gain here", "how to turn it on",
-                               "supported?"],
-                 column_config={"evidence": WIDE_TEXT, "expected gain here": WIDE_TEXT, "supported?": WIDE_TEXT})
+    st.container(key="au_checklist").dataframe(
+        va.styled_status(va.checklist_frame(report)), hide_index=True, height=35 * (len(report.checklist) + 1) + 3,
+        column_order=["status", "optimisation", "evidence", "expected gain here", "how to turn it on", "supported?"],
+        column_config={"status": STATUS, "evidence": WIDE_TEXT, "expected gain here": WIDE_TEXT,
+                       "supported?": WIDE_TEXT})
 
     st.subheader("The roofline gap", anchor=False)
     if rl is None:
@@ -126,14 +130,15 @@ def show_report(report: AuditReport, ev: Evidence | None) -> None:
 
     st.subheader("What to change first", anchor=False)
     if report.recommendations:
-        st.dataframe(va.recommendations_frame(report), key="au_recommendations", hide_index=True,
-                     column_config={"predicted gain": WIDE_TEXT})
+        st.container(key="au_recommendations").dataframe(va.recommendations_frame(report), hide_index=True,
+                                                         column_config={"predicted gain": WIDE_TEXT,
+                                                                        "factor": FACTOR})
     else:
         st.success("Nothing to recommend: every optimisation that applies and is supported here is on.", icon="✅")
     if report.cannot:
         st.markdown("**Not possible here**")
-        st.dataframe(va.cannot_frame(report), key="au_cannot", hide_index=True,
-                     column_config={"why not here": WIDE_TEXT})
+        st.container(key="au_cannot").dataframe(va.cannot_frame(report), hide_index=True,
+                                                column_config={"why not here": WIDE_TEXT})
 
     c1, c2, _ = st.columns([1, 1, 3])
     stem = f"audit-{report.model}-{report.hardware}-{report.framework}-{report.version}"
@@ -201,12 +206,12 @@ with tab_engine:
     else:
         st.caption(f"{md(abl.model)}: {md(abl.workload)} · measured in {abl.seconds:,.0f} s · load average"
                    f" {abl.load_average[0]:.1f} → {abl.load_average[1]:.1f}")
-        st.dataframe(va.styled_status(va.ablation_frame(abl)), key="au_ablation", hide_index=True,
-                     column_config={"makespan (s)": st.column_config.NumberColumn(format="%.2f"),
-                                    "speed-up": st.column_config.NumberColumn(format="×%.2f"),
-                                    "output tok/s": st.column_config.NumberColumn(format="%.1f"),
-                                    "TTFT p50 (ms)": st.column_config.NumberColumn(format="%.0f"),
-                                    "TPOT p50 (ms)": st.column_config.NumberColumn(format="%.1f")})
+        number = st.column_config.NumberColumn
+        st.container(key="au_ablation").dataframe(
+            va.styled_status(va.ablation_frame(abl)), hide_index=True,
+            column_config={"status": STATUS, "makespan (s)": number(format="%.2f"), "speed-up": number(format="×%.2f", help="The baseline's makespan over this run's (> 1: faster)"),
+                           "output tok/s": number(format="%.1f"), "TTFT p50 (ms)": number(format="%.0f"),
+                           "TPOT p50 (ms)": number(format="%.1f")})
         st.plotly_chart(va.ablation_figure(abl), key="au_ablation_chart", config=CHART)
         if abl.decode_measured_tokens_per_s is not None and abl.decode_bound_tokens_per_s:
             st.caption(f"Roofline: the baseline decodes {abl.decode_measured_tokens_per_s:,.1f} tokens/s per sequence"

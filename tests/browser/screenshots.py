@@ -10,7 +10,8 @@ pipeline (Pipeline parallelism: the Gantt and the calculator view), architecture
 Attention architectures page: the calculator's table and chart, the three pools after 6 steps), talk (docs/talk.md: presentation
 mode at 1920x1080 from a bundled recording, step back, the Pipeline page on its own scenario, the
 bundled-recording entry), serving (the Serving under load page after a run, and its simulated run on
-the KV cache page).
+the KV cache page), audit (the Audit page on a pasted vLLM log, on InternVL2-8B / Atlas 300V Pro with
+vllm-ascend, and this engine measured).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def _step_to(page, steps: int) -> None:
         wait_for_app(page)
 
 
-GROUPS = ("live", "prefix", "quant", "spec", "pipeline", "architectures", "talk", "serving")
+GROUPS = ("live", "prefix", "quant", "spec", "pipeline", "architectures", "talk", "serving", "audit")
 
 
 def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
@@ -70,6 +71,8 @@ def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
             _talk(browser, url, out)
         if "serving" in groups:
             _serving(browser, url, out)
+        if "audit" in groups:
+            _audit(browser, url, out)
         browser.close()
 
 
@@ -194,7 +197,6 @@ def _architectures(browser, url: str, out: Path) -> None:
 TALK_VIEWPORT = {"width": 1920, "height": 1080}  # a projector's screen: presentation mode fits it
 
 
-@contextmanager
 def _serving(browser, url: str, out: Path) -> None:
     """The Serving under load page after a run (Llama-3-70B on 8 x H100 at 10 req/s, ShareGPT lengths),
     then its step-through on the KV cache page after 8 steps."""
@@ -211,6 +213,56 @@ def _serving(browser, url: str, out: Path) -> None:
     page.close()
 
 
+def _scroll_to(page, heading: str) -> None:
+    """Scroll the page so that ``heading`` is at the top of the window."""
+    page.get_by_role("heading", name=heading).first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(300)
+
+
+def _choose(page, key: str, option: str) -> None:
+    """Pick ``option`` in the selectbox with widget key ``key`` (type to filter, Enter)."""
+    page.locator(f".st-key-{key} input").click()
+    page.keyboard.type(option)
+    page.keyboard.press("Enter")
+    wait_for_app(page, timeout=120_000)
+
+
+def _audit(browser, url: str, out: Path) -> None:
+    """The Audit page: bench-03 (a vLLM V1 command with --no-enable-prefix-caching and its benchmark
+    block, from a public thread) on Llama-3.1-8B / H100: what was read, the checklist, the roofline
+    gap and the recommendations; then InternVL2-8B on an Atlas 300V Pro with vllm-ascend 0.11.0 (no
+    log: the version's defaults); then this engine measured (SmolLM2-135M, the quick workload)."""
+    page = browser.new_page(viewport=VIEWPORT)
+    load(page, f"{url}/audit")
+    page.locator(".st-key-au_log textarea").fill((ROOT / "tests" / "data" / "audit_logs" / "bench-03.txt").read_text())
+    _press(page, "au_run")
+    page.locator(".st-key-au_roofline .js-plotly-plot").wait_for(timeout=60_000)
+    _scroll_to(page, "Audit")
+    _shoot(page, out, "audit")
+    _scroll_to(page, "Checklist")
+    _shoot(page, out, "audit-checklist")
+    _scroll_to(page, "The roofline gap")
+    _shoot(page, out, "audit-roofline")
+    page.locator(".st-key-au_log textarea").fill("")
+    _choose(page, "au_model", "internvl2-8b")
+    _choose(page, "au_hw", "atlas-300v-pro")
+    _choose(page, "au_fw", "vllm-ascend")
+    _choose(page, "au_version_vllm-ascend", "0.11.0")
+    page.locator(".st-key-au_roofline .js-plotly-plot").wait_for(timeout=120_000)
+    _scroll_to(page, "Checklist")
+    _shoot(page, out, "audit-atlas")
+    _scroll_to(page, "What to change first")
+    _shoot(page, out, "audit-atlas-changes")
+    _scroll_to(page, "Audit")
+    page.get_by_role("tab", name="This engine, measured").click()
+    _choose(page, "au_engine_workload", "quick")
+    _press(page, "au_measure", timeout=600_000)
+    page.locator(".st-key-au_ablation_chart .js-plotly-plot").wait_for(timeout=60_000)
+    _shoot(page, out, "audit-engine")
+    page.close()
+
+
+@contextmanager
 def _talk_page(browser, url: str) -> Iterator:
     page = browser.new_page(viewport=TALK_VIEWPORT)
     try:
