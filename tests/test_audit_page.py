@@ -52,7 +52,7 @@ def audited(at: AppTest, log: str = "", **choices: object) -> AppTest:
 
 #: each table the page draws, by a column only it has
 TABLES = {"settings": "setting", "checklist": "expected gain here", "recommendations": "predicted gain",
-          "cannot": "why not here", "ablation": "makespan (s)", "benchmark": "figure"}
+"ablation": "makespan (s)", "benchmark": "figure"}
 
 
 def table(at: AppTest, which: str) -> pd.DataFrame:
@@ -92,6 +92,7 @@ def test_a_pasted_vllm_command_and_benchmark_block() -> None:
     # the same audit through the engine: the page shows it, item by item
     report = run_audit("llama-3.1-8b", "h100-sxm", "vllm", None, evidence=read_evidence(log), batch=1, context=4096)
     assert list(checklist["status"]) == [va.STATUS_LABEL[i.status] for i in report.checklist]
+    assert list(checklist["evidence"]) == [i.evidence for i in report.checklist]
     recs = table(at, "recommendations")
     assert list(recs["change"]) == [r.title for r in report.recommendations]
     assert "Prefix caching (automatic / radix)" in list(recs["change"])
@@ -111,8 +112,11 @@ def test_atlas_300v_pro_with_vllm_ascend_and_mindie() -> None:
     assert "310P" in checklist.loc["cuda_graphs", "supported?"]
     assert checklist.loc["weight_quant_fp8", "status"] == "⛔ unsupported"
     assert "no FP8" in checklist.loc["weight_quant_fp8", "supported?"]
-    cannot = table(at, "cannot")
-    assert {"CUDA graphs (ACL graph on Ascend)", "FP8 weights (W8A8-FP8)"} <= set(cannot["optimisation"])
+    assert checklist.loc["weight_quant_fp8", "expected gain here"] == "— (cannot run here)"  # no gain promised
+    cannot = texts(at.markdown)
+    assert "Not possible here" in cannot
+    assert "**CUDA graphs (ACL graph on Ascend)**: " in cannot and "runs eager mode only" in cannot
+    assert "**FP8 weights (W8A8-FP8)**: " in cannot and "Atlas 300V Pro has no FP8" in cannot
     recs = list(table(at, "recommendations")["change"])
     assert not {"FP8 weights (W8A8-FP8)", "CUDA graphs (ACL graph on Ascend)"} & set(recs)  # never recommended
     assert "No log given" in texts(at.info)

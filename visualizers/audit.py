@@ -67,11 +67,16 @@ def status_label(item: CheckItem) -> str:
     return STATUS_LABEL[item.status]
 
 
+def gain_here(item: CheckItem) -> str:
+    """The expected gain, except for an item this hardware or version cannot run (its gain is moot)."""
+    return "— (cannot run here)" if item.status == "unsupported" else item.expected_gain
+
+
 def checklist_frame(report: AuditReport) -> pd.DataFrame:
     """The checklist at a glance: status (symbol and word), the optimisation, the evidence for its
     status, the predicted gain here, how to turn it on, and why it is (not) supported."""
     rows = [{"status": status_label(i), "optimisation": i.title, "evidence": i.evidence,
-             "expected gain here": i.expected_gain, "how to turn it on": i.how if i.status == "off" else "",
+             "expected gain here": gain_here(i), "how to turn it on": i.how if i.status == "off" else "",
              "supported?": i.supported_why if i.status == "unsupported" else (i.applies_why if not i.applies else ""),
              "name": i.name} for i in report.checklist]
     return pd.DataFrame(rows, columns=["status", "optimisation", "evidence", "expected gain here", "how to turn it on",
@@ -96,11 +101,6 @@ def recommendations_frame(report: AuditReport) -> pd.DataFrame:
              "factor": round(r.gain_ratio, 3) if r.gain_ratio is not None else None, "how": r.how}
             for n, r in enumerate(report.recommendations, 1)]
     return pd.DataFrame(rows, columns=["rank", "change", "predicted gain", "factor", "how"])
-
-
-def cannot_frame(report: AuditReport) -> pd.DataFrame:
-    return pd.DataFrame([{"optimisation": t, "why not here": w} for t, w in report.cannot],
-                        columns=["optimisation", "why not here"])
 
 
 def roofline_figure(rl: Roofline, font_size: int = 12) -> go.Figure:
@@ -177,7 +177,7 @@ def report_markdown(report: AuditReport, evidence: Evidence | None = None) -> st
                      for s in r.detected.values()]) + [""]
     lines += ["## Checklist", ""]
     lines += _table(["status", "optimisation", "evidence", "expected gain here", "how to turn it on"],
-                    [[status_label(i), i.title, i.evidence, i.expected_gain, i.how if i.status == "off" else ""]
+                    [[status_label(i), i.title, i.evidence, gain_here(i), i.how if i.status == "off" else ""]
                      for i in r.checklist]) + [""]
     if r.roofline:
         rl = r.roofline

@@ -135,10 +135,9 @@ def show_report(report: AuditReport, ev: Evidence | None) -> None:
                                                                         "factor": FACTOR})
     else:
         st.success("Nothing to recommend: every optimisation that applies and is supported here is on.", icon="✅")
-    if report.cannot:
-        st.markdown("**Not possible here**")
-        st.container(key="au_cannot").dataframe(va.cannot_frame(report), hide_index=True,
-                                                column_config={"why not here": WIDE_TEXT})
+    if report.cannot:  # a list, not a table: the reasons are sentences, read whole
+        st.container(key="au_cannot").markdown(
+            "**Not possible here**\n\n" + "\n".join(f"- **{md(t)}**: {md(w)}" for t, w in report.cannot))
 
     c1, c2, _ = st.columns([1, 1, 3])
     stem = f"audit-{report.model}-{report.hardware}-{report.framework}-{report.version}"
