@@ -17,6 +17,7 @@ from app.studies import audit as study
 from engine.audit.__main__ import report_json
 from engine.audit.audit import run_audit
 from engine.audit.readers import read_evidence
+from tests.test_markdown_escaping import assert_no_injection
 from visualizers import audit as va
 from visualizers.text import WORD_JOINER
 
@@ -185,10 +186,14 @@ def test_uploaded_files_and_the_exports() -> None:
 
 
 def test_a_log_line_never_becomes_markdown() -> None:
-    log = "vllm serve ![p](https://example.com/p.png) --no-enable-prefix-caching\n"
+    """A pasted command whose model and values are Markdown / HTML payloads: quoted in a warning,
+    shown in the tables, never rendered (tests/test_markdown_escaping.py's checks)."""
+    name = "![p](https://example.com/p.png)"
+    log = f"vllm serve '{name}' --quantization ':red[boom]' --kv-cache-dtype '<img src=x onerror=alert(1)>'\n"
     at = audited(open_audit(), log)
-    for el in (*at.markdown, *at.warning, *at.success, *at.caption):
-        assert "![p](https://" not in str(el.value)
+    assert_no_injection(at, shown=(name,))
+    settings = table(at, "settings").set_index("setting")
+    assert settings.loc["model", "value"] == name  # in a table cell, as text
 
 
 def test_combine_numbers_lines_through_the_paste_then_each_file() -> None:

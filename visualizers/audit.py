@@ -149,8 +149,10 @@ def report_as_json(report: AuditReport) -> str:
 
 
 def _cell(text: object) -> str:
-    """A Markdown table cell: one line, pipes escaped (the file is read by people and renderers)."""
-    return " ".join(_value(text).split()).replace("\\", "\\\\").replace("|", "\\|")
+    """A Markdown table cell: one line, backslashes and pipes escaped, and no HTML tag a renderer would
+    draw (a log's text is data here too)."""
+    return (" ".join(_value(text).split()).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
+            .replace(">", "&gt;"))
 
 
 def _table(header: list[str], rows: list[list[object]]) -> list[str]:
