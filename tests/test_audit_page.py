@@ -81,7 +81,7 @@ def test_a_pasted_vllm_command_and_benchmark_block() -> None:
     checklist = table(at, "checklist").set_index("name")
     assert checklist.loc["prefix_caching", "status"] == "⭕ off"
     assert checklist.loc["prefix_caching", "evidence"] == "log line 1: enable_prefix_caching = False"
-    assert checklist.loc["prefix_caching", "how to turn it on"] == "--enable-prefix-caching"
+    assert checklist.loc["prefix_caching", "how / why not"] == "--enable-prefix-caching"
     assert set(checklist["status"]) <= set(va.STATUS_LABEL.values())
 
     settings = table(at, "settings").set_index("setting")
@@ -110,9 +110,9 @@ def test_atlas_300v_pro_with_vllm_ascend_and_mindie() -> None:
                  **{"au_version_vllm-ascend": "0.11.0"}, au_simulate=False)
     checklist = table(at, "checklist").set_index("name")
     assert checklist.loc["cuda_graphs", "status"] == "⛔ unsupported"
-    assert "310P" in checklist.loc["cuda_graphs", "supported?"]
+    assert "310P" in checklist.loc["cuda_graphs", "how / why not"]
     assert checklist.loc["weight_quant_fp8", "status"] == "⛔ unsupported"
-    assert "no FP8" in checklist.loc["weight_quant_fp8", "supported?"]
+    assert "no FP8" in checklist.loc["weight_quant_fp8", "how / why not"]
     assert checklist.loc["weight_quant_fp8", "expected gain here"] == "— (cannot run here)"  # no gain promised
     cannot = texts(at.markdown)
     assert "Not possible here" in cannot

@@ -72,15 +72,26 @@ def gain_here(item: CheckItem) -> str:
     return "— (cannot run here)" if item.status == "unsupported" else item.expected_gain
 
 
+def how_or_why_not(item: CheckItem) -> str:
+    """What to do about an item: the flag that turns it on (off), why it cannot run here
+    (unsupported) or why it does not apply; nothing for an item that is on or unknown."""
+    if item.status == "off":
+        return item.how
+    if item.status == "unsupported":
+        return item.supported_why
+    if item.status == "not applicable":
+        return item.applies_why
+    return ""
+
+
 def checklist_frame(report: AuditReport) -> pd.DataFrame:
     """The checklist at a glance: status (symbol and word), the optimisation, the evidence for its
-    status, the predicted gain here, how to turn it on, and why it is (not) supported."""
+    status, the predicted gain here, and how to turn it on or why it cannot be (``how_or_why_not``)."""
     rows = [{"status": status_label(i), "optimisation": i.title, "evidence": i.evidence,
-             "expected gain here": gain_here(i), "how to turn it on": i.how if i.status == "off" else "",
-             "supported?": i.supported_why if i.status == "unsupported" else (i.applies_why if not i.applies else ""),
-             "name": i.name} for i in report.checklist]
-    return pd.DataFrame(rows, columns=["status", "optimisation", "evidence", "expected gain here", "how to turn it on",
-                                       "supported?", "name"])
+             "expected gain here": gain_here(i), "how / why not": how_or_why_not(i), "name": i.name}
+            for i in report.checklist]
+    return pd.DataFrame(rows, columns=["status", "optimisation", "evidence", "expected gain here", "how / why not",
+                                       "name"])
 
 
 def _status_css(label: object) -> str:
@@ -178,8 +189,8 @@ def report_markdown(report: AuditReport, evidence: Evidence | None = None) -> st
                     [[s.name, s.value, SOURCE_LABEL.get(s.source, s.source), s.line_no or "", _first_line(s)]
                      for s in r.detected.values()]) + [""]
     lines += ["## Checklist", ""]
-    lines += _table(["status", "optimisation", "evidence", "expected gain here", "how to turn it on"],
-                    [[status_label(i), i.title, i.evidence, gain_here(i), i.how if i.status == "off" else ""]
+    lines += _table(["status", "optimisation", "evidence", "expected gain here", "how / why not"],
+                    [[status_label(i), i.title, i.evidence, gain_here(i), how_or_why_not(i)]
                      for i in r.checklist]) + [""]
     if r.roofline:
         rl = r.roofline

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import streamlit as st
+from streamlit.elements.lib.column_types import ColumnConfig
 
 from app import session
 from app.studies import audit as study
@@ -23,9 +24,16 @@ PRESET_MODELS = calc.model_presets()
 PRESET_HARDWARE = [h for h in calc.hardware_presets() if h != "this-machine"]  # this machine: the second tab
 PLAIN_DELTA: dict[str, Any] = {"delta_color": "off", "delta_arrow": "off"}
 CHART = {"displaylogo": False}
-WIDE_TEXT = st.column_config.TextColumn(width="large")
-FACTOR = st.column_config.NumberColumn(format="×%.2f", help="The predicted factor the ranking uses")
-STATUS = st.column_config.TextColumn(width=140)  # "⛔ unsupported" whole
+
+
+def text(width: int) -> ColumnConfig:
+    """A text column ``width`` pixels wide: the tables fit the page at 1440 px (a long cell is cut,
+    shown whole on hover), rather than hiding columns until scrolled."""
+    return st.column_config.TextColumn(width=width)
+
+
+FACTOR = st.column_config.NumberColumn(format="×%.2f", help="The predicted factor the ranking uses", width=70)
+STATUS = st.column_config.TextColumn(width=120)  # "⛔ unsupported" whole
 
 st.title("🩺 Audit")
 st.caption("Why is it slow here? Which known optimisations a deployment applies on its hardware, how far it is from"
@@ -93,8 +101,10 @@ def show_report(report: AuditReport, ev: Evidence | None) -> None:
     st.subheader("Settings", anchor=False)
     st.caption("What the readers took from the log (with its line), what you typed, and the version's defaults for"
                " the rest.")
-    st.container(key="au_settings").dataframe(va.detected_frame(report.detected), hide_index=True,
-                                              column_config={"from": WIDE_TEXT})
+    st.container(key="au_settings").dataframe(
+        va.detected_frame(report.detected), hide_index=True,
+        column_config={"setting": text(180), "value": text(170), "source": text(110),
+                       "line": st.column_config.NumberColumn(width=50), "from": text(420)})
     if ev is not None and ev.benchmark is not None:
         with st.expander("Benchmark figures read"):
             st.dataframe(va.benchmark_frame(ev), hide_index=True)
@@ -104,9 +114,9 @@ def show_report(report: AuditReport, ev: Evidence | None) -> None:
                " hardware; words without numbers are the table's sourced figures.")
     st.container(key="au_checklist").dataframe(
         va.styled_status(va.checklist_frame(report)), hide_index=True, height=35 * (len(report.checklist) + 1) + 3,
-        column_order=["status", "optimisation", "evidence", "expected gain here", "how to turn it on", "supported?"],
-        column_config={"status": STATUS, "evidence": WIDE_TEXT, "expected gain here": WIDE_TEXT,
-                       "supported?": WIDE_TEXT})
+        column_order=["status", "optimisation", "evidence", "expected gain here", "how / why not"],
+        column_config={"status": STATUS, "optimisation": text(200), "evidence": text(200),
+                       "expected gain here": text(230), "how / why not": text(180)})
 
     st.subheader("The roofline gap", anchor=False)
     if rl is None:
@@ -130,9 +140,10 @@ def show_report(report: AuditReport, ev: Evidence | None) -> None:
 
     st.subheader("What to change first", anchor=False)
     if report.recommendations:
-        st.container(key="au_recommendations").dataframe(va.recommendations_frame(report), hide_index=True,
-                                                         column_config={"predicted gain": WIDE_TEXT,
-                                                                        "factor": FACTOR})
+        st.container(key="au_recommendations").dataframe(
+            va.recommendations_frame(report), hide_index=True,
+            column_config={"rank": st.column_config.NumberColumn(width=50), "change": text(260),
+                           "predicted gain": text(400), "factor": FACTOR, "how": text(180)})
     else:
         st.success("Nothing to recommend: every optimisation that applies and is supported here is on.", icon="✅")
     if report.cannot:  # a list, not a table: the reasons are sentences, read whole

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.server import assert_no_exception, click, load, wait_for_app
+from tests.browser.server import assert_no_exception, click, load, readability_problems, wait_for_app
 
 pytestmark = pytest.mark.browser
 LOG = Path(__file__).resolve().parents[1] / "data" / "audit_logs" / "bench-03.txt"
@@ -23,7 +23,7 @@ def grid_text(page, key: str) -> str:
 
 
 def test_audit_a_pasted_log_then_download_the_json(app_url: str, chromium, artifacts: Path, tmp_path: Path) -> None:
-    page = chromium.new_context(viewport={"width": 1500, "height": 1400}, accept_downloads=True).new_page()
+    page = chromium.new_context(viewport={"width": 1440, "height": 1400}, accept_downloads=True).new_page()
     load(page, f"{app_url}/audit")
     page.locator(".st-key-au_log textarea").fill(LOG.read_text())
     click(page, "au_run")
@@ -37,6 +37,7 @@ def test_audit_a_pasted_log_then_download_the_json(app_url: str, chromium, artif
     assert "Prefix caching (automatic / radix)" in checklist and "⭕ off" in checklist, checklist[:2000]
     assert "log line 1: enable_prefix_caching = False" in checklist
     assert "Prefix caching (automatic / radix)" in grid_text(page, "au_recommendations")
+    assert readability_problems(page) == []  # no table hides columns until scrolled, no chart text cut
     page.screenshot(path=str(artifacts / "audit.png"), full_page=True)
 
     with page.expect_download() as download:
