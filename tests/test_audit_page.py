@@ -215,6 +215,7 @@ def test_this_engine_measured_once_and_kept(torch_single_thread: None) -> None:
     assert list(got["optimisation"])[0] == "the engine's defaults"
     assert len(got) == study.RUNS
     assert got["makespan (s)"].gt(0).all()
+    assert "No roofline for tiny-random" in texts(at.caption)  # the calculator does not know it: no bound drawn
     first = got.copy()
     ok(at.run())  # a redraw shows the session's result: nothing is measured again
     pd.testing.assert_frame_equal(table(at, "ablation"), first)

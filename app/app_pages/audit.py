@@ -198,7 +198,7 @@ with tab_engine:
     if st.button("Measure this engine", key="au_measure", icon=":material/speed:"):
         bar = st.progress(0.0, text="Starting…")
         try:
-            result = study.measure(engine_model, workload, lambda share, what: bar.progress(share, text=what))
+            result = study.measure(engine_model, workload, lambda share, what: bar.progress(share, text=md(what)))
         except (ValueError, calc.SizingError) as exc:
             st.error(f"Can't measure this: {md(exc)}", icon="🚫")
         except Exception as exc:  # noqa: BLE001 - a message, never a traceback
@@ -219,7 +219,8 @@ with tab_engine:
         number = st.column_config.NumberColumn
         st.container(key="au_ablation").dataframe(
             va.styled_status(va.ablation_frame(abl)), hide_index=True,
-            column_config={"status": STATUS, "makespan (s)": number(format="%.2f"), "speed-up": number(format="×%.2f", help="The baseline's makespan over this run's (> 1: faster)"),
+            column_config={"status": STATUS, "makespan (s)": number(format="%.2f"),
+                           "speed-up": number(format="×%.2f", help="The baseline's makespan over this run's (> 1: faster)"),
                            "output tok/s": number(format="%.1f"), "TTFT p50 (ms)": number(format="%.0f"),
                            "TPOT p50 (ms)": number(format="%.1f")})
         st.plotly_chart(va.ablation_figure(abl), key="au_ablation_chart", config=CHART)
@@ -227,3 +228,5 @@ with tab_engine:
             st.caption(f"Roofline: the baseline decodes {abl.decode_measured_tokens_per_s:,.1f} tokens/s per sequence"
                        f" at its batch, {abl.decode_measured_tokens_per_s / abl.decode_bound_tokens_per_s:.0%} of"
                        f" this machine's batch-1 bandwidth bound ({abl.decode_bound_tokens_per_s:,.1f}).")
+        elif abl.decode_bound_tokens_per_s is None:
+            st.caption(f"No roofline for {md(abl.model)}: the calculator does not know this model.")
