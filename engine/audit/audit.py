@@ -331,7 +331,8 @@ def gains(spec: ModelSpec, hw: Hardware, settings: dict[str, Setting], framework
                          f"({base.weights_format} -> {e.weights_format} weights, calculator)",
                          e.decode_tokens_per_s / base.decode_tokens_per_s)
     if base.kv_dtype not in ("fp8", "int8"):
-        for kv in ("fp8", "int8"):
+        kinds = ("fp8", "int8") if hw.fp8_flops is not None or hw.device_class.startswith("nvidia") else ("int8",)
+        for kv in kinds:  # (no FP8 KV where the hardware has no FP8: Ascend 310P, CPUs)
             e = _estimate(spec, hw, work, _sizing_settings(settings, framework, version, kv_dtype=kv))
             if e is not None and e.kv_room_tokens and base.kv_room_tokens:
                 out["kv_cache_quant"] = (f"KV room {base.kv_room_tokens:,} -> {e.kv_room_tokens:,} tokens "
