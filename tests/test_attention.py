@@ -171,3 +171,31 @@ def test_each_decode_row_gets_exactly_its_own_slots_once() -> None:
             assert own[batch.query_start_loc[i]] == tables[i][: start + 1]
     widths = sorted(g.width for g in batch.decode_groups)
     assert widths[-1] == 981 and widths[0] < 100  # the long one did not widen the short ones
+
+
+def test_decode_grouping_off_is_one_padded_group_with_the_same_greedy_tokens() -> None:
+    """EngineConfig.decode_grouping=False (what the audit's ablation measures): every decode in one
+    group padded to the longest context; the outputs do not change, only the work."""
+    from engine.core.config import SamplingParams
+    from engine.model.forward_batch import ONE_GROUP_OVERHEAD
+    from engine.serving.engine import LLMEngine
+    from tests.conftest import run_to_completion
+
+    rng = random.Random(3)
+    requests = [(2, 1), (40, 1), (300, 1)]
+    tables, _ = _random_tables(requests, 16, rng)
+    chunks = [[1] * n for _, n in requests]
+    grouped = build_forward_batch(chunks, [s for s, _ in requests], tables, [1, 1, 1])
+    padded = build_forward_batch(chunks, [s for s, _ in requests], tables, [1, 1, 1], ONE_GROUP_OVERHEAD)
+    assert len(grouped.decode_groups) > 1 and len(padded.decode_groups) == 1
+    assert padded.decode_groups[0].width == 301
+
+    outputs = []
+    for grouping in (True, False):
+        with LLMEngine("tiny-random", num_blocks=64, block_size=4, decode_grouping=grouping) as engine:
+            for i, n in enumerate((3, 17, 45)):
+                engine.add_request([5 + i] * n, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+            traces = run_to_completion(engine)
+            outputs.append(sorted((r.request_id, tuple(r.output_token_ids)) for r in engine.requests.values()))
+            assert traces
+    assert outputs[0] == outputs[1]

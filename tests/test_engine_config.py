@@ -16,7 +16,7 @@ NON_DEFAULT = {  # one value per flat knob, none of them its default, all valid 
     "quantization_smoothing_strength": None, "speculative_config": None, "pipeline_parallel_size": 2,
     "tensor_parallel_size": 1, "pipeline_schedule": "batch_queue", "num_microbatches": 1,
     "pipeline_layer_split": (1, 1), "worker_timeout_s": 30.0, "runner": "workers", "attention_backend": "torch",
-    "scheduling_policy": "priority", "prefill_schedule": "prefill_first",
+    "scheduling_policy": "priority", "prefill_schedule": "prefill_first", "decode_grouping": False,
 }
 
 

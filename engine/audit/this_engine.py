@@ -5,8 +5,9 @@ standard workload with each of its optimisations off and on (``python -m engine.
     baseline     what the engine does by default: continuous batching, chunked prefill, prefix
                  caching, float weights and KV cache, no speculation
     one change   each optimisation flipped alone against that baseline: the lossless ones turned
-                 off (continuous -> static batching, chunked prefill off, prefix caching off), the
-                 opt-in ones turned on (int8 / int4 weights, int8 KV cache, n-gram speculation)
+                 off (continuous -> static batching, chunked prefill off, prefix caching off, decode
+                 groups off: every decode padded to the longest), the opt-in ones turned on (int8 /
+                 int4 weights, int8 KV cache, n-gram speculation)
 
 Every run is the real engine (``run_real``: wall-clock times) on the same workload: requests in
 two groups sharing a system prompt, arriving together. The figures are measured, not predicted;
@@ -52,7 +53,10 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("kv_cache_quant", "int8 KV cache", "on", {"kv_cache_dtype": "int8"}, False),
     Variant("speculative_ngram", "n-gram speculation (k = 3)", "on",
             {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}, True),
+    Variant("unpadded_decode_attention", "Unpadded decode attention", "off", {"decode_grouping": False}, True),
 )
+#: this engine's own optimisations, not in the knowledge table (no other framework has them by that name)
+ENGINE_ONLY = frozenset({"unpadded_decode_attention"})
 _SERVING_FIELDS = ("enable_prefix_caching", "enable_chunked_prefill")
 
 

@@ -346,6 +346,7 @@ KNOB_PLACES: dict[str, tuple[str, str]] = {
     "worker_timeout_s": ("parallel_config", "worker_timeout_s"),
     "runner": ("", "runner"),
     "attention_backend": ("", "attention_backend"),
+    "decode_grouping": ("", "decode_grouping"),
     "scheduling_policy": ("scheduler_config", "scheduling_policy"),
     "prefill_schedule": ("scheduler_config", "prefill_schedule"),
 }
@@ -409,6 +410,10 @@ class EngineConfig:
                             ATTENTION_BACKENDS): "torch" (the reference) or "triton" (engine/kernels:
                             on CPU only under TRITON_INTERPRET=1, slow: tiny models and teaching);
                             checked at start
+    decode_grouping         True (default): the torch backend attends decodes in groups of similar
+                            context, each padded to its own longest (engine/model/forward_batch.py);
+                            False: one group padded to the longest decode, as a padded batch does
+                            (the audit measures what grouping buys)
 
     Rules across sub-configs (checked here): a quantization computes in bfloat16; speculation runs
     in one process; t > 1 refuses a weight quantization (its packed codes are not sliced).
@@ -424,6 +429,7 @@ class EngineConfig:
     seed: int = 0
     runner: str = "auto"
     attention_backend: str = "torch"
+    decode_grouping: bool = True
 
     def __post_init__(self) -> None:
         """Each sub-config is its own record (a dict of its fields is parsed); then the top-level
@@ -439,6 +445,8 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_CHARS:
                 raise ValueError(f"{name}: must be a name (1 to {MAX_NAME_CHARS} characters), got {_short(value)}")
+        if not isinstance(self.decode_grouping, bool):
+            raise ValueError(f"decode_grouping: must be True or False, got {_short(self.decode_grouping)}")
         object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
         check_sparsity(self.sparsity)
         scheme = self.quantization

@@ -41,6 +41,14 @@ import torch
 # layer of dispatch (gather K, gather V, SDPA, write back) and one slot about 0.2 µs on the
 # 2-core CPU this was measured on (smollm2-135m shapes), so ~150 slots; rounded down.
 GROUP_OVERHEAD_SLOTS = 128
+#: a group's price when grouping is off: never worth a second group, so every decode is in one,
+#: padded to the longest context (EngineConfig.decode_grouping = False)
+ONE_GROUP_OVERHEAD = 1 << 62
+
+
+def decode_group_overhead(grouping: bool) -> int:
+    """The ``group_decodes`` overhead for EngineConfig.decode_grouping."""
+    return GROUP_OVERHEAD_SLOTS if grouping else ONE_GROUP_OVERHEAD
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,7 @@ def build_forward_batch(
     starts: list[int],
     slot_tables: list[list[int]],
     sample_flags: Sequence[int],
+    group_overhead: int = GROUP_OVERHEAD_SLOTS,
 ) -> ForwardBatch:
     """Flatten per-request chunks into a ForwardBatch.
 
@@ -171,7 +180,7 @@ def build_forward_batch(
             decode_contexts.append(slots[:seq_len])
         else:
             prefills.append(_prefill_kv(row, n, seq_len, slots))
-    groups = group_decodes([len(c) for c in decode_contexts])
+    groups = group_decodes([len(c) for c in decode_contexts], group_overhead)
     return ForwardBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.long),
         positions=torch.tensor(positions, dtype=torch.long),

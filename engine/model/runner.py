@@ -15,7 +15,7 @@ import torch
 from engine.core.batch import BatchStage, SingleBatch
 from engine.model import kv_quant
 from engine.model.attention import TORCH_ATTENTION, AttentionBackend
-from engine.model.forward_batch import ForwardBatch, build_forward_batch
+from engine.model.forward_batch import GROUP_OVERHEAD_SLOTS, ForwardBatch, build_forward_batch
 from engine.core.hf_config import ENGINE_DTYPES
 from engine.core.kv_cache import KVCacheManager
 from engine.model.kv_quant import KVCache, QuantizedKV
@@ -64,11 +64,12 @@ class BatchInputs(NamedTuple):
     starts: list[int]
     slots: list[list[int]]
     sample_flags: list[int]
+    group_overhead: int = GROUP_OVERHEAD_SLOTS  # decode grouping (forward_batch.decode_group_overhead)
 
 
 def batch_inputs(scheduled: Sequence[ScheduledRequest], requests: dict[str, Request],
-                 kv: KVCacheManager) -> BatchInputs:
-    out = BatchInputs([], [], [], [])
+                 kv: KVCacheManager, group_overhead: int = GROUP_OVERHEAD_SLOTS) -> BatchInputs:
+    out = BatchInputs([], [], [], [], group_overhead)
     for s in scheduled:
         r = requests[s.request_id]
         end = s.start + s.num_new_tokens
@@ -84,9 +85,11 @@ class ModelRunner:
     this process, one forward per step."""
 
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
-                 kv_cache_dtype: str | torch.dtype, attention: AttentionBackend = TORCH_ATTENTION) -> None:
+                 kv_cache_dtype: str | torch.dtype, attention: AttentionBackend = TORCH_ATTENTION,
+                 group_overhead: int = GROUP_OVERHEAD_SLOTS) -> None:
         self.model = model
         self.attention = attention
+        self.group_overhead = group_overhead
         c = model.config
         name = kv_dtype_name(kv_cache_dtype)
         shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
@@ -128,7 +131,7 @@ class ModelRunner:
                 kv: KVCacheManager) -> ForwardBatch:
         """Copy-on-write copies first (the chunks below write into the copies), then the batch."""
         self.copy_blocks([(c.src_block, c.dst_block) for c in output.copies])
-        return build_forward_batch(*batch_inputs(output.scheduled, requests, kv))
+        return build_forward_batch(*batch_inputs(output.scheduled, requests, kv, self.group_overhead))
 
     def forward(self, output: SchedulerOutput, requests: dict[str, Request], kv: KVCacheManager) -> torch.Tensor:
         """The step's batch -> logits [S, V] (ParallelRunner.forward's signature)."""

@@ -52,6 +52,7 @@ import torch
 from engine.core.batch import BatchStage, SingleBatch
 from engine.core.config import EngineConfig
 from engine.core.kv_cache import KVCacheManager
+from engine.model.forward_batch import decode_group_overhead
 from engine.model.runner import batch_inputs, kv_cache_bytes_per_token
 from engine.model.llama import LlamaModel, Observer
 from engine.parallel.batch_queue import BatchQueue, InFlightBatch
@@ -566,7 +567,8 @@ class ParallelRunner:
         batch_id = next(self._batch_ids)
         for j, group in enumerate(split_microbatches(output.scheduled, num_microbatches)):
             copies = [(c.src_block, c.dst_block) for c in output.copies] if j == 0 else []
-            units.append(Unit(copies, batch_inputs(group, requests, kv)))
+            units.append(Unit(copies, batch_inputs(group, requests, kv,
+                                                    decode_group_overhead(self.config.decode_grouping))))
             described.append(PipelineUnit(j, batch_id, j, sum(s.num_new_tokens for s in group),
                                           tuple(s.request_id for s in group)))
         t0 = clock_ns()
