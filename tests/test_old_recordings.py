@@ -5,8 +5,8 @@ tests/data/recordings-before-20/ holds files written by commit 266ba04, the last
 change: four small tiny-random runs made there (int4 weights + int8 KV cache, a pipeline with a
 layer split in real worker processes, early-exit speculation, the static policy without prefix
 caching) and the bundled SmolLM2 pipeline recording of that commit. Their config is the flat knob
-set of that time: it lacks ``runner``, ``attention_backend``, ``scheduling_policy`` and
-``prefill_schedule``, added since, which load as their defaults.
+set of that time: it lacks ``runner``, ``attention_backend``, ``scheduling_policy``,
+``prefill_schedule`` and ``decode_grouping``, added since, which load as their defaults.
 
 "Unchanged" here means: every record decodes and re-encodes to exactly the bytes the old code
 wrote (the meta differs only by the knobs added since, at their defaults), a ReplayRun steps through
@@ -27,7 +27,7 @@ from tests.test_replay_mutations import draw_every_page
 OLD = Path(__file__).parent / "data" / "recordings-before-20"
 FILES = sorted(OLD.glob("*.json"))
 ADDED_SINCE = {"runner": "auto", "attention_backend": "torch",  # knobs the old files do not have
-               "scheduling_policy": "fcfs", "prefill_schedule": "mixed"}
+               "scheduling_policy": "fcfs", "prefill_schedule": "mixed", "decode_grouping": True}
 
 
 def test_the_old_recordings_are_there() -> None:
