@@ -140,6 +140,15 @@ def test_h100_vllm_v1_log_with_prefix_caching_off_and_bf16_kv() -> None:
     assert rl.bandwidth_utilisation is not None and 0 < rl.bandwidth_utilisation < 1
 
 
+def test_unstated_settings_take_the_versions_documented_default_marked_as_such() -> None:
+    r = run_audit("llama-3.1-8b", "h100-sxm", "vllm", "0.6.3", evidence=_log("v0-02"), simulate_gains=False)
+    assert r.detected["gpu_memory_utilization"].value == 0.9 and r.detected["max_num_seqs"].value == 256
+    assert all(r.detected[n].source == "default" and "v0.6.3" in r.detected[n].line
+               for n in ("gpu_memory_utilization", "max_num_seqs", "kv_cache_dtype", "enable_prefix_caching"))
+    assert r.detected["max_model_len"].source == "log"  # stated wins
+    assert _item(r, "kv_cache_quant").evidence.startswith("default: kv_cache_dtype")
+
+
 def test_vllm_v0_log_on_a100() -> None:
     r = run_audit("llama-3.1-8b", "a100-80gb", "vllm", evidence=_log("v0-02"), simulate_gains=False)
     assert r.version == "0.6.3" and any("0.6.4.post1" in w for w in r.warnings)

@@ -245,9 +245,16 @@ def enabled(opt: Optimisation, settings: dict[str, Setting], row: Support | None
 
 def with_defaults(settings: dict[str, Setting], kn: Knowledge, framework: str, version: str,
                   hw: Hardware) -> dict[str, Setting]:
-    """``settings`` plus, for each optimisation's setting nobody stated, the version's default (off
-    where the version cannot run it on ``hw``)."""
+    """``settings`` plus, for each setting nobody stated, the version's documented default: the
+    optimisations' switches (off where the version cannot run one on ``hw``) and the settings the
+    table records (FrameworkVersion.defaults)."""
     out = dict(settings)
+    fv = kn.frameworks.get(framework, {}).get(version)
+    if fv is not None and fv.defaults_source is not None:
+        for name, value in fv.defaults.items():
+            if name not in out and name in CANONICAL:
+                out[name] = Setting(name, value, "default", f"{framework} {version}: {name} defaults to {value!r} "
+                                    f"({fv.defaults_source.url})")
     for opt_name, name in SETTING_OF.items():
         if name in out:
             continue

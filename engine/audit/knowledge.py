@@ -88,6 +88,10 @@ class FrameworkVersion:
     released: str
     args_source: SourceRef | None
     args: frozenset[str]
+    #: canonical settings' documented defaults in this version (none where the framework computes
+    #: them at start, e.g. SGLang's mem_fraction_static), and where they are written
+    defaults: dict[str, bool | int | float | str] = field(default_factory=dict)
+    defaults_source: SourceRef | None = None
 
     @property
     def parsed(self) -> Version:
@@ -196,10 +200,14 @@ def parse_knowledge(data: Any) -> Knowledge:
             frameworks[fw] = {}
             for ver, v in (f.get("versions") or {}).items():
                 parse_version(ver)
-                src = v.get("args_source")
+                src, dsrc = v.get("args_source"), v.get("defaults_source")
+                defaults = dict(v.get("defaults") or {})
+                if defaults and not dsrc:
+                    raise ValueError(f"{fw} {ver}: defaults need a defaults_source")
                 frameworks[fw][ver] = FrameworkVersion(fw, ver, v.get("engine"), str(v.get("released") or ""),
                                                        SourceRef.parse(src, f"{fw} {ver}") if src else None,
-                                                       frozenset(v.get("args") or ()))
+                                                       frozenset(v.get("args") or ()), defaults,
+                                                       SourceRef.parse(dsrc, f"{fw} {ver} defaults") if dsrc else None)
         opts = tuple(_optimisation(o) for o in data["optimisations"])
         hardware = {k: HardwareFeatures(str(h["arch"]), bool(h.get("fp8")), bool(h.get("bf16")), str(h.get("source", "")))
                     for k, h in (data.get("hardware_features") or {}).items()}
