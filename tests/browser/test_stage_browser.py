@@ -172,7 +172,9 @@ def test_keys_work_after_sidebar_controls_and_do_what_the_map_says(app_url: str,
     press(page, "PageDown")
     wait_for_steps(page, 1)
     page.locator(".st-key-live_scenario").click()  # the scenario dropdown: pick another scenario
-    page.get_by_role("option", name="Memory pressure").click()
+    # (60 s: late in the browser unit, with every earlier test's sessions alive in the one server,
+    # the dropdown took over 30 s to open in two full runs on the 2-core machine; alone, 1 s)
+    page.get_by_role("option", name="Memory pressure").click(timeout=60_000)
     wait_for_steps(page, 0)  # a new run
     press(page, "PageDown")
     wait_for_steps(page, 1)
@@ -211,8 +213,8 @@ def test_keys_work_after_sidebar_controls_and_do_what_the_map_says(app_url: str,
     expect(page.locator(".st-key-play").get_by_role("button", name="Pause")).to_be_visible(timeout=30_000)
     expect(page.get_by_test_id("stMetric").filter(has_text="Steps done").get_by_test_id("stMetricValue")) \
         .not_to_have_text("6", timeout=30_000)
-    press(page, "P")
-    expect(page.locator(".st-key-play").get_by_role("button", name="Play")).to_be_visible(timeout=30_000)
+    press(page, "P")  # (60 s: a step in flight finishes before the pause shows; see the dropdown above)
+    expect(page.locator(".st-key-play").get_by_role("button", name="Play")).to_be_visible(timeout=60_000)
     press(page, "0")  # Reset
     wait_for_steps(page, 0)
 
