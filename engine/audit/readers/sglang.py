@@ -58,6 +58,7 @@ def read(lines: list[str]) -> Found:
     """Every setting an SGLang startup log states (module doc)."""
     found: dict[str, Setting] = {}
     used: set[int] = set()
+    marked = False  # a line only SGLang prints was read (ServerArgs, its token budget, its version)
 
     def put(name: str, value: Value, n: int, line: str) -> None:
         found.setdefault(name, Setting(name, value, "log", line, n))
@@ -66,6 +67,7 @@ def read(lines: list[str]) -> Found:
     for n, line in join_wrapped(lines):
         m = _SERVER_ARGS.search(line)
         if m:
+            marked = True
             for key, raw in scan_pairs(m.group(1)).items():
                 got = _canonical(key, raw)
                 if got:
@@ -73,6 +75,7 @@ def read(lines: list[str]) -> Found:
             continue
         m = _MAX_TOTAL.search(line) or _KV_ALLOC.search(line)
         if m:
+            marked = True
             put("kv_cache_tokens", int(number(m.group(1))), n, line)
             pairs = scan_pairs(line[m.start():]) if m.re is _MAX_TOTAL else {}
             for key in ("chunked_prefill_size", "max_running_requests", "context_len"):
@@ -94,9 +97,9 @@ def read(lines: list[str]) -> Found:
             continue
         m = _VERSION.search(line)
         if m:
+            marked = True
             put("version", m.group(1), n, line)
-    if not found or not (used & {n for n, line in enumerate(lines, 1) if "ServerArgs" in line or "sglang" in line.lower()
-                                  or "max_total_num_tokens" in line or "KV Cache is allocated" in line}):
+    if not found or not marked:  # (a graph-capture or KV-dtype line alone does not make a log SGLang's)
         return Found([], None, set(), [])
     first = min(used)
     return Found([Setting("framework", "sglang", "log", lines[first - 1], first), *found.values()], None, used, [])
