@@ -17,6 +17,7 @@ NON_DEFAULT = {  # one value per flat knob, none of them its default, all valid 
     "tensor_parallel_size": 1, "pipeline_schedule": "batch_queue", "num_microbatches": 1,
     "pipeline_layer_split": (1, 1), "worker_timeout_s": 30.0, "runner": "workers", "attention_backend": "torch",
     "scheduling_policy": "priority", "prefill_schedule": "prefill_first", "decode_grouping": False,
+    "device": "cpu",  # its default: "cuda" runs neither a quantization nor worker processes (test below)
 }
 
 
@@ -81,3 +82,16 @@ def test_replace_changes_flat_knobs() -> None:
     again = config.replace(quantization=None, dtype="auto")
     assert again.quant_config is None and again.dtype == "float32" and again.cache_config.block_size == 8
     assert config.replace() == config
+
+
+def test_device_rules_and_the_backend_it_defaults_to() -> None:
+    assert EngineConfig().device == "cpu" and EngineConfig().attention_backend == "torch"  # "auto" resolved
+    cuda = EngineConfig.from_knobs(device="cuda")  # a config, not a start: no GPU is needed to build it
+    assert cuda.attention_backend == "triton" and cuda.to_knobs()["attention_backend"] == "triton"
+    assert EngineConfig.from_knobs(device="cuda", attention_backend="torch").attention_backend == "torch"
+    with pytest.raises(ValueError, match=r"^device: must be one of \('cpu', 'cuda'\), got 'tpu'"):
+        EngineConfig.from_knobs(device="tpu")
+    for knobs in ({"quantization": "int8"}, {"pipeline_parallel_size": 2},
+                  {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}):
+        with pytest.raises(ValueError, match=r"^device: 'cuda' "):
+            EngineConfig.from_knobs(device="cuda", **knobs)

@@ -318,7 +318,7 @@ def test_tiny_random_greedy_equal_in_variants(variant: str, monkeypatch: pytest.
             return segments[-1]
 
     if variant == "split-kv":
-        monkeypatch.setitem(ATTENTION_BACKENDS, "triton", lambda: Splitting(segment_tokens=32, block_n=32))
+        monkeypatch.setitem(ATTENTION_BACKENDS, "triton", lambda device: Splitting(segment_tokens=32, block_n=32))
 
     def run(backend: str) -> list[tuple[int, ...]]:
         engine = LLMEngine(get_shared_model("tiny-random"), attention_backend=backend, block_size=4, num_blocks=40,

@@ -27,7 +27,8 @@ from tests.test_replay_mutations import draw_every_page
 OLD = Path(__file__).parent / "data" / "recordings-before-20"
 FILES = sorted(OLD.glob("*.json"))
 ADDED_SINCE = {"runner": "auto", "attention_backend": "torch",  # knobs the old files do not have
-               "scheduling_policy": "fcfs", "prefill_schedule": "mixed", "decode_grouping": True}
+               "scheduling_policy": "fcfs", "prefill_schedule": "mixed", "decode_grouping": True,
+               "device": "cpu"}
 
 
 def test_the_old_recordings_are_there() -> None:

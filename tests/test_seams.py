@@ -141,7 +141,7 @@ def test_a_runner_that_runs_no_model_drives_the_whole_loop(tiny, monkeypatch):
 
 
 def test_an_attention_backend_plugged_in_through_the_registry(tiny, monkeypatch):
-    monkeypatch.setitem(ATTENTION_BACKENDS, "counting", CountingAttention)
+    monkeypatch.setitem(ATTENTION_BACKENDS, "counting", lambda device: CountingAttention())
     CountingAttention.calls = 0
     reference = run(LLMEngine(tiny, **KNOBS))
     engine = LLMEngine(tiny, attention_backend="counting", **KNOBS)

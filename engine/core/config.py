@@ -134,6 +134,8 @@ def _stop_strings(stop: object) -> tuple[str, ...]:
 
 
 MAX_NAME_CHARS = 40  # runner / attention_backend names
+#: Where the engine's tensors live (EngineConfig.device).
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -346,6 +348,7 @@ KNOB_PLACES: dict[str, tuple[str, str]] = {
     "worker_timeout_s": ("parallel_config", "worker_timeout_s"),
     "runner": ("", "runner"),
     "attention_backend": ("", "attention_backend"),
+    "device": ("", "device"),
     "decode_grouping": ("", "decode_grouping"),
     "scheduling_policy": ("scheduler_config", "scheduling_policy"),
     "prefill_schedule": ("scheduler_config", "prefill_schedule"),
@@ -374,6 +377,20 @@ def check_knob_names(knobs: Mapping[str, object]) -> None:
         raise ValueError(f"{name[:60]}: unknown engine option" + (f" (did you mean {close!r}?)" if close else ""))
 
 
+def _check_cuda_rules(c: EngineConfig) -> None:
+    """What device="cuda" runs: the whole model in this process, unquantized (the quantized kernels
+    are CPU ones: torch's int4 / int8 CPU ops), and no draft model (drafters load on CPU)."""
+    if c.parallel_config.world_size > 1:
+        raise ValueError("device: 'cuda' runs the model in one process on one GPU; set pipeline_parallel_size = "
+                         "tensor_parallel_size = 1 (the worker processes run on CPU)")
+    if c.quant_config is not None:
+        raise ValueError(f"device: 'cuda' runs unquantized weights (quantization={c.quant_config.scheme!r} uses "
+                         f"torch's CPU kernels); use quantization=None with dtype 'bfloat16' or 'float16'")
+    if c.speculative_config is not None:
+        raise ValueError("device: 'cuda' does not run speculative decoding (its drafters run on CPU); "
+                         "set speculative_config=None")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Every engine knob, grouped as vLLM groups them (its ``VllmConfig``)::
@@ -385,7 +402,7 @@ class EngineConfig:
         ├── parallel_config    ParallelConfig    p, t, pipeline schedule, micro-batches, layer split, worker timeout
         ├── quant_config       QuantConfig|None  weight quantization scheme, int4 group size, w8a8 outliers, SmoothQuant
         ├── speculative_config SpeculativeConfig|None  drafter and k (engine/speculative/)
-        └── dtype, sparsity, seed, runner, attention_backend   how the model itself runs
+        └── dtype, sparsity, seed, runner, attention_backend, device   how the model itself runs
 
     Users pass flat knobs (vLLM's EngineArgs names): ``LLM(model, block_size=16, quantization="int4")``,
     scenario and replay files too; ``EngineConfig.from_knobs(**knobs)`` groups them (``KNOB_PLACES``) and
@@ -409,7 +426,11 @@ class EngineConfig:
     attention_backend       the attention kernels of the forward (engine/model/attention.py
                             ATTENTION_BACKENDS): "torch" (the reference) or "triton" (engine/kernels:
                             on CPU only under TRITON_INTERPRET=1, slow: tiny models and teaching);
-                            checked at start
+                            "auto" (the default) resolves at construction to "torch" on CPU and
+                            "triton" on CUDA; a name is checked at start
+    device                  where the weights, the KV cache and the forward live: "cpu" (default) or
+                            "cuda" (a GPU: one process, unquantized weights, no speculation; whether a
+                            GPU is visible is checked at start, a ValueError naming device)
     decode_grouping         True (default): the torch backend attends decodes in groups of similar
                             context, each padded to its own longest (engine/model/forward_batch.py);
                             False: one group padded to the longest decode, as a padded batch does
@@ -428,8 +449,9 @@ class EngineConfig:
     sparsity: str | None = None
     seed: int = 0
     runner: str = "auto"
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"
     decode_grouping: bool = True
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         """Each sub-config is its own record (a dict of its fields is parsed); then the top-level
@@ -445,6 +467,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_CHARS:
                 raise ValueError(f"{name}: must be a name (1 to {MAX_NAME_CHARS} characters), got {_short(value)}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device: must be one of {DEVICES}, got {_short(self.device)}")
+        if self.attention_backend == "auto":
+            object.__setattr__(self, "attention_backend", "triton" if self.device == "cuda" else "torch")
         if not isinstance(self.decode_grouping, bool):
             raise ValueError(f"decode_grouping: must be True or False, got {_short(self.decode_grouping)}")
         object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
@@ -459,6 +485,8 @@ class EngineConfig:
                              f"quantized CPU kernels have SIMD paths only for bf16 activations); pass "
                              f"dtype='bfloat16' or 'auto', got {_short(self.dtype)}")
         _require_int("seed", self.seed, 0, MAX_SEED)
+        if self.device == "cuda":
+            _check_cuda_rules(self)
         if self.parallel_config.world_size == 1:
             return
         if self.speculative_config is not None:

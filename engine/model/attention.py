@@ -163,13 +163,17 @@ class TorchAttention:
 
 TORCH_ATTENTION = TorchAttention()
 
-#: EngineConfig.attention_backend -> the backend's constructor.
-ATTENTION_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {"torch": TorchAttention, "triton": TritonAttention}
+#: EngineConfig.attention_backend -> the backend's constructor (given EngineConfig.device).
+ATTENTION_BACKENDS: dict[str, Callable[[str], AttentionBackend]] = {
+    "torch": lambda device: TORCH_ATTENTION,  # SDPA runs on either device
+    "triton": lambda device: TritonAttention(device=device),
+}
 
 
-def attention_backend(name: str) -> AttentionBackend:
-    """The backend registered as ``name``; an unknown one is a ValueError naming the knob."""
+def attention_backend(name: str, device: str = "cpu") -> AttentionBackend:
+    """The backend registered as ``name`` for tensors on ``device``; an unknown one (or one that
+    cannot run there) is a ValueError naming the knob."""
     factory = ATTENTION_BACKENDS.get(name) if isinstance(name, str) else None
     if factory is None:
         raise ValueError(f"attention_backend: must be one of {sorted(ATTENTION_BACKENDS)}, got {str(name)[:40]!r}")
-    return factory()
+    return factory(device)

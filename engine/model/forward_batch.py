@@ -33,7 +33,7 @@ len_i slots are exactly its own context slots in position order; the rest are pa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -63,6 +63,9 @@ class SequenceKV:
     # (then plain causal attention applies).
     mask: torch.Tensor | None = None
 
+    def to(self, device: torch.device) -> SequenceKV:
+        return replace(self, kv_slots=self.kv_slots.to(device), mask=_to(self.mask, device))
+
 
 @dataclass(frozen=True)
 class DecodeGroup:
@@ -76,6 +79,13 @@ class DecodeGroup:
     @property
     def num_rows(self) -> int:
         return int(self.rows.shape[0])
+
+    def to(self, device: torch.device) -> DecodeGroup:
+        return replace(self, rows=self.rows.to(device), slots=self.slots.to(device), mask=_to(self.mask, device))
+
+
+def _to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,15 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device) -> ForwardBatch:
+        """This batch with every tensor on ``device`` (built on CPU, moved once per step on CUDA)."""
+        if self.input_ids.device == device:
+            return self
+        return replace(self, input_ids=self.input_ids.to(device), positions=self.positions.to(device),
+                       slot_mapping=self.slot_mapping.to(device), logits_indices=self.logits_indices.to(device),
+                       prefills=tuple(p.to(device) for p in self.prefills), decode_rows=self.decode_rows.to(device),
+                       decode_groups=tuple(g.to(device) for g in self.decode_groups))
 
 
 def group_decodes(lengths: list[int], overhead: int = GROUP_OVERHEAD_SLOTS) -> list[list[int]]:

@@ -86,16 +86,18 @@ def is_quantized(name: str) -> bool:
     return name in KV_QUANT_DTYPES
 
 
-def allocate(shape: tuple[int, int, int, int], name: str, float_dtype: torch.dtype | None = None) -> KVCache:
-    """Zeroed cache of ``shape`` [num_blocks, block_size, kv_heads, head_dim]: quantized for
-    "int8"/"fp8" (with an fp32 scale tensor [num_blocks, block_size, kv_heads]), else a tensor of
-    ``float_dtype``."""
+def allocate(shape: tuple[int, int, int, int], name: str, float_dtype: torch.dtype | None = None,
+             device: torch.device | str = "cpu") -> KVCache:
+    """Zeroed cache of ``shape`` [num_blocks, block_size, kv_heads, head_dim] on ``device``:
+    quantized for "int8"/"fp8" (with an fp32 scale tensor [num_blocks, block_size, kv_heads]),
+    else a tensor of ``float_dtype``."""
     if name in KV_QUANT_DTYPES:
         storage, _ = KV_QUANT_DTYPES[name]
-        return QuantizedKV(torch.zeros(shape, dtype=storage), torch.zeros(shape[:3], dtype=SCALE_DTYPE))
+        return QuantizedKV(torch.zeros(shape, dtype=storage, device=device),
+                           torch.zeros(shape[:3], dtype=SCALE_DTYPE, device=device))
     if float_dtype is None:
         raise ValueError(f"kv_cache_dtype: {name!r} is not a quantized KV dtype and no float dtype was given")
-    return torch.zeros(shape, dtype=float_dtype)
+    return torch.zeros(shape, dtype=float_dtype, device=device)
 
 
 def quantize(x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -147,7 +147,7 @@ class LlamaModel:
         self.first_layer = 0
         self.all_reduce: AllReduce | None = None
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
-        self._inv_freq = inv_freq  # [head_dim / 2] fp32, the same arithmetic as HF
+        self._inv_freq = inv_freq.to(self.device)  # [head_dim / 2] fp32, the same arithmetic as HF
 
     @staticmethod
     def _fuse_layer(w: dict[str, torch.Tensor], i: int) -> FusedLayer:
@@ -241,6 +241,11 @@ class LlamaModel:
                 observer: Observer | None = None, attention: AttentionBackend = TORCH_ATTENTION) -> torch.Tensor:
         hidden = self.run_layers(self.embed(batch), batch, kv_caches, observer=observer, attention=attention)
         return self.compute_logits(hidden, batch)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live (EngineConfig.device: the KV cache and each step's batch follow)."""
+        return self.norm.device
 
     @property
     def weight_bytes(self) -> int:

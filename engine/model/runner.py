@@ -94,8 +94,10 @@ class ModelRunner:
         name = kv_dtype_name(kv_cache_dtype)
         shape = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
         float_dtype = DTYPES.get(name)
+        self.device = model.device  # EngineConfig.device: the cache and each step's batch live with the weights
         self.kv_caches: list[tuple[KVCache, KVCache]] = [
-            (kv_quant.allocate(shape, name, float_dtype), kv_quant.allocate(shape, name, float_dtype))
+            (kv_quant.allocate(shape, name, float_dtype, self.device),
+             kv_quant.allocate(shape, name, float_dtype, self.device))
             for _ in model.layers  # a pipeline stage's shard holds its own layers only
         ]
         self.kv_cache_dtype = name
@@ -143,8 +145,8 @@ class ModelRunner:
         quantized cache copies its scales too)."""
         if not copies:
             return
-        src = torch.tensor([s for s, _ in copies], dtype=torch.long)
-        dst = torch.tensor([d for _, d in copies], dtype=torch.long)
+        src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
         for layer in self.kv_caches:  # [num_blocks, block_size, kv_heads, head_dim]
             for cache in layer:
                 if isinstance(cache, QuantizedKV):
@@ -154,9 +156,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> torch.Tensor:
-        """-> logits [S, V] fp32 for the rows in batch.logits_indices (k + 1 consecutive rows for
-        a request verifying k drafts)."""
-        return self.model.forward(batch, self.kv_caches, self.observer, self.attention)
+        """-> logits [S, V] fp32 on CPU (sampling runs there) for the rows in batch.logits_indices
+        (k + 1 consecutive rows for a request verifying k drafts)."""
+        return self.model.forward(batch.to(self.device), self.kv_caches, self.observer, self.attention).cpu()
 
 
 def _nbytes(cache: KVCache) -> int:

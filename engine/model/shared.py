@@ -22,7 +22,7 @@ from engine.model.runner import DTYPES
 from engine.model.smoothing import Smoothing, smooth_weights
 from engine.model.sparsity import check_sparsity, sparsified_weights
 
-__all__ = ["SharedModel", "calibrated_smoothing", "calibration_stats", "clear_shared_models", "get_shared_model",
+__all__ = ["SharedModel", "calibrated_smoothing", "calibration_stats", "check_device", "clear_shared_models", "get_shared_model",
            "shared_model_for"]
 
 
@@ -64,16 +64,27 @@ def clear_shared_models() -> None:
     _shared_model.cache_clear()
 
 
+def check_device(device: str) -> None:
+    """A ValueError naming device when ``device`` is "cuda" and torch sees no CUDA GPU."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: 'cuda' needs a CUDA GPU and a CUDA build of torch; this torch "
+                         f"({torch.__version__}) sees none. Use device='cpu'")
+
+
 @lru_cache(maxsize=4)
 def _shared_model(model: str, dtype: str, quantization: QuantConfig | None = None,
-                  sparsity: str | None = None) -> SharedModel:
+                  sparsity: str | None = None, device: str = "cpu") -> SharedModel:
     """fp32 weights -> SmoothQuant's fold (if a strength is set) -> 2:4 pruning (if set, by the
-    smoothed magnitudes) -> quantization (if set) of the result."""
+    smoothed magnitudes) -> quantization (if set) of the result, on ``device`` (unquantized only:
+    EngineConfig refuses a quantization on CUDA)."""
+    check_device(device)
     loaded = load_model(model)
     weights, smoothing = loaded.weights, None
     if quantization is not None and quantization.smoothing_strength is not None:
         weights, smoothing = calibrated_smoothing(model, quantization.smoothing_strength, loaded.weights)
     weights = sparsified_weights(weights, sparsity)  # after smoothing: pruned by the smoothed magnitudes
+    if device != "cpu":
+        weights = {k: v.to(device) for k, v in weights.items()}
     return SharedModel(loaded.name, LlamaModel(loaded.config, weights, DTYPES[dtype], quantization, smoothing),
                        loaded.tokenizer, sparsity)
 
@@ -105,7 +116,10 @@ def shared_model_for(model: str | SharedModel, c: EngineConfig) -> SharedModel:
     if not isinstance(model, (str, SharedModel)):
         raise ValueError(f"model: must be a model name (a string), got {type(model).__name__}")
     shared = model if isinstance(model, SharedModel) else _shared_model(check_model_name(model), c.dtype,
-                                                                           c.quant_config, c.sparsity)
+                                                                           c.quant_config, c.sparsity, c.device)
+    if shared.model.device.type != c.device:
+        raise ValueError(f"device: the SharedModel passed lives on {shared.model.device.type!r}, not "
+                         f"device={c.device!r}; pass the model name")
     if shared.sparsity != c.sparsity:
         raise ValueError(f"sparsity: the SharedModel passed was loaded with sparsity={shared.sparsity!r}, "
                          f"not {c.sparsity!r}; pass the model name, or get_shared_model(..., sparsity=...)")

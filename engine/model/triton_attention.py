@@ -10,7 +10,7 @@ tables; the ForwardBatch holds each request's slots, so the tables are derived o
 Invariant (the engine's KV layout, checked when the tables are derived): position p of a request
 is slot table[p // block_size] * block_size + p % block_size.
 
-Where it runs: on a GPU (``device="cuda"``; not wired into the engine yet, which runs on CPU), or
+Where it runs: on a GPU (``EngineConfig.device="cuda"``, where it is the default backend), or
 on CPU tensors under Triton's interpreter, which needs ``TRITON_INTERPRET=1`` in the environment
 before ``engine.kernels`` is first imported (Triton reads it when a kernel is defined). The
 interpreter executes the kernel with numpy, program by program: exact, and slow (about 0.1 s per
@@ -85,7 +85,8 @@ class TritonAttention:
 
     def __init__(self, segment_tokens: int = SEGMENT_TOKENS, block_n: int | None = None,
                  device: str = "cpu") -> None:
-        # device: where the engine's tensors live; "cpu" today (the engine has no CUDA device knob yet).
+        # device: where the engine's tensors live (EngineConfig.device): compiled kernels on "cuda",
+        # the interpreter on "cpu".
         self.kernels = _kernels(device)
         self.segment_tokens = segment_tokens
         self.block_n: int = self.kernels.BLOCK_N if block_n is None else block_n  # KV tile width (Bc)

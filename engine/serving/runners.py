@@ -103,7 +103,7 @@ def _in_process(ctx: RunnerContext) -> Runner:
         raise ValueError(f"runner: 'in_process' runs the model in this process; pipeline_parallel_size x "
                          f"tensor_parallel_size = {c.parallel_config.world_size} needs 'workers' (or 'auto')")
     return ModelRunner(shared.model, c.cache_config.num_blocks, c.cache_config.block_size, c.kv_cache_dtype,
-                       attention_backend(c.attention_backend), decode_group_overhead(c.decode_grouping))
+                       attention_backend(c.attention_backend, c.device), decode_group_overhead(c.decode_grouping))
 
 
 def _workers(ctx: RunnerContext) -> Runner:
