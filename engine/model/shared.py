@@ -40,9 +40,9 @@ def get_shared_model(model: str, dtype: str = "auto", quantization: str | None =
                      quantization_group_size: int = DEFAULT_GROUP_SIZE,
                      quantization_outlier_threshold: float = DEFAULT_OUTLIER_THRESHOLD,
                      quantization_smoothing_strength: float | None = None,
-                     sparsity: str | None = None) -> SharedModel:
+                     sparsity: str | None = None, device: str = "cpu") -> SharedModel:
     """The process-wide weights for ``model`` (one copy per model, dtype, quantization with its
-    smoothing strength, and sparsity); a bad name, dtype or quantization knob is a ValueError,
+    smoothing strength, sparsity and device); a bad name, dtype or quantization knob is a ValueError,
     checked before the cache (an unhashable argument must not surface as lru_cache's
     TypeError). dtype "auto" is float32, or bfloat16 when quantized (see EngineConfig)."""
     model = check_model_name(model)
@@ -56,7 +56,7 @@ def get_shared_model(model: str, dtype: str = "auto", quantization: str | None =
     strength = None if quantization_smoothing_strength is None else float(quantization_smoothing_strength)
     quant = None if quantization is None else QuantConfig(quantization, quantization_group_size,
                                                           float(quantization_outlier_threshold), strength)
-    return _shared_model(model, dtype, quant, sparsity)
+    return _shared_model(model, dtype, quant, sparsity, device)  # every argument given: one cache key per model
 
 
 def clear_shared_models() -> None:
@@ -105,7 +105,7 @@ def calibration_stats(model: str) -> ActivationStats:
     """Activation statistics of the shipped calibration prompts on the fp32 model: the same for
     every smoothing strength, so computed once per model and process. The private pool is a
     default engine's (block size, fp32 KV), as an fp32 ``LLMEngine`` would run them."""
-    shared = _shared_model(model, "float32")
+    shared = _shared_model(model, "float32", None, None, "cpu")
     return model_activation_stats(shared.model, shared.tokenizer, shared.model.config.max_position_embeddings,
                                   EngineConfig().cache_config.block_size, "float32")
 
