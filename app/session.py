@@ -227,5 +227,12 @@ audit_ablations: Slot[Mapping[tuple[str, str], Ablation]] = Slot(K.audit_ablatio
 # -- the FlashAttention page (kernel traces of this session's run: app/studies/flash_attention.py) -----
 FlashKey = tuple[int, str, int, int, int, int]  # (step, request, layer, query head, segments, tile width)
 flash_request: Slot[str | None] = Slot(K.flash_request, None)
+flash_layer: Slot[int] = Slot(K.flash_layer, 0)
+flash_head: Slot[int] = Slot(K.flash_head, 0)
+flash_block_n: Slot[int] = Slot(K.flash_block_n, 8)
+flash_segments: Slot[int] = Slot(K.flash_segments, 1)
 flash_tile: Slot[int | None] = Slot(K.flash_tile, None)
+flash_model: Slot[str] = Slot(K.flash_model, "llama-3-8b")
+flash_context: Slot[int] = Slot(K.flash_context, 32768)
+flash_queries: Slot[str] = Slot(K.flash_queries, "decode (1)")
 flash_traces: Slot[tuple[object, dict[FlashKey, FlashStudy]] | None] = Slot(K.flash_traces, None)

@@ -36,6 +36,8 @@ TRAFFIC_NOTE = ("Naive attention writes the score matrix S to memory, reads it b
                 "reads K and V once per query block (⌈M / Br⌉ passes). Bytes of one layer, every head, without the "
                 "causal saving (which roughly halves a prefill's S and K/V tiles for both).")
 
+QUERY_CHOICES = ("decode (1)", "prefill (= context)")
+
 
 def _request_label(c: Candidate) -> str:
     what = "decode" if c.kind == "decode" else f"prefill of {c.num_tokens}"
@@ -88,6 +90,9 @@ def trace_controls(view: RunView, cands: list[Candidate]) -> FlashStudy:
     ids = [c.request_id for c in cands]
     if session.flash_request.get() not in ids:
         session.flash_request.set(ids[0])
+    for slot, count in ((session.flash_layer, layers), (session.flash_head, heads)):
+        if slot.is_set() and slot.get() not in range(count):  # another model since: its first one
+            slot.set(0)
     by_id = {c.request_id: c for c in cands}
     with st.container(horizontal=True, vertical_alignment="bottom"):
         rid = st.selectbox("Request (scheduled this step)", ids, key=K.flash_request, width=300,
@@ -96,10 +101,12 @@ def trace_controls(view: RunView, cands: list[Candidate]) -> FlashStudy:
         head = st.selectbox("Query head", range(heads), key=K.flash_head, width=110,
                             help=f"{heads} query heads share {kv_heads} KV heads: head h reads KV head "
                                  f"h // {heads // kv_heads}.")
-        block_n = st.segmented_control("KV tile Bc", TILE_WIDTHS, key=K.flash_block_n, default=8, required=True)
+        block_n = st.segmented_control("KV tile Bc", TILE_WIDTHS, key=K.flash_block_n,
+                                       default=session.flash_block_n.default, required=True)
         cand = by_id[rid or ids[0]]
         decode = cand.num_tokens == 1
-        segments = st.slider("Split-KV segments", 1, 8, key=K.flash_segments, value=1, width=220,
+        segments = st.slider("Split-KV segments", 1, 8, key=K.flash_segments,
+                             value=session.flash_segments.default, width=220,
                              disabled=not decode, help="FlashDecoding: for a decode (one new token) only.")
     segments = int(segments) if decode else 1
     with st.spinner(f"Running the Triton kernel on {request_label(cand.request_id)}'s tensors (Triton's interpreter "
@@ -124,8 +131,9 @@ def tiles_section(study: FlashStudy, style: live.Style) -> None:
     left, right = st.columns([3, 2])
     with left:
         st.markdown(f"**After tile #{tile.order}** (positions {tile.positions[0]}–{tile.positions[1] - 1}): per query "
-                    "row the running max m, the running sum l, the rescale applied to everything summed before, and "
-                    "the partial output acc / l.")
+                    "row the running max m, the running sum l, the rescale applied to everything summed before (0 at "
+                    "a program's first tile: nothing was summed yet; 1 while the max holds), and the partial output "
+                    "acc / l.")
         live.table(fv.tile_frame(study, tile), "flash_tile")
     with right:
         live.chart(fv.partial_output_figure(study, tile, style.font_size), "flash_partial", style)
@@ -157,13 +165,14 @@ def traffic_section(study: FlashStudy | None, style: live.Style) -> None:
     if style.explain:
         st.caption(TRAFFIC_NOTE)
     with st.container(horizontal=True, vertical_alignment="bottom"):
-        model = st.selectbox("Model (calculator preset)", TRAFFIC_MODELS, key=K.flash_model, width=200)
-        context = st.number_input("Context", min_value=1, max_value=1 << 20, value=32768, step=1024,
-                                  key=K.flash_context, width=140)
-        queries = st.segmented_control("Query tokens", ["decode (1)", "prefill (= context)"], key=K.flash_queries,
-                                       default="decode (1)", required=True)
+        model = st.selectbox("Model (calculator preset)", TRAFFIC_MODELS, key=K.flash_model, width=200,
+                             index=TRAFFIC_MODELS.index(session.flash_model.default))
+        context = st.number_input("Context", min_value=1, max_value=1 << 20, value=session.flash_context.default,
+                                  step=1024, key=K.flash_context, width=140)
+        queries = st.segmented_control("Query tokens", QUERY_CHOICES, key=K.flash_queries,
+                                       default=session.flash_queries.default, required=True)
     n = int(context)
-    preset = preset_traffic(model or TRAFFIC_MODELS[0], n, 1 if queries == "decode (1)" else n)
+    preset = preset_traffic(model or TRAFFIC_MODELS[0], n, 1 if queries == QUERY_CHOICES[0] else n)
     rows = [preset]
     if study is not None:
         layers, heads, kv_heads = flash.num_layers_heads()

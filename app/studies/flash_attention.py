@@ -80,7 +80,8 @@ def trace(view: RunView, cand: Candidate, layer: int, head: int, segments: int, 
     key = (view.step, cand.request_id, layer, head, segments, block_n)
     held = session.flash_traces.get()
     cache = held[1] if held is not None and held[0] is current else {}
-    if key in cache:
+    if key in cache:  # least recently used first: a hit moves to the end
+        cache[key] = cache.pop(key)
         return cache[key]
     configure_torch()
     snap = view.snapshot
