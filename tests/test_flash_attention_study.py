@@ -160,8 +160,10 @@ def test_traffic_follows_the_formula_by_hand() -> None:
     assert p.naive == 2 * 2 * 32768 * 32 * 128 + 134_217_728 + 4 * 2 * 32 * 32768 * 32768
     text = fv.traffic_markdown(t)
     assert "16,192 B" in text and "13,056 B" in text
-    frame = fv.traffic_frame([t, d])
-    assert list(frame["naive / tiled"]) == [round(16_192 / 13_056, 2), round(d.naive / d.tiled, 2)]
+    frame = fv.traffic_frame([t, d]).set_index("quantity")
+    assert list(frame.columns) == ["step", "Llama-3-8B"]
+    assert frame.loc["naive / tiled"].tolist() == [f"{16_192 / 13_056:.2f}", f"{d.naive / d.tiled:.2f}"]
+    assert frame.loc["K + V", "Llama-3-8B"] == "128.0 MiB" and frame.loc["N (context)", "Llama-3-8B"] == "32,768"
     with pytest.raises(ValueError, match="query_tokens"):
         preset_traffic("llama-3-8b", 10, 11)
 

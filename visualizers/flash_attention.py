@@ -207,16 +207,22 @@ def summary_markdown(study: FlashStudy) -> str:
 
 
 def traffic_frame(items: list[Traffic]) -> pd.DataFrame:
-    """One row per case: the formula's inputs and its terms (bytes of one layer, every head)."""
-    rows = []
+    """The formula's inputs and terms (bytes of one layer, every head), one column per case
+    (a row per quantity: narrow enough for the page's width with any number of cases)."""
+    terms: list[tuple[str, Any]] = [
+        ("H (query heads)", lambda t: f"{t.heads}"), ("KVH (KV heads)", lambda t: f"{t.kv_heads}"),
+        ("d (head_dim)", lambda t: f"{t.head_dim}"), ("b (bytes per element)", lambda t: f"{t.dtype_bytes}"),
+        ("N (context)", lambda t: f"{t.context:,}"), ("M (query tokens)", lambda t: f"{t.query_tokens:,}"),
+        ("Br (query tokens per tile pass)", lambda t: f"{t.block_m}"),
+        ("Q + O", lambda t: fmt_bytes(2 * t.q_bytes)), ("K + V", lambda t: fmt_bytes(t.kv_bytes)),
+        ("S (one pass)", lambda t: fmt_bytes(t.s_bytes)), ("naive, one layer", lambda t: fmt_bytes(t.naive)),
+        ("tiled, one layer", lambda t: fmt_bytes(t.tiled)), ("naive / tiled", lambda t: f"{t.ratio:.2f}"),
+        ("naive, all layers", lambda t: fmt_bytes(t.naive * t.layers)),
+        ("tiled, all layers", lambda t: fmt_bytes(t.tiled * t.layers))]
+    frame: dict[str, list[str]] = {"quantity": [name for name, _ in terms]}
     for t in items:
-        rows.append({"case": t.label, "H": t.heads, "KVH": t.kv_heads, "d": t.head_dim, "bytes/elem": t.dtype_bytes,
-                     "N (context)": t.context, "M (queries)": t.query_tokens, "Br": t.block_m,
-                     "Q + O": fmt_bytes(2 * t.q_bytes), "K + V": fmt_bytes(t.kv_bytes),
-                     "S (one pass)": fmt_bytes(t.s_bytes), "naive": fmt_bytes(t.naive), "tiled": fmt_bytes(t.tiled),
-                     "naive / tiled": round(t.ratio, 2), f"naive, all layers": fmt_bytes(t.naive * t.layers),
-                     "tiled, all layers": fmt_bytes(t.tiled * t.layers)})
-    return pd.DataFrame(rows)
+        frame[t.label] = [f(t) for _, f in terms]
+    return pd.DataFrame(frame)
 
 
 def traffic_markdown(t: Traffic) -> str:
