@@ -96,7 +96,7 @@ def test_the_page_traces_a_prefill_then_a_split_decode() -> None:
     naive = 2 * 4 * n * 4 * 16 + 2 * 4 * n * 2 * 16 + 4 * 4 * 4 * n * n
     tiled = 2 * 4 * n * 4 * 16 + 2 * 4 * n * 2 * 16 * -(-n // study.block_m)
     assert traffic.loc["naive / tiled"].iloc[0] == f"{naive / tiled:.2f}"
-    assert list(traffic.columns) == [f"this step ({study.request_id})", "Llama-3-8B"]
+    assert list(traffic.columns) == [f"this step (r{study.request_id})", "Llama-3-8B"]
     assert any(f"{naive:,} B" in m.value and f"{tiled:,} B" in m.value for m in at.markdown)
 
     run_n(at, 1)  # decodes

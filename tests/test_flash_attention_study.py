@@ -98,7 +98,7 @@ def test_a_split_decode_merges_to_the_unsplit_output() -> None:
     assert [s.positions for s in study.segments] == [(0, 8), (8, 16), (16, 23), (23, 23)]
     frame = fv.segments_frame(study)
     assert list(frame["positions"]) == ["0–7", "8–15", "16–22", "empty"]
-    assert frame["w_s = l_s·exp(m_s − M)"].iloc[-1] == 0.0
+    assert frame["w_s = l_s·exp(m_s − M)"].iloc[-1] == 0.0 and frame["m_s"].iloc[-1] == float("-inf")
     text = fv.merge_markdown(study)
     assert f"{study.out[0][0]:.6f}" in text and f"{study.merged_vs_unsplit:.2e}" in text
 

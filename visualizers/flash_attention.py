@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from engine.studies.flash_attention import FlashStudy, TileStep, Traffic
-from visualizers.figures import figure, live_layout
+from visualizers.figures import figure, legend_below, live_layout
 from visualizers.text import escape_markdown
 from visualizers.theme import request_label
 
@@ -27,6 +27,11 @@ SHOWN_DIMS = 4  # output dimensions the tables list (the heatmap shows all)
 
 def _num(x: float) -> float | None:
     return None if math.isnan(x) else x
+
+
+def _signed(x: float, digits: int) -> str:
+    """A factor in a written-out product: negatives in parentheses ("·(-0.5)", not "·-0.5")."""
+    return f"({x:.{digits}f})" if x < 0 else f"{x:.{digits}f}"
 
 
 def fmt_bytes(n: float) -> str:
@@ -106,7 +111,8 @@ def partial_output_figure(study: FlashStudy, tile: TileStep, font_size: int) -> 
         hovertemplate="query position %{y}<br>dim %{x}<br>%{z:.5f}<extra></extra>")]
     layout = live_layout(f"Partial output after tile #{tile.order}", study.step, font_size,
                          height=max(180, min(420, 80 + 22 * len(ys))),
-                         xaxis=dict(title="head dimension"), yaxis=dict(title="query position", autorange="reversed"),
+                         xaxis=dict(title="head dimension"),
+                         yaxis=dict(title="query position", autorange="reversed", dtick=1),
                          margin=dict(l=60, r=20, t=40, b=45))
     return figure(data, layout)
 
@@ -126,9 +132,10 @@ def running_figure(study: FlashStudy, row: int, font_size: int) -> go.Figure:
         data.append(dict(type="scatter", mode="lines+markers", x=xs, y=[t.l[i] for t, i in zip(tiles, at)],
                          name=f"l, running sum{suffix}", yaxis="y2", line=dict(color=color, dash="dot")))
     layout = live_layout(f"Query position {study.start + row}: m and l after each tile", study.step, font_size,
-                         height=300, xaxis=dict(title="tile # (visiting order)", dtick=1),
+                         height=320 + 24 * (study.num_segments - 1),
+                         xaxis=dict(title="tile # (visiting order)", dtick=1),
                          yaxis=dict(title="m"), yaxis2=dict(title="l", overlaying="y", side="right"),
-                         legend=dict(orientation="h", y=-0.3), margin=dict(l=60, r=60, t=40, b=60))
+                         legend=legend_below(), margin=dict(l=60, r=60, t=40))
     return figure(data, layout)
 
 
@@ -164,8 +171,7 @@ def segments_frame(study: FlashStudy) -> pd.DataFrame:
         scale = math.exp(s.m - big_m) if s.l > 0 else 0.0
         row: dict[str, Any] = {"segment": s.segment,
                                "positions": f"{s.positions[0]}–{s.positions[1] - 1}" if s.l > 0 else "empty",
-                               "m_s": _num(s.m) if s.l > 0 else None, "l_s": s.l,
-                               "lse_s = m_s + ln l_s": s.lse if s.l > 0 else None, "exp(m_s − M)": scale,
+                               "m_s": s.m, "l_s": s.l, "lse_s = m_s + ln l_s": s.lse, "exp(m_s − M)": scale,
                                "w_s = l_s·exp(m_s − M)": s.l * scale}
         for i in range(min(SHOWN_DIMS, len(s.out))):
             row[f"o_s[{i}]"] = s.out[i]
@@ -180,7 +186,7 @@ def merge_markdown(study: FlashStudy) -> str:
         return ""
     big_m = max(s.m for s in segs)
     w = [s.l * math.exp(s.m - big_m) for s in segs]
-    num = " + ".join(f"{wi:.4f}·{s.out[0]:.5f}" for wi, s in zip(w, segs))
+    num = " + ".join(f"{wi:.4f}·{_signed(s.out[0], 5)}" for wi, s in zip(w, segs))
     den = " + ".join(f"{wi:.4f}" for wi in w)
     merged0 = sum(wi * s.out[0] for wi, s in zip(w, segs)) / sum(w)
     return (f"**Merge** (one row, every dimension alike; dimension 0 written out): M = max m_s = {big_m:.6f}; "
@@ -230,7 +236,8 @@ def traffic_markdown(t: Traffic) -> str:
     return escape_markdown(
         f"{t.label}: Q + O = 2·b·M·H·d = 2·{t.dtype_bytes}·{t.query_tokens}·{t.heads}·{t.head_dim} = "
         f"{2 * t.q_bytes:,} B; K + V = 2·b·N·KVH·d = 2·{t.dtype_bytes}·{t.context}·{t.kv_heads}·{t.head_dim} = "
-        f"{t.kv_bytes:,} B; S = b·H·M·N = {t.dtype_bytes}·{t.heads}·{t.query_tokens}·{t.context} = {t.s_bytes:,} B. "
+        f"{t.kv_bytes:,} B; S = b·H·M·N = {t.dtype_bytes}·{t.heads}·{t.query_tokens}·{t.context} = "
+        f"{t.s_bytes:,} B. "
         f"Naive = Q + K + V + O + 4·S = {t.naive:,} B; tiled = Q + O + (K + V)·⌈M / Br⌉ = "
         f"{2 * t.q_bytes:,} + {t.kv_bytes:,}·{t.passes} = {t.tiled:,} B ({t.ratio:.2f}× less), per layer.",
     )

@@ -28,15 +28,17 @@ BOUNDS = (f"How: the request's tokens go once more through the run's own model u
           f"per trace, so the trace is bounded to {TRACE_CONTEXT} context tokens (a longer context is refused, not "
           f"cut) and one KV head, and cached per step, request, layer, head, tile width and segments.")
 MERGE_NOTE = ("FlashDecoding: a decode has one query row, so one program per KV head would leave a GPU idle. Split-KV "
-              "cuts the context into segments, each program computes its segment's (m_s, l_s, o_s), and a second "
-              "kernel merges them: with M = max m_s and w_s = l_s·exp(m_s − M), out = Σ w_s·o_s / Σ w_s (the "
-              "log-sum-exp of each segment is m_s + ln l_s).")
+              "cuts the context's tiles into segments of ⌈tiles / S⌉ (so the last may be empty: m = −inf, l = 0, "
+              "weight 0), each program computes its segment's (m_s, l_s, o_s), and a second kernel merges them: "
+              "with M = max m_s and w_s = l_s·exp(m_s − M), out = Σ w_s·o_s / Σ w_s (the log-sum-exp of each "
+              "segment is m_s + ln l_s).")
 TRAFFIC_NOTE = ("Naive attention writes the score matrix S to memory, reads it back for the softmax, writes the "
                 "probabilities P and reads them again for P·V; the tiled kernel keeps S and P in on-chip tiles and "
                 "reads K and V once per query block (⌈M / Br⌉ passes). Bytes of one layer, every head, without the "
                 "causal saving (which roughly halves a prefill's S and K/V tiles for both).")
 
 QUERY_CHOICES = ("decode (1)", "prefill (= context)")
+TABLE_ROW_PX = 35  # st.dataframe's row height: the traffic table shown whole
 
 
 def _request_label(c: Candidate) -> str:
@@ -128,16 +130,16 @@ def tiles_section(study: FlashStudy, style: live.Style) -> None:
                    "context positions, numbered in visiting order (programs in grid order; on a GPU they run in "
                    "parallel). Blank cells are causally masked: a query sees positions up to its own; tiles past a "
                    "block's last query are never visited.")
-    left, right = st.columns([3, 2])
+    st.markdown(f"**After tile #{tile.order}** (positions {tile.positions[0]}–{tile.positions[1] - 1}): per query "
+                "row the running max m, the running sum l, the rescale applied to everything summed before (0 at "
+                "a program's first tile: nothing was summed yet; 1 while the max holds), and the partial output "
+                "acc / l.")
+    live.table(fv.tile_frame(study, tile), "flash_tile")
+    left, right = st.columns(2)
     with left:
-        st.markdown(f"**After tile #{tile.order}** (positions {tile.positions[0]}–{tile.positions[1] - 1}): per query "
-                    "row the running max m, the running sum l, the rescale applied to everything summed before (0 at "
-                    "a program's first tile: nothing was summed yet; 1 while the max holds), and the partial output "
-                    "acc / l.")
-        live.table(fv.tile_frame(study, tile), "flash_tile")
-    with right:
         live.chart(fv.partial_output_figure(study, tile, style.font_size), "flash_partial", style)
-    live.chart(fv.running_figure(study, tile.rows[-1], style.font_size), "flash_running", style)
+    with right:
+        live.chart(fv.running_figure(study, tile.rows[-1], style.font_size), "flash_running", style)
 
 
 def final_section(study: FlashStudy, style: live.Style) -> None:
@@ -176,8 +178,10 @@ def traffic_section(study: FlashStudy | None, style: live.Style) -> None:
     rows = [preset]
     if study is not None:
         layers, heads, kv_heads = flash.num_layers_heads()
-        rows.insert(0, step_traffic(study, heads, kv_heads, flash.dtype_bytes(), layers))
-    live.table(fv.traffic_frame(rows), "flash_traffic")
+        rows.insert(0, step_traffic(study, heads, kv_heads, flash.dtype_bytes(), layers,
+                                    f"this step ({request_label(study.request_id)})"))
+    frame = fv.traffic_frame(rows)
+    live.table(frame, "flash_traffic", height=TABLE_ROW_PX * (len(frame) + 1) + 3)
     for t in rows:
         st.markdown(fv.traffic_markdown(t))
 

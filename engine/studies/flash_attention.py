@@ -455,9 +455,10 @@ class Traffic:
         return self.naive / self.tiled
 
 
-def step_traffic(study: FlashStudy, heads: int, kv_heads: int, dtype_bytes: int, layers: int) -> Traffic:
+def step_traffic(study: FlashStudy, heads: int, kv_heads: int, dtype_bytes: int, layers: int,
+                 label: str = "this step") -> Traffic:
     """This step's request with the run's model (every head of one layer; the kernel's Br)."""
-    return Traffic(f"this step ({study.request_id})", heads, kv_heads, study.head_dim, dtype_bytes, study.seq_len,
+    return Traffic(label, heads, kv_heads, study.head_dim, dtype_bytes, study.seq_len,
                    study.num_tokens, study.block_m, layers)
 
 

@@ -3,13 +3,15 @@
 Opens /flash-attention on chat-burst, steps once (every prompt prefilled): the score matrix is
 drawn with the kernel's tiles outlined and numbered, and the kernel's "max abs difference" to
 the float64 reference is tiny; picks another query head (a new trace); steps again (decodes)
-and splits the decode into 4 segments: the segments table and their merge appear.
+and splits the decode into 4 segments: the segments table and their merge appear. Nothing on the
+page is cut off or hidden in a sideways-scrolling table.
 """
 from __future__ import annotations
 
 import pytest
 
-from tests.browser.server import assert_no_exception, click, load, metric, wait_for_app, wait_for_views_at_step
+from tests.browser.server import (assert_no_exception, click, load, metric, readability_problems, wait_for_app,
+                                  wait_for_views_at_step)
 
 pytestmark = pytest.mark.browser
 
@@ -44,6 +46,7 @@ def test_flash_page_shows_the_kernels_tiles_and_the_split_decode(app_url: str, c
     assert tiles["tiles"] > 1 and tiles["numbers"] == tiles["tiles"], tiles
     assert "head 3" in tiles["title"], tiles
     assert float(metric(page, "Max abs difference")) <= 1e-6
+    assert readability_problems(page) == []
 
     click(page, "step")
     wait_for_views_at_step(page, 2, minimum=3, timeout=120_000)
@@ -56,5 +59,6 @@ def test_flash_page_shows_the_kernels_tiles_and_the_split_decode(app_url: str, c
     page.get_by_role("heading", name="Split-KV: 4 segments and their merge").wait_for(timeout=60_000)
     assert page.get_by_text("Max |merged − unsplit|").count() == 1
     assert float(metric(page, "Max abs difference")) <= 1e-6
+    assert readability_problems(page) == []
     assert_no_exception(page)
     context.close()
