@@ -19,8 +19,8 @@ import torch  # noqa: E402
 from engine import LLMEngine, SamplingParams  # noqa: E402
 from engine.core.config import EngineConfig  # noqa: E402
 from engine.studies.flash_attention import (  # noqa: E402
-    TRACE_CONTEXT, Candidate, FlashStudy, LayerTensors, Traffic, candidates, flash_study, layer_tensors,
-    live_cache_difference, preset_traffic,
+    MAX_TRACE_TILES, TRACE_CONTEXT, Candidate, FlashStudy, LayerTensors, Traffic, candidates, estimated_tiles,
+    flash_study, layer_tensors, live_cache_difference, preset_traffic, traceable_width,
 )
 from visualizers import flash_attention as fv  # noqa: E402
 from visualizers.figures import validated  # noqa: E402
@@ -101,6 +101,18 @@ def test_a_split_decode_merges_to_the_unsplit_output() -> None:
     assert frame["w_s = l_s·exp(m_s − M)"].iloc[-1] == 0.0 and frame["m_s"].iloc[-1] == float("-inf")
     text = fv.merge_markdown(study)
     assert f"{study.out[0][0]:.6f}" in text and f"{study.merged_vs_unsplit:.2e}" in text
+
+
+def test_the_tile_estimate_is_the_kernels_count_and_bounds_the_trace() -> None:
+    prefill, _ = _study(10, 9)
+    decode, _ = _study(22, 1, segments=4)
+    assert estimated_tiles(10, 9, 2, 4) == len(prefill.tiles)
+    assert estimated_tiles(22, 1, 2, 4) == len(decode.tiles) == 6  # split-KV cuts the same tiles
+    # a 500-token prompt: tiles of 4 would be ~4,000 (half a minute in the interpreter)
+    assert estimated_tiles(0, 500, 2, 4) > MAX_TRACE_TILES
+    width = traceable_width(0, 500, 2, 4)
+    assert estimated_tiles(0, 500, 2, width) <= MAX_TRACE_TILES < estimated_tiles(0, 500, 2, width // 2)
+    assert traceable_width(10, 9, 2, 4) == 4 and traceable_width(0, 500, 2, 64) == 64
 
 
 def test_bad_arguments_are_refused() -> None:
@@ -192,6 +204,12 @@ def test_views_draw_the_tiles_and_the_tables() -> None:
     assert len(fv.output_frame(study)) == 16
     assert fv.segments_frame(study).empty and fv.merge_markdown(study) == ""
     assert fv.fmt_bytes(1536) == "1.5 KiB" and fv.fmt_bytes(100) == "100 B"
+    # past MAX_OUTLINED tiles only the selected tile's query block is outlined
+    many = replace(study, tiles=tuple(replace(t, order=i) for i, t in
+                                      enumerate(study.tiles * (fv.MAX_OUTLINED // len(study.tiles) + 1))))
+    spec = fv.score_figure(many, 0, 12).to_dict()["layout"]
+    assert len(spec["shapes"]) == sum(1 for t in many.tiles if t.query_block == many.tiles[0].query_block)
+    assert "outlined: the selected tile's query block" in spec["title"]["text"]
 
 
 def test_summary_escapes_the_request_id() -> None:

@@ -18,8 +18,11 @@ from visualizers.figures import figure, legend_below, live_layout
 from visualizers.text import escape_markdown
 from visualizers.theme import request_label
 
-#: Tiles numbered on the score figure up to this many (past it the numbers would cover the cells).
+#: Tiles numbered on the score figure up to this many (past it the numbers would cover the cells),
+#: and outlined up to MAX_OUTLINED (past it only the selected tile's query block: each outline is a
+#: shape the browser redraws one by one).
 MAX_NUMBERED_TILES = 160
+MAX_OUTLINED = 400
 SEGMENT_COLORS = ("#1f2937", "#d97706", "#2563eb", "#059669", "#db2777", "#7c3aed", "#0891b2", "#65a30d")
 FOCUS_COLOR = "#dc2626"
 SHOWN_DIMS = 4  # output dimensions the tables list (the heatmap shows all)
@@ -64,7 +67,9 @@ def score_figure(study: FlashStudy, focus: int | None, font_size: int) -> go.Fig
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
     numbered = len(study.tiles) <= MAX_NUMBERED_TILES
-    for t in study.tiles:
+    block = next((t.query_block for t in study.tiles if t.order == focus), None)
+    outlined = [t for t in study.tiles if len(study.tiles) <= MAX_OUTLINED or t.query_block == block]
+    for t in outlined:
         focused = t.order == focus
         y0, y1 = study.start + t.rows[0] - 0.5, study.start + t.rows[-1] + 0.5
         shapes.append(dict(type="rect", x0=t.positions[0] - 0.5, x1=t.positions[1] - 0.5, y0=y0, y1=y1,
@@ -77,7 +82,8 @@ def score_figure(study: FlashStudy, focus: int | None, font_size: int) -> go.Fig
                                     bgcolor="rgba(255,255,255,0.7)"))
     title = (f"Scores Q·Kᵀ of {request_label(study.request_id)}, layer {study.layer}, head {study.query_head}: "
              f"{len(study.tiles)} tiles of Br {study.block_m} × Bc {study.block_n}"
-             + ("" if numbered else " (too many to number: the selected one is)"))
+             + ("" if numbered else " (too many to number: the selected one is)")
+             + ("" if len(outlined) == len(study.tiles) else "; outlined: the selected tile's query block"))
     height = max(220, min(640, 60 + 18 * n))
     layout = live_layout(title, study.step, font_size, height=height, shapes=shapes, annotations=annotations,
                          xaxis=dict(title="key position (context)", range=[-0.5, seq_len - 0.5]),

@@ -10,7 +10,8 @@ from app.session import K
 from app.studies import flash_attention as flash
 from engine.replay.run import RunView
 from engine.studies.flash_attention import (
-    TILE_WIDTHS, TRACE_CONTEXT, TRAFFIC_MODELS, Candidate, FlashStudy, candidates, preset_traffic, step_traffic,
+    MAX_TRACE_TILES, TILE_WIDTHS, TRACE_CONTEXT, TRAFFIC_MODELS, Candidate, FlashStudy, candidates, estimated_tiles,
+    preset_traffic, step_traffic, traceable_width,
 )
 from visualizers import flash_attention as fv
 from visualizers.text import escape_markdown
@@ -111,9 +112,16 @@ def trace_controls(view: RunView, cands: list[Candidate]) -> FlashStudy:
                              value=session.flash_segments.default, width=220,
                              disabled=not decode, help="FlashDecoding: for a decode (one new token) only.")
     segments = int(segments) if decode else 1
-    with st.spinner(f"Running the Triton kernel on {request_label(cand.request_id)}'s tensors (Triton's interpreter "
-                    "takes a few seconds)…"):
-        return flash.trace(view, cand, int(layer or 0), int(head or 0), segments, int(block_n or 8))
+    chosen = int(block_n or session.flash_block_n.default)
+    group = heads // kv_heads
+    width = traceable_width(cand.start, cand.num_tokens, group, chosen)
+    if width != chosen:
+        st.caption(f"Tiles of {chosen} would be {estimated_tiles(cand.start, cand.num_tokens, group, chosen):,} for "
+                   f"this chunk, over the {MAX_TRACE_TILES:,} a trace takes in Triton's interpreter (a few ms "
+                   f"each): traced with Bc = {width}.")
+    with st.spinner(escape_markdown(f"Running the Triton kernel on {request_label(cand.request_id)}'s tensors "
+                                    "(Triton's interpreter takes a few seconds)…")):
+        return flash.trace(view, cand, int(layer or 0), int(head or 0), segments, width)
 
 
 def tiles_section(study: FlashStudy, style: live.Style) -> None:

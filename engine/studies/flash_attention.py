@@ -48,9 +48,10 @@ from engine.model.llama import LlamaModel
 from engine.model.private_prefill import PrivatePrefill
 from engine.sizing.models import get_model
 
-__all__ = ["Candidate", "FlashStudy", "LayerTensors", "SegmentPart", "TileStep", "Traffic", "TRACE_CONTEXT",
-           "TILE_WIDTHS", "TRAFFIC_MODELS", "candidates", "flash_study", "layer_tensors", "live_cache_difference",
-           "preset_traffic", "step_traffic", "kernels"]
+__all__ = ["Candidate", "FlashStudy", "LayerTensors", "SegmentPart", "TileStep", "Traffic", "MAX_TRACE_TILES",
+           "TRACE_CONTEXT", "TILE_WIDTHS", "TRAFFIC_MODELS", "block_m_of", "candidates", "estimated_tiles",
+           "flash_study", "kernels", "layer_tensors", "live_cache_difference", "preset_traffic", "step_traffic",
+           "traceable_width"]
 
 #: Context positions per request the kernel's trace records (engine.kernels.TRACE_MAX_CONTEXT,
 #: checked against it when the kernels load).
@@ -59,6 +60,9 @@ TRACE_CONTEXT = 512
 TILE_WIDTHS = (4, 8, 16, 32, 64)
 #: Most split-KV segments the page offers (the engine itself uses at most 8).
 MAX_PAGE_SEGMENTS = 8
+#: Most tiles one trace visits: the interpreter takes a few ms per tile (a 500-token prefill in
+#: tiles of 4 would be ~4,000 tiles, half a minute); a narrower Bc past this is traced wider.
+MAX_TRACE_TILES = 1024
 #: Calculator presets the traffic table offers (dense GQA / MHA attention).
 TRAFFIC_MODELS = ("llama-3-8b", "llama-3.1-70b", "mistral-7b", "qwen2.5-7b", "qwen3-8b", "smollm2-135m")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -309,6 +313,34 @@ class FlashStudy:
             if t.segment == 0:
                 last[t.query_block] = t
         return last
+
+
+def block_m_of(group: int) -> int:
+    """Query tokens per program for a GQA group (the kernel's rule: rows = block_m x the group
+    padded to a power of two = 16)."""
+    return max(1, 16 // (1 << max(0, (group - 1).bit_length())))
+
+
+def estimated_tiles(start: int, num_tokens: int, group: int, block_n: int) -> int:
+    """Tiles one KV head's programs visit (the kernel's causal rule: a query block walks the tiles
+    up to its last query's position; split-KV visits the same tiles, cut into segments)."""
+    block_m = block_m_of(group)
+    seq_len = start + num_tokens
+    total = 0
+    for q0 in range(0, num_tokens, block_m):
+        kv_end = min(seq_len, start + q0 + block_m)
+        total += -(-kv_end // block_n)
+    return total
+
+
+def traceable_width(start: int, num_tokens: int, group: int, block_n: int) -> int:
+    """``block_n``, or the narrowest wider tile width (TILE_WIDTHS) whose trace stays within
+    MAX_TRACE_TILES tiles (the widest when none does)."""
+    wider = [w for w in TILE_WIDTHS if w >= block_n]
+    for w in wider:
+        if estimated_tiles(start, num_tokens, group, w) <= MAX_TRACE_TILES:
+            return w
+    return TILE_WIDTHS[-1]
 
 
 def _rows(x: torch.Tensor) -> tuple[tuple[float, ...], ...]:
