@@ -87,7 +87,7 @@ def test_the_page_traces_a_prefill_then_a_split_decode() -> None:
     assert (final["kernel m"] - final["float64 m"]).abs().max() <= TOL
     assert ((final["kernel l"] - final["float64 l"]).abs() / final["float64 l"]).max() <= TOL
     # the tile table shows the chosen tile's rows as the kernel stored them
-    tile = study.tiles[-1]
+    tile = study.tiles[at.session_state[K.flash_tile]]
     shown = next(d.value for d in at.dataframe if "m (running max)" in d.value.columns)
     assert list(shown["m (running max)"]) == list(tile.m) and list(shown["l (running sum)"]) == list(tile.l)
     # the traffic table's step row follows the formula: H 4, KVH 2, d 16, fp32, N = M = the prompt
