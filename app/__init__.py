@@ -15,7 +15,7 @@ replay.py               record / replay and deep links
 link_settings.py        URL settings a page could not take, named in one warning
 presentation.py         presentation mode and the KV page's focus
 studies/                what pages measure beyond the run: comparisons, quantization, activations,
-                        the pipeline sweep, sizing, the Generate answer
+                        the pipeline sweep, sizing, the Generate answer, the FlashAttention kernel traces
 charts.py, timing.py    in-place chart redraws; optional phase timings
 session_reaper.py       stops the workers of sessions that went away
 """

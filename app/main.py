@@ -23,8 +23,9 @@ def main() -> None:
     QUANTIZATION = st.Page("app_pages/quantization.py", title="Quantization", icon="🎚️", url_path="quantization")
     SPECULATIVE = st.Page("app_pages/speculative.py", title="Speculative decoding", icon="🎯", url_path="speculative")
     PIPELINE = st.Page("app_pages/pipeline.py", title="Pipeline parallelism", icon="🪜", url_path="pipeline")
+    FLASH = st.Page("app_pages/flash_attention.py", title="FlashAttention", icon="⚡", url_path="flash-attention")
     PAGES = {
-        "Engine": [GENERATE, KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE, PIPELINE],
+        "Engine": [GENERATE, KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE, PIPELINE, FLASH],
         "Sizing": [
             st.Page("app_pages/fit.py", title="Will it fit?", icon="📐", url_path="fit"),
             st.Page("app_pages/architectures.py", title="Attention architectures", icon="🧠",
@@ -33,7 +34,7 @@ def main() -> None:
             st.Page("app_pages/audit.py", title="Audit", icon="🩺", url_path="audit"),
         ],
     }
-    LIVE = [KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE, PIPELINE]  # the order of the page keys
+    LIVE = [KV_CACHE, BATCHING, PREFIX_CACHE, QUANTIZATION, SPECULATIVE, PIPELINE, FLASH]  # the order of the page keys
     LIVE_PAGES = tuple(p.url_path for p in LIVE)
     with timing.phase("script"):
         page = st.navigation(PAGES, position="top")

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from engine.serving.generation import GenerateResult
     from engine.replay.run import LiveRun, PolicyRun, ReplayRun, SweepPoint
     from engine.studies.attention_layouts import LayoutWorkload
+    from engine.studies.flash_attention import FlashStudy
 
 T = TypeVar("T")
 
@@ -94,6 +95,17 @@ class K:
     # the Audit page: Audit was pressed (from then on every change re-audits), this engine's ablations
     audit_on = "_audit_on"
     audit_ablations = "_audit_ablations"  # (model, workload) -> Ablation, measured in this session
+    # the FlashAttention page: its widgets, and the kernel traces computed for this session's run
+    flash_request = "flash_request"
+    flash_layer = "flash_layer"
+    flash_head = "flash_head"
+    flash_block_n = "flash_block_n"
+    flash_segments = "flash_segments"
+    flash_tile = "flash_tile"
+    flash_model = "flash_model"
+    flash_context = "flash_context"
+    flash_queries = "flash_queries"
+    flash_traces = "_flash_traces"  # (run, {(step, request, layer, head, segments, Bc): FlashStudy})
 
 
 class Slot(Generic[T]):
@@ -211,3 +223,16 @@ serving_capacity: Slot[tuple[ServingInputs, str] | None] = Slot(K.serving_capaci
 # -- the Audit page (audits cached by their inputs: app/studies/audit.py) ------------------------------
 audit_on: Slot[bool] = Slot(K.audit_on, False)
 audit_ablations: Slot[Mapping[tuple[str, str], Ablation]] = Slot(K.audit_ablations, {})
+
+# -- the FlashAttention page (kernel traces of this session's run: app/studies/flash_attention.py) -----
+FlashKey = tuple[int, str, int, int, int, int]  # (step, request, layer, query head, segments, tile width)
+flash_request: Slot[str | None] = Slot(K.flash_request, None)
+flash_layer: Slot[int] = Slot(K.flash_layer, 0)
+flash_head: Slot[int] = Slot(K.flash_head, 0)
+flash_block_n: Slot[int] = Slot(K.flash_block_n, 8)
+flash_segments: Slot[int] = Slot(K.flash_segments, 1)
+flash_tile: Slot[int | None] = Slot(K.flash_tile, None)
+flash_model: Slot[str] = Slot(K.flash_model, "llama-3-8b")
+flash_context: Slot[int] = Slot(K.flash_context, 32768)
+flash_queries: Slot[str] = Slot(K.flash_queries, "decode (1)")
+flash_traces: Slot[tuple[object, dict[FlashKey, FlashStudy]] | None] = Slot(K.flash_traces, None)

@@ -11,7 +11,8 @@ Attention architectures page: the calculator's table and chart, the three pools 
 mode at 1920x1080 from a bundled recording, step back, the Pipeline page on its own scenario, the
 bundled-recording entry), serving (the Serving under load page after a run, and its simulated run on
 the KV cache page), audit (the Audit page on a pasted vLLM log, and on InternVL2-8B / Atlas 300V Pro with
-vllm-ascend), audit-engine (its "This engine, measured" tab after a measurement: minutes).
+vllm-ascend), audit-engine (its "This engine, measured" tab after a measurement: minutes), flash (the
+FlashAttention page: a prefill's tiles, a decode split into 4 segments, the memory traffic).
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def _step_to(page, steps: int) -> None:
         wait_for_app(page)
 
 
-GROUPS = ("live", "prefix", "quant", "spec", "pipeline", "architectures", "talk", "serving", "audit", "audit-engine")
+GROUPS = ("live", "prefix", "quant", "spec", "pipeline", "architectures", "talk", "serving", "audit", "audit-engine",
+          "flash")
 
 
 def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
@@ -75,6 +77,8 @@ def main(out: Path, groups: tuple[str, ...] = GROUPS) -> None:
             _audit(browser, url, out)
         if "audit-engine" in groups:
             _audit_engine(browser, url, out)
+        if "flash" in groups:
+            _flash(browser, url, out)
         browser.close()
 
 
@@ -305,6 +309,27 @@ def _talk(browser, url: str, out: Path) -> None:
         wait_for_app(page, timeout=120_000)
         _step_to(page, 4)
         _shoot(page, out, "talk-replay-bundled")
+
+
+def _flash(browser, url: str, out: Path) -> None:
+    """The FlashAttention page on chat-burst: after step 1 (every prompt prefilled) the first
+    request's layer 0, head 0 in tiles of 8; after step 2 its decode split into 4 segments and
+    merged; the memory traffic against Llama-3-8B at 32k."""
+    with _session(browser, url, "flash-attention", SCENARIO) as page:
+        _step_to(page, 1)
+        _shoot(page, out, "flash-attention")
+        _scroll_to(page, "The tiles, in the order the kernel visits them")
+        _shoot(page, out, "flash-attention-tiles")
+        _step_to(page, 2)
+        thumb = page.locator(".st-key-flash_segments").get_by_role("slider")
+        thumb.focus()
+        for _ in range(3):  # 1 -> 4 segments
+            thumb.press("ArrowRight")
+        wait_for_app(page, timeout=120_000)
+        _scroll_to(page, "Split-KV: 4 segments and their merge")
+        _shoot(page, out, "flash-attention-split")
+        _scroll_to(page, "Memory traffic: naive against tiled")
+        _shoot(page, out, "flash-attention-traffic")
 
 
 if __name__ == "__main__":
