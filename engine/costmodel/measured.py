@@ -200,16 +200,24 @@ def _time(v: Any) -> float:
 
 
 class MeasuredCost:
-    """The CostModel of the real engine on this machine, from a CostProfile (module doc)."""
+    """The CostModel of the real engine on this machine, from a CostProfile (module doc).
 
-    def __init__(self, profile: CostProfile) -> None:
+    ``speed`` scales every part: the ratio of the machine's step times now to the profile's, from
+    a short speed probe taken just before a run (engine/simulate/calibrate.py ``speed_probe``; a
+    shared VM's speed drifts by 10 % within minutes). 1.0: the profile as measured."""
+
+    def __init__(self, profile: CostProfile, speed: float = 1.0) -> None:
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed: must be a finite factor > 0, got {speed!r}")
         self.profile = profile
+        self.speed = speed
 
     @property
     def label(self) -> str:
         p, m = self.profile, self.profile.machine
+        now = "" if self.speed == 1.0 else f"; x{self.speed:.3f} for the machine's speed now (a speed probe)"
         return (f"measured on this machine: {p.model} {p.dtype}, {m.cpu_model} ({m.cpu_count} CPUs, "
-                f"{m.torch_threads} torch threads, torch {m.torch_version}); calibrated {p.measured_at}")
+                f"{m.torch_threads} torch threads, torch {m.torch_version}); calibrated {p.measured_at}{now}")
 
     def attention_s(self, chunks: tuple[ChunkShape, ...]) -> float:
         p = self.profile
@@ -226,11 +234,11 @@ class MeasuredCost:
         return total
 
     def step_cost(self, shape: StepShape) -> StepCost:
-        p, o = self.profile, self.profile.overhead
+        p, o, k = self.profile, self.profile.overhead, self.speed
         if not shape.chunks:
-            return StepCost(0.0, 0.0, 0.0, 0.0, o.per_step_s)
+            return StepCost(0.0, 0.0, 0.0, 0.0, k * o.per_step_s)
         m, d = shape.num_tokens, shape.num_decodes
         gemm = p.gemm(m) + (p.lm_head(shape.num_samples) if shape.num_samples else 0.0)
-        return StepCost(gemm_s=gemm, attention_s=self.attention_s(shape.chunks),
-                        elementwise_s=o.per_decode_s * d + o.per_token_s * (m - d),
-                        comm_s=0.0, overhead_s=o.per_step_s + o.per_request_s * shape.num_requests)
+        return StepCost(gemm_s=k * gemm, attention_s=k * self.attention_s(shape.chunks),
+                        elementwise_s=k * (o.per_decode_s * d + o.per_token_s * (m - d)),
+                        comm_s=0.0, overhead_s=k * (o.per_step_s + o.per_request_s * shape.num_requests))

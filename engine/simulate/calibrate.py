@@ -5,6 +5,9 @@
     this_machine_model(...)   a SimulatedModel whose cost is MeasuredCost(profile) and whose KV pool
                               is the real engine's pool (num_blocks x block_size), so a simulated run
                               and ``run_real`` on the same workload schedule the same batches
+    speed_probe(profile)      a few seconds of engine steps timed now against the profile: the
+                              factor by which this machine is slower or faster than when it was
+                              calibrated (``this_machine_model(..., probe=True)`` applies it)
 
 What is measured (medians of interleaved repeats, so a burst of load elsewhere spoils one sample
 of a point, not the point; on a busy machine the repeats stop at the plan's time budget and the
@@ -299,7 +302,7 @@ class _Step(NamedTuple):
     forward_s: float  # of which the runner's forward: batch building and the model (the trace's forward_ms)
 
 
-def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress | None) -> list[_Step]:
+def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress | None, seed: int = 0) -> list[_Step]:
     """Whole ``engine.step()`` calls under a calibration traffic, timed (``plan.traffic_s`` at most).
 
     The traffic holds the number of running requests at a level that moves through
@@ -309,7 +312,7 @@ def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress
     with the previous one's first blocks), preemptions when the pool fills. Its lengths come from
     its own generator (log-uniform prompts, uniform outputs), not from any validation workload."""
     out: list[_Step] = []
-    rng = random.Random(0)
+    rng = random.Random(seed)
     vocab = min(shared.model.config.vocab_size, 30_000)
     lo, hi = plan.traffic_prompt
 
@@ -493,17 +496,59 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     return result
 
 
+# -- the machine's speed now ------------------------------------------------------------------------
+
+#: the speed probe's traffic: the calibration's, shorter, from another seed (other prompts and lengths)
+PROBE_PLAN = CalibrationPlan(traffic_levels=(1, 8, 24, 4, 16), traffic_level_steps=6, traffic_s=4.0)
+PROBE_SEED = 1
+
+
+class SpeedProbe(NamedTuple):
+    """Whole engine steps timed now against what the profile predicts for the same steps."""
+
+    factor: float  # sum of measured step times / sum of predicted: MeasuredCost's ``speed``
+    steps: int
+    measured_s: float
+    predicted_s: float
+
+
+def speed_probe(profile: CostProfile, plan: CalibrationPlan = PROBE_PLAN,
+                progress: Progress | None = None) -> SpeedProbe:
+    """How fast this machine runs the engine now, relative to ``profile`` (a few seconds).
+
+    Rule: a short calibration traffic (``PROBE_PLAN``, its own seed: no validation workload, and
+    not the profile's own steps) is served by the real engine, each ``engine.step()`` timed; the
+    factor is  sum(measured) / sum(profile's prediction for the same shapes).  A shared VM's speed
+    drifts by 10 % within minutes (docs/simulator.md), so a profile measured minutes ago is rescaled
+    by a probe taken just before the run it predicts. Invariant: the factor only scales step times;
+    the profile's curves, and so the relative costs of step shapes, are unchanged."""
+    shared = get_shared_model(profile.model, profile.dtype)
+    _say(progress, f"speed probe: {plan.traffic_s:.0f} s of engine steps, against the profile of {profile.measured_at}")
+    steps = _engine_steps(shared, plan, None, seed=PROBE_SEED)
+    cost = MeasuredCost(profile)
+    measured = sum(s.total_s for s in steps)
+    predicted = sum(cost.step_cost(s.shape).total_s for s in steps)
+    if not steps or predicted <= 0:
+        raise ValueError("speed probe: no step was timed")
+    probe = SpeedProbe(measured / predicted, len(steps), measured, predicted)
+    _say(progress, f"speed probe: {probe.steps} steps took {measured:.2f} s, the profile predicts {predicted:.2f} s: "
+                   f"x{probe.factor:.3f}")
+    return probe
+
+
 # -- the simulated model ----------------------------------------------------------------------------
 
 def this_machine_model(model: str = "smollm2-135m", profile: CostProfile | None = None, *,
                        num_blocks: int = DEFAULT_NUM_BLOCKS, block_size: int = DEFAULT_BLOCK_SIZE,
                        max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS, max_model_len: int | None = None,
-                       progress: Progress | None = None, cache_dir: Path | None = None) -> SimulatedModel:
+                       progress: Progress | None = None, cache_dir: Path | None = None,
+                       probe: bool = False) -> SimulatedModel:
     """``model`` served by the real engine on this machine, simulated: the cost is MeasuredCost of
     ``profile`` (default: ``calibrate(model)``, cached), the facts and tokenizer are the real
     model's, and the KV pool is the real engine's (``num_blocks`` x ``block_size``: the engine's
     CacheConfig defaults unless given), not a calculator's budget: pass the same numbers to
-    ``run_real`` and both runs hold exactly the same blocks."""
+    ``run_real`` and both runs hold exactly the same blocks. ``probe``: rescale the profile by a
+    ``speed_probe`` taken now (a few seconds), for the machine's speed at the time of the run."""
     if profile is None:
         profile = calibrate(model, progress=progress, cache_dir=cache_dir)
     elif profile.model != model:
@@ -529,6 +574,7 @@ def this_machine_model(model: str = "smollm2-135m", profile: CostProfile | None 
         link_bytes_per_s=DEFAULT_LINK)  # (one process: no link is crossed; disaggregation would assume PCIe)
     # eos ids stay empty: a simulated request ends at its max_tokens (run_real sets ignore_eos too)
     facts = c.facts._replace(eos_token_ids=())
+    speed = speed_probe(profile, progress=progress).factor if probe else 1.0
     return SimulatedModel(name=f"{model} (simulated on this machine)", facts=facts, tokenizer=shared.tokenizer,
-                          cost=MeasuredCost(profile), deployment=deployment)
+                          cost=MeasuredCost(profile, speed), deployment=deployment)
 
