@@ -18,8 +18,8 @@ from engine.costmodel.measured import PROFILE_VERSION, CostProfile, Curve, Machi
 from engine.costmodel.model import simulated_model
 from engine.costmodel.shape import ChunkShape, StepShape, decode_shape, prefill_shape
 from engine.simulate.__main__ import main
-from engine.simulate.calibrate import TINY_PLAN, cache_path, calibrate, load_cached, machine_info, speed_probe, \
-    this_machine_model
+from engine.simulate.calibrate import PROBE_PLAN, TINY_PLAN, cache_path, calibrate, load_cached, machine_info, \
+    speed_probe, this_machine_model
 from engine.simulate.simulator import ServingKnobs, run_real, simulate
 from engine.simulate.workload import Lengths, generate
 
@@ -112,13 +112,17 @@ def test_measured_cost_grows_where_it_should(calibrated: tuple[CostProfile, Path
 
 
 def test_the_speed_probe_rescales_every_part_and_nothing_else(calibrated: tuple[CostProfile, Path]) -> None:
-    """A probe times real engine steps and compares them with the profile's predictions (its factor's
-    size depends on the clock, so only its sense is checked); the factor multiplies every part of a
-    step, so the relative costs of shapes are the profile's."""
+    """A probe times its fixed engine steps and compares them with the same steps timed at calibration
+    (the factor's size depends on the clock, so only its sense is checked); the factor multiplies
+    every part of a step, so the relative costs of shapes are the profile's."""
     profile, _ = calibrated
-    probe = speed_probe(profile, dataclasses.replace(TINY_PLAN, traffic_s=2.0))
-    assert probe.steps > 0 and probe.measured_s > 0 and probe.predicted_s > 0
-    assert probe.factor == pytest.approx(probe.measured_s / probe.predicted_s)
+    assert profile.probe_s > 0  # calibration timed the probe's steps
+    probe = speed_probe(profile)
+    assert probe.steps == len(PROBE_PLAN.traffic_levels) * PROBE_PLAN.traffic_level_steps  # every step schedules
+    assert probe.measured_s > 0 and probe.reference_s == profile.probe_s
+    assert probe.factor == pytest.approx(probe.measured_s / profile.probe_s)
+    with pytest.raises(ValueError, match="^profile: it has no speed-probe reference"):
+        speed_probe(dataclasses.replace(profile, probe_s=0.0))
     shape = StepShape((ChunkShape(24, 0, 1), ChunkShape(1, 40, 1), ChunkShape(1, 9, 1)))
     base, slow = MeasuredCost(profile).step_cost(shape), MeasuredCost(profile, 1.25).step_cost(shape)
     for name, value in base.as_dict().items():

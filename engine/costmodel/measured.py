@@ -41,7 +41,7 @@ from engine.costmodel.shape import ChunkShape, StepShape
 from engine.model.forward_batch import GROUP_OVERHEAD_SLOTS, group_decodes
 
 #: the profile file format; a file of another version is measured again, never read
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,7 @@ class CostProfile:
     measured_at: str = ""  # ISO time
     seconds: float = 0.0  # how long the profile took
     fit_error: float = 0.0  # median |predicted - measured| / measured over the calibration steps
+    probe_s: float = 0.0  # the speed probe's fixed steps, timed right after calibrating (0: none)
     version: int = PROFILE_VERSION
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -186,7 +187,8 @@ class CostProfile:
                        overhead=StepOverhead(_time(o["per_step_s"]), _time(o["per_request_s"]),
                                              _time(o["per_decode_s"]), _time(o["per_token_s"])),
                        measured_at=str(d.get("measured_at", "")), seconds=float(d.get("seconds", 0.0)),
-                       fit_error=float(d.get("fit_error", 0.0)), version=PROFILE_VERSION,
+                       fit_error=float(d.get("fit_error", 0.0)), probe_s=_time(d.get("probe_s", 0.0)),
+                       version=PROFILE_VERSION,
                        notes=tuple(str(n) for n in d.get("notes", ())))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
             raise ValueError(f"calibration profile: {type(e).__name__}: {e}") from None

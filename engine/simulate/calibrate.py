@@ -42,7 +42,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -488,7 +488,10 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     overhead = _fit_overhead(steps, lambda s: bare.step_cost(s).total_s)
     fitted = MeasuredCost(profile(overhead))
     errors = [abs(fitted.step_cost(s.shape).total_s - s.total_s) / s.total_s for s in steps if s.total_s > 0]
-    result = profile(overhead, statistics.median(errors) if errors else 0.0)
+    _say(progress, "timing the speed probe's steps (the reference later probes compare with)")
+    _, probe_s = _probe_s(shared)
+    result = replace(profile(overhead, statistics.median(errors) if errors else 0.0), probe_s=probe_s,
+                     seconds=time.perf_counter() - t_start)
     _say(progress, f"calibrated in {result.seconds:.1f} s: per step "
                    f"{overhead.per_step_s * 1e3:.2f} ms, per request {overhead.per_request_s * 1e3:.3f} ms, per decode row "
                    f"{overhead.per_decode_s * 1e3:.3f} ms, per prefill token {overhead.per_token_s * 1e3:.3f} ms; median step error on the calibration steps "
@@ -498,40 +501,44 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
 
 # -- the machine's speed now ------------------------------------------------------------------------
 
-#: the speed probe's traffic: the calibration's, shorter, from another seed (other prompts and lengths)
-PROBE_PLAN = CalibrationPlan(traffic_levels=(1, 8, 24, 4, 16), traffic_level_steps=6, traffic_s=4.0)
+#: the speed probe's traffic: the calibration's kind, its own seed, a fixed number of steps (no
+#: deadline: the same steps on a fast or a slow machine), about 3 s on the machine this was written on
+PROBE_PLAN = CalibrationPlan(traffic_levels=(2, 8, 24, 4), traffic_level_steps=5, traffic_s=math.inf)
 PROBE_SEED = 1
 
 
 class SpeedProbe(NamedTuple):
-    """Whole engine steps timed now against what the profile predicts for the same steps."""
+    """The probe's fixed steps timed now against the same steps timed right after calibrating."""
 
-    factor: float  # sum of measured step times / sum of predicted: MeasuredCost's ``speed``
+    factor: float  # measured_s / reference_s: MeasuredCost's ``speed``
     steps: int
     measured_s: float
-    predicted_s: float
+    reference_s: float  # CostProfile.probe_s
 
 
-def speed_probe(profile: CostProfile, plan: CalibrationPlan = PROBE_PLAN,
-                progress: Progress | None = None) -> SpeedProbe:
-    """How fast this machine runs the engine now, relative to ``profile`` (a few seconds).
+def _probe_s(shared: SharedModel) -> tuple[int, float]:
+    """(steps, seconds) of the speed probe's fixed traffic served now by the real engine."""
+    steps = _engine_steps(shared, PROBE_PLAN, None, seed=PROBE_SEED)
+    return len(steps), sum(s.total_s for s in steps)
 
-    Rule: a short calibration traffic (``PROBE_PLAN``, its own seed: no validation workload, and
-    not the profile's own steps) is served by the real engine, each ``engine.step()`` timed; the
-    factor is  sum(measured) / sum(profile's prediction for the same shapes).  A shared VM's speed
-    drifts by 10 % within minutes (docs/simulator.md), so a profile measured minutes ago is rescaled
-    by a probe taken just before the run it predicts. Invariant: the factor only scales step times;
-    the profile's curves, and so the relative costs of step shapes, are unchanged."""
+
+def speed_probe(profile: CostProfile, progress: Progress | None = None) -> SpeedProbe:
+    """How fast this machine runs the engine now, relative to when ``profile`` was measured.
+
+    Rule: the probe serves a fixed traffic (``PROBE_PLAN``, its own seed: no validation workload)
+    and times every ``engine.step()``; calibration timed the very same steps right after fitting
+    (``profile.probe_s``), so  factor = seconds now / seconds then  compares one machine with itself
+    on identical work, whatever the profile's errors on those shapes. A shared VM's speed drifts by
+    10 % within minutes (docs/simulator.md); a profile measured minutes ago is rescaled by a probe
+    taken just before the run it predicts. Invariant: the factor only scales step times; the
+    profile's curves, and so the relative costs of step shapes, are unchanged."""
+    if profile.probe_s <= 0:
+        raise ValueError("profile: it has no speed-probe reference (measured by an older build); recalibrate")
     shared = get_shared_model(profile.model, profile.dtype)
-    _say(progress, f"speed probe: {plan.traffic_s:.0f} s of engine steps, against the profile of {profile.measured_at}")
-    steps = _engine_steps(shared, plan, None, seed=PROBE_SEED)
-    cost = MeasuredCost(profile)
-    measured = sum(s.total_s for s in steps)
-    predicted = sum(cost.step_cost(s.shape).total_s for s in steps)
-    if not steps or predicted <= 0:
-        raise ValueError("speed probe: no step was timed")
-    probe = SpeedProbe(measured / predicted, len(steps), measured, predicted)
-    _say(progress, f"speed probe: {probe.steps} steps took {measured:.2f} s, the profile predicts {predicted:.2f} s: "
+    _say(progress, f"speed probe: the probe's steps against their time at calibration ({profile.measured_at})")
+    steps, now = _probe_s(shared)
+    probe = SpeedProbe(now / profile.probe_s, steps, now, profile.probe_s)
+    _say(progress, f"speed probe: {steps} steps took {now:.2f} s, {profile.probe_s:.2f} s at calibration: "
                    f"x{probe.factor:.3f}")
     return probe
 
