@@ -6,7 +6,6 @@ is scheduled step for step alike by the real engine and its simulation, and the 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -18,8 +17,7 @@ from engine.costmodel.measured import PROFILE_VERSION, CostProfile, Curve, Machi
 from engine.costmodel.model import simulated_model
 from engine.costmodel.shape import ChunkShape, StepShape, decode_shape, prefill_shape
 from engine.simulate.__main__ import main
-from engine.simulate.calibrate import PROBE_PLAN, TINY_PLAN, cache_path, calibrate, load_cached, machine_info, \
-    speed_probe, this_machine_model
+from engine.simulate.calibrate import TINY_PLAN, cache_path, calibrate, load_cached, machine_info, this_machine_model
 from engine.simulate.simulator import ServingKnobs, run_real, simulate
 from engine.simulate.workload import Lengths, generate
 
@@ -109,28 +107,6 @@ def test_measured_cost_grows_where_it_should(calibrated: tuple[CostProfile, Path
         parts = cost.step_cost(StepShape((ChunkShape(128, 0, 1), ChunkShape(1, 40, 1))))
         assert parts.comm_s == 0 and min(parts.as_dict().values()) >= 0 and parts.total_s > 0
     assert "measured on this machine" in MeasuredCost(_profile()).label
-
-
-def test_the_speed_probe_rescales_every_part_and_nothing_else(calibrated: tuple[CostProfile, Path]) -> None:
-    """A probe times its fixed engine steps and compares them with the same steps timed at calibration
-    (the factor's size depends on the clock, so only its sense is checked); the factor multiplies
-    every part of a step, so the relative costs of shapes are the profile's."""
-    profile, _ = calibrated
-    assert profile.probe_s > 0  # calibration timed the probe's steps
-    probe = speed_probe(profile)
-    assert probe.steps == len(PROBE_PLAN.traffic_levels) * PROBE_PLAN.traffic_level_steps  # every step schedules
-    assert probe.measured_s > 0 and probe.reference_s == profile.probe_s
-    assert probe.factor == pytest.approx(probe.measured_s / profile.probe_s)
-    with pytest.raises(ValueError, match="^profile: it has no speed-probe reference"):
-        speed_probe(dataclasses.replace(profile, probe_s=0.0))
-    shape = StepShape((ChunkShape(24, 0, 1), ChunkShape(1, 40, 1), ChunkShape(1, 9, 1)))
-    base, slow = MeasuredCost(profile).step_cost(shape), MeasuredCost(profile, 1.25).step_cost(shape)
-    for name, value in base.as_dict().items():
-        assert slow.as_dict()[name] == pytest.approx(1.25 * value), name
-    assert "speed probe" in MeasuredCost(profile, 1.25).label and "speed probe" not in MeasuredCost(profile).label
-    for bad in (0.0, -1.0, math.inf, math.nan):
-        with pytest.raises(ValueError, match="^speed: "):
-            MeasuredCost(profile, bad)
 
 
 def test_burst_is_scheduled_step_for_step_alike(calibrated: tuple[CostProfile, Path]) -> None:

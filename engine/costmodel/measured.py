@@ -41,7 +41,7 @@ from engine.costmodel.shape import ChunkShape, StepShape
 from engine.model.forward_batch import GROUP_OVERHEAD_SLOTS, group_decodes
 
 #: the profile file format; a file of another version is measured again, never read
-PROFILE_VERSION = 3
+PROFILE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,6 @@ class CostProfile:
     measured_at: str = ""  # ISO time
     seconds: float = 0.0  # how long the profile took
     fit_error: float = 0.0  # median |predicted - measured| / measured over the calibration steps
-    probe_s: float = 0.0  # the speed probe's fixed steps, timed right after calibrating (0: none)
     version: int = PROFILE_VERSION
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -187,8 +186,7 @@ class CostProfile:
                        overhead=StepOverhead(_time(o["per_step_s"]), _time(o["per_request_s"]),
                                              _time(o["per_decode_s"]), _time(o["per_token_s"])),
                        measured_at=str(d.get("measured_at", "")), seconds=float(d.get("seconds", 0.0)),
-                       fit_error=float(d.get("fit_error", 0.0)), probe_s=_time(d.get("probe_s", 0.0)),
-                       version=PROFILE_VERSION,
+                       fit_error=float(d.get("fit_error", 0.0)), version=PROFILE_VERSION,
                        notes=tuple(str(n) for n in d.get("notes", ())))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
             raise ValueError(f"calibration profile: {type(e).__name__}: {e}") from None
@@ -202,24 +200,16 @@ def _time(v: Any) -> float:
 
 
 class MeasuredCost:
-    """The CostModel of the real engine on this machine, from a CostProfile (module doc).
+    """The CostModel of the real engine on this machine, from a CostProfile (module doc)."""
 
-    ``speed`` scales every part: the ratio of the machine's step times now to the profile's, from
-    a short speed probe taken just before a run (engine/simulate/calibrate.py ``speed_probe``; a
-    shared VM's speed drifts by 10 % within minutes). 1.0: the profile as measured."""
-
-    def __init__(self, profile: CostProfile, speed: float = 1.0) -> None:
-        if not (math.isfinite(speed) and speed > 0):
-            raise ValueError(f"speed: must be a finite factor > 0, got {speed!r}")
+    def __init__(self, profile: CostProfile) -> None:
         self.profile = profile
-        self.speed = speed
 
     @property
     def label(self) -> str:
         p, m = self.profile, self.profile.machine
-        now = "" if self.speed == 1.0 else f"; x{self.speed:.3f} for the machine's speed now (a speed probe)"
         return (f"measured on this machine: {p.model} {p.dtype}, {m.cpu_model} ({m.cpu_count} CPUs, "
-                f"{m.torch_threads} torch threads, torch {m.torch_version}); calibrated {p.measured_at}{now}")
+                f"{m.torch_threads} torch threads, torch {m.torch_version}); calibrated {p.measured_at}")
 
     def attention_s(self, chunks: tuple[ChunkShape, ...]) -> float:
         p = self.profile
@@ -236,11 +226,11 @@ class MeasuredCost:
         return total
 
     def step_cost(self, shape: StepShape) -> StepCost:
-        p, o, k = self.profile, self.profile.overhead, self.speed
+        p, o = self.profile, self.profile.overhead
         if not shape.chunks:
-            return StepCost(0.0, 0.0, 0.0, 0.0, k * o.per_step_s)
+            return StepCost(0.0, 0.0, 0.0, 0.0, o.per_step_s)
         m, d = shape.num_tokens, shape.num_decodes
         gemm = p.gemm(m) + (p.lm_head(shape.num_samples) if shape.num_samples else 0.0)
-        return StepCost(gemm_s=k * gemm, attention_s=k * self.attention_s(shape.chunks),
-                        elementwise_s=k * (o.per_decode_s * d + o.per_token_s * (m - d)),
-                        comm_s=0.0, overhead_s=k * (o.per_step_s + o.per_request_s * shape.num_requests))
+        return StepCost(gemm_s=gemm, attention_s=self.attention_s(shape.chunks),
+                        elementwise_s=o.per_decode_s * d + o.per_token_s * (m - d),
+                        comm_s=0.0, overhead_s=o.per_step_s + o.per_request_s * shape.num_requests)

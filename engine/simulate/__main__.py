@@ -8,9 +8,8 @@
 
 ``--hardware this-machine`` predicts the real engine on this CPU from a profile measured here
 (engine/simulate/calibrate.py: cached; measured first, with progress on stderr, when there is
-none; ``--recalibrate`` measures again), rescaled by a speed probe taken just before the run (a few
-seconds of engine steps; ``--no-probe`` skips it); ``--compare-real`` then also serves the workload
-with the real engine and prints both.
+none; ``--recalibrate`` measures again); ``--compare-real`` then also serves the workload with the
+real engine and prints both.
 
 Times are predicted (a cost model), not measured: the output says so. A bad input exits with
 status 2 and one line on stderr; never a traceback.
@@ -87,8 +86,6 @@ def _parser() -> argparse.ArgumentParser:
     a("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="this-machine: tokens per KV block")
     a("--recalibrate", action="store_true", help="this-machine: measure the profile again")
     a("--compare-real", action="store_true", help="this-machine: also run the real engine on the workload")
-    a("--no-probe", action="store_true", help="this-machine: skip the speed probe (a few seconds of engine steps "
-                                              "that rescale the profile for the machine's speed now)")
     return p
 
 
@@ -129,8 +126,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.time_limit is not None and not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise InputError(f"--time-limit: must be a number of seconds > 0, got {args.time_limit!r}")
     here = args.hardware == THIS_MACHINE
-    for flag, value in (("--compare-real", args.compare_real), ("--recalibrate", args.recalibrate),
-                        ("--no-probe", args.no_probe)):
+    for flag, value in (("--compare-real", args.compare_real), ("--recalibrate", args.recalibrate)):
         if value and not here:
             raise InputError(f"{flag}: only with --hardware {THIS_MACHINE} (the real engine runs on this machine only)")
     if args.compare_real and args.capacity:
@@ -147,7 +143,7 @@ def _this_machine(args: argparse.Namespace) -> SimulatedModel:
     profile = calibrate(args.model, progress=say, force=args.recalibrate)
     return this_machine_model(args.model, profile, num_blocks=args.num_blocks, block_size=args.block_size,
                               max_num_batched_tokens=args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS,
-                              max_model_len=args.max_model_len, progress=say, probe=not args.no_probe)
+                              max_model_len=args.max_model_len)
 
 
 def _progress(enabled: bool) -> Any:

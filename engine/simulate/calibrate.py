@@ -5,9 +5,6 @@
     this_machine_model(...)   a SimulatedModel whose cost is MeasuredCost(profile) and whose KV pool
                               is the real engine's pool (num_blocks x block_size), so a simulated run
                               and ``run_real`` on the same workload schedule the same batches
-    speed_probe(profile)      a few seconds of engine steps timed now against the profile: the
-                              factor by which this machine is slower or faster than when it was
-                              calibrated (``this_machine_model(..., probe=True)`` applies it)
 
 What is measured (medians of interleaved repeats, so a burst of load elsewhere spoils one sample
 of a point, not the point; on a busy machine the repeats stop at the plan's time budget and the
@@ -42,7 +39,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -302,7 +299,7 @@ class _Step(NamedTuple):
     forward_s: float  # of which the runner's forward: batch building and the model (the trace's forward_ms)
 
 
-def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress | None, seed: int = 0) -> list[_Step]:
+def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress | None) -> list[_Step]:
     """Whole ``engine.step()`` calls under a calibration traffic, timed (``plan.traffic_s`` at most).
 
     The traffic holds the number of running requests at a level that moves through
@@ -312,7 +309,7 @@ def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress
     with the previous one's first blocks), preemptions when the pool fills. Its lengths come from
     its own generator (log-uniform prompts, uniform outputs), not from any validation workload."""
     out: list[_Step] = []
-    rng = random.Random(seed)
+    rng = random.Random(0)
     vocab = min(shared.model.config.vocab_size, 30_000)
     lo, hi = plan.traffic_prompt
 
@@ -488,10 +485,7 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     overhead = _fit_overhead(steps, lambda s: bare.step_cost(s).total_s)
     fitted = MeasuredCost(profile(overhead))
     errors = [abs(fitted.step_cost(s.shape).total_s - s.total_s) / s.total_s for s in steps if s.total_s > 0]
-    _say(progress, "timing the speed probe's steps (the reference later probes compare with)")
-    _, probe_s = _probe_s(shared)
-    result = replace(profile(overhead, statistics.median(errors) if errors else 0.0), probe_s=probe_s,
-                     seconds=time.perf_counter() - t_start)
+    result = profile(overhead, statistics.median(errors) if errors else 0.0)
     _say(progress, f"calibrated in {result.seconds:.1f} s: per step "
                    f"{overhead.per_step_s * 1e3:.2f} ms, per request {overhead.per_request_s * 1e3:.3f} ms, per decode row "
                    f"{overhead.per_decode_s * 1e3:.3f} ms, per prefill token {overhead.per_token_s * 1e3:.3f} ms; median step error on the calibration steps "
@@ -499,63 +493,17 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     return result
 
 
-# -- the machine's speed now ------------------------------------------------------------------------
-
-#: the speed probe's traffic: the calibration's kind, its own seed, a fixed number of steps (no
-#: deadline: the same steps on a fast or a slow machine), about 3 s on the machine this was written on
-PROBE_PLAN = CalibrationPlan(traffic_levels=(2, 8, 24, 4), traffic_level_steps=5, traffic_s=math.inf)
-PROBE_SEED = 1
-
-
-class SpeedProbe(NamedTuple):
-    """The probe's fixed steps timed now against the same steps timed right after calibrating."""
-
-    factor: float  # measured_s / reference_s: MeasuredCost's ``speed``
-    steps: int
-    measured_s: float
-    reference_s: float  # CostProfile.probe_s
-
-
-def _probe_s(shared: SharedModel) -> tuple[int, float]:
-    """(steps, seconds) of the speed probe's fixed traffic served now by the real engine."""
-    steps = _engine_steps(shared, PROBE_PLAN, None, seed=PROBE_SEED)
-    return len(steps), sum(s.total_s for s in steps)
-
-
-def speed_probe(profile: CostProfile, progress: Progress | None = None) -> SpeedProbe:
-    """How fast this machine runs the engine now, relative to when ``profile`` was measured.
-
-    Rule: the probe serves a fixed traffic (``PROBE_PLAN``, its own seed: no validation workload)
-    and times every ``engine.step()``; calibration timed the very same steps right after fitting
-    (``profile.probe_s``), so  factor = seconds now / seconds then  compares one machine with itself
-    on identical work, whatever the profile's errors on those shapes. A shared VM's speed drifts by
-    10 % within minutes (docs/simulator.md); a profile measured minutes ago is rescaled by a probe
-    taken just before the run it predicts. Invariant: the factor only scales step times; the
-    profile's curves, and so the relative costs of step shapes, are unchanged."""
-    if profile.probe_s <= 0:
-        raise ValueError("profile: it has no speed-probe reference (measured by an older build); recalibrate")
-    shared = get_shared_model(profile.model, profile.dtype)
-    _say(progress, f"speed probe: the probe's steps against their time at calibration ({profile.measured_at})")
-    steps, now = _probe_s(shared)
-    probe = SpeedProbe(now / profile.probe_s, steps, now, profile.probe_s)
-    _say(progress, f"speed probe: {steps} steps took {now:.2f} s, {profile.probe_s:.2f} s at calibration: "
-                   f"x{probe.factor:.3f}")
-    return probe
-
-
 # -- the simulated model ----------------------------------------------------------------------------
 
 def this_machine_model(model: str = "smollm2-135m", profile: CostProfile | None = None, *,
                        num_blocks: int = DEFAULT_NUM_BLOCKS, block_size: int = DEFAULT_BLOCK_SIZE,
                        max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS, max_model_len: int | None = None,
-                       progress: Progress | None = None, cache_dir: Path | None = None,
-                       probe: bool = False) -> SimulatedModel:
+                       progress: Progress | None = None, cache_dir: Path | None = None) -> SimulatedModel:
     """``model`` served by the real engine on this machine, simulated: the cost is MeasuredCost of
     ``profile`` (default: ``calibrate(model)``, cached), the facts and tokenizer are the real
     model's, and the KV pool is the real engine's (``num_blocks`` x ``block_size``: the engine's
     CacheConfig defaults unless given), not a calculator's budget: pass the same numbers to
-    ``run_real`` and both runs hold exactly the same blocks. ``probe``: rescale the profile by a
-    ``speed_probe`` taken now (a few seconds), for the machine's speed at the time of the run."""
+    ``run_real`` and both runs hold exactly the same blocks."""
     if profile is None:
         profile = calibrate(model, progress=progress, cache_dir=cache_dir)
     elif profile.model != model:
@@ -581,7 +529,6 @@ def this_machine_model(model: str = "smollm2-135m", profile: CostProfile | None 
         link_bytes_per_s=DEFAULT_LINK)  # (one process: no link is crossed; disaggregation would assume PCIe)
     # eos ids stay empty: a simulated request ends at its max_tokens (run_real sets ignore_eos too)
     facts = c.facts._replace(eos_token_ids=())
-    speed = speed_probe(profile, progress=progress).factor if probe else 1.0
     return SimulatedModel(name=f"{model} (simulated on this machine)", facts=facts, tokenizer=shared.tokenizer,
-                          cost=MeasuredCost(profile, speed), deployment=deployment)
+                          cost=MeasuredCost(profile), deployment=deployment)
 

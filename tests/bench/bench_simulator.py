@@ -2,8 +2,7 @@
 
 The profile (engine/simulate/calibrate.py) is measured on controlled shapes; the three workloads
 below are not used in it. Each is served twice on the same KV pool and knobs: simulated
-(``this_machine_model``: predicted step times, rescaled by a speed probe taken just before the run;
-the errors without the probe are reported beside them) and by the real engine (``run_real``: measured).
+(``this_machine_model``: predicted step times) and by the real engine (``run_real``: measured).
 
     per-step error   a burst makes the same scheduling decisions in both runs (checked): step i
                      against step i. Poisson arrivals meet the steps at different moments, so the
@@ -25,7 +24,6 @@ import statistics
 import time
 from typing import Any
 
-from engine.costmodel.measured import MeasuredCost
 from engine.simulate.calibrate import DEFAULT_BLOCK_SIZE, DEFAULT_NUM_BLOCKS, calibrate, this_machine_model, \
     use_app_threads
 from engine.simulate.metrics import percentile, summarize
@@ -80,25 +78,18 @@ def step_error(sim: RunResult, real: RunResult) -> tuple[float, str]:
 
 
 def compare(name: str, workload: Workload, knobs: ServingKnobs = ServingKnobs()) -> dict[str, Any]:
-    raw_model = this_machine_model(MODEL, num_blocks=DEFAULT_NUM_BLOCKS, block_size=DEFAULT_BLOCK_SIZE)
-    sim_model = this_machine_model(MODEL, num_blocks=DEFAULT_NUM_BLOCKS, block_size=DEFAULT_BLOCK_SIZE, probe=True)
-    raw = simulate(raw_model, workload, knobs)
-    sim = simulate(sim_model, workload, knobs)  # rescaled by a speed probe taken just now
+    sim_model = this_machine_model(MODEL, num_blocks=DEFAULT_NUM_BLOCKS, block_size=DEFAULT_BLOCK_SIZE)
+    sim = simulate(sim_model, workload, knobs)
     load0 = os.getloadavg()[0]
     real = run_real(MODEL, workload, knobs, num_blocks=DEFAULT_NUM_BLOCKS, block_size=DEFAULT_BLOCK_SIZE)
     load1 = os.getloadavg()[0]
-    s, r, u = summarize(sim), summarize(real), summarize(raw)
+    s, r = summarize(sim), summarize(real)
     err, how = step_error(sim, real)
-    assert isinstance(sim_model.cost, MeasuredCost)
     return {"name": name, "steps_sim": len(sim.steps), "steps_real": len(real.steps), "pairing": how,
             "step_error": err, "ttft_error": rel(s.ttft_p50_s, r.ttft_p50_s),
             "tpot_error": rel(s.tpot_p50_s, r.tpot_p50_s), "makespan_error": rel(s.makespan_s, r.makespan_s),
             "sim": {"ttft_p50_s": s.ttft_p50_s, "tpot_p50_s": s.tpot_p50_s, "makespan_s": s.makespan_s},
             "real": {"ttft_p50_s": r.ttft_p50_s, "tpot_p50_s": r.tpot_p50_s, "makespan_s": r.makespan_s},
-            "speed_factor": sim_model.cost.speed,
-            "unprobed": {"step_error": step_error(raw, real)[0], "ttft_error": rel(u.ttft_p50_s, r.ttft_p50_s),
-                         "tpot_error": rel(u.tpot_p50_s, r.tpot_p50_s),
-                         "makespan_error": rel(u.makespan_s, r.makespan_s)},
             "load_avg": [load0, load1]}
 
 
@@ -126,13 +117,7 @@ def run() -> dict[str, Any]:
              "target": f"<= {LATENCY_TARGET:.0%}", "met": c["tpot_error"] <= LATENCY_TARGET},
             {"metric": f"{name}: makespan |error|", "value": c["makespan_error"] * 100, "unit": "%",
              "target": f"<= {MAKESPAN_TARGET:.0%}", "met": c["makespan_error"] <= MAKESPAN_TARGET},
-            {"metric": f"{name}: speed probe factor (machine now / at calibration)", "value": c["speed_factor"],
-             "unit": "x", "target": "", "met": None},
         ]
-        rows += [{"metric": f"{name}: without the probe: {label} |error|", "value": c["unprobed"][key] * 100,
-                  "unit": "%", "target": "", "met": None}
-                 for label, key in (("step", "step_error"), ("p50 TTFT", "ttft_error"), ("p50 TPOT", "tpot_error"),
-                                    ("makespan", "makespan_error"))]
     rows.append({"metric": "torch threads (INFERSCOPE_TORCH_THREADS, as the app)", "value": threads, "unit": "",
                  "target": "", "met": None})
     rows.append({"metric": "load average (1 min) at the start", "value": load_start, "unit": "", "target": "",
