@@ -30,6 +30,7 @@ def init_defaults() -> None:
     session.playing.setdefault(False)
     session.epoch.setdefault(uuid.uuid4().hex)
     session.steps_applied.setdefault(0)
+    session.plays_applied.setdefault(0)
     if session.stop_play.pop():
         session.playing.set(False)
 
@@ -69,6 +70,7 @@ def reset() -> None:
     session.playing.set(False)
     session.pending.set(0)
     session.steps_applied.set(queued_presses())  # presses before Reset do not carry into the new run
+    session.plays_applied.set(queued_presses("plays"))
     session.cursor.set(None)
     if isinstance(current, ReplayRun):
         current.reset()
@@ -163,14 +165,31 @@ def on_step_click() -> None:
 
 
 def on_step_presses() -> None:
-    """The browser counter changed: its presses are applied by the views, which rerun now."""
+    """The browser counter changed: Play/Pause presses toggle Play now, and the page reruns whole
+    (the views' tick and the button's label change); Step presses are applied by the views, which
+    alone rerun."""
     with timing.phase("presses callback"):
-        rerun_views()
+        if not apply_queued_plays():
+            rerun_views()
 
 
-def queued_presses() -> int:
-    """Step presses the browser has counted in this session (0 before the first one)."""
-    return step_queue.presses(session.step_queue.get(), session.epoch.get()) or 0
+def apply_queued_plays() -> bool:
+    """Toggle Play once for every Play/Pause press counted in the browser and not applied yet
+    (an even number cancels out) -> whether any press was new."""
+    plays = queued_presses("plays")
+    pending = plays - session.plays_applied.get()
+    if pending <= 0:
+        return False
+    session.plays_applied.set(plays)
+    if pending % 2:
+        toggle_play()
+    return True
+
+
+def queued_presses(what: str = "count") -> int:
+    """Step presses (``what`` "count") or Play/Pause presses ("plays") the browser has counted
+    in this session (0 before the first one)."""
+    return step_queue.presses(session.step_queue.get(), session.epoch.get(), what) or 0
 
 
 def apply_queued_steps() -> None:

@@ -73,6 +73,7 @@ class K:
     worker_failed = "_worker_failed"  # the run's workers died (WorkerError): offer a restart
     sweeps = "_bubble_sweeps"  # (model, p, t) -> [SweepPoint]: the Pipeline page's measured sweep
     steps_applied = "_step_presses_applied"
+    plays_applied = "_play_presses_applied"
     epoch = "_session_epoch"
     cursor = "_history_cursor"  # the step the views draw; None: the run's latest (app/playback.py)
     scenario_chosen = "_scenario_chosen"  # the user picked a scenario (dropdown, link, button)
@@ -188,6 +189,7 @@ playing: Slot[bool] = Slot(K.playing, False)
 stop_play: Slot[bool] = Slot(K.stop_play, False)
 pending: Slot[int] = Slot(K.pending, 0)
 steps_applied: Slot[int] = Slot(K.steps_applied, 0)
+plays_applied: Slot[int] = Slot(K.plays_applied, 0)  # Play/Pause presses counted in the browser, applied
 epoch: Slot[str] = Slot(K.epoch, "")
 cursor: Slot[int | None] = Slot(K.cursor, None)
 link_applied: Slot[bool] = Slot(K.link_applied, False)

@@ -9,7 +9,11 @@ when a presenter presses while the page is still loading or while a step is runn
 
 So a small component (no visible element of its own) counts every Step press in the page: a
 click on the Step button or a PageDown key, intercepted before Streamlit sees it. It sends
-the running *count* as its state value. A value, unlike a trigger, survives both cases: the
+the running *count* as its state value. Play/Pause is counted the same way (a click on its
+button or P): while Play runs, the views fragment reruns on every tick, and a Pause trigger
+sent among those reruns could be lost (the browser suite saw a Pause not take effect in 60 s).
+Applied on the server (app/playback.py ``apply_queued_plays``): an odd number of new presses
+toggles Play. A value, unlike a trigger, survives both cases: the
 newest request carries every earlier press, and the views apply ``count - applied`` steps,
 in order, as soon as the run exists (``state.apply_queued_steps``). Without JavaScript (AppTest)
 nothing is intercepted and the Step button's callback steps as before.
@@ -39,6 +43,7 @@ from streamlit.components.v2.types import ComponentRenderer
 
 COMPONENT = "inferscope_step_queue"
 STEP_SELECTOR = ".st-key-step button"  # Streamlit marks a keyed widget's container st-key-<key>
+PLAY_SELECTOR = ".st-key-play button"
 
 
 @dataclass(frozen=True)
@@ -58,12 +63,12 @@ KEYS = (
     Key("Step", ("PageDown", "S")),
     Key("Step back", ("PageUp", "B"), button="step_back"),
     Key("Run N", ("N",), button="run_n_button"),
-    Key("Play/Pause", ("P",), button="play"),
+    Key("Play/Pause", ("P",)),
     Key("Reset", ("0",), button="reset"),
     Key("Next page", ("]",)),
     Key("Previous page", ("[",)),
 )
-STEP, NEXT_PAGE, PREVIOUS_PAGE = "Step", "Next page", "Previous page"
+STEP, PLAY, NEXT_PAGE, PREVIOUS_PAGE = "Step", "Play/Pause", "Next page", "Previous page"
 NAVIGATE = {NEXT_PAGE: 1, PREVIOUS_PAGE: -1}
 
 
@@ -74,6 +79,8 @@ def key_map() -> dict[str, dict[str, object]]:
         for name in entry.keys:
             if entry.action == STEP:
                 what: dict[str, object] = {"step": True}
+            elif entry.action == PLAY:
+                what = {"play": True}
             elif entry.action in NAVIGATE:
                 what = {"navigate": NAVIGATE[entry.action]}
             else:
@@ -100,19 +107,23 @@ function typingIn(el) {
   return el.getAttribute('role') !== 'combobox' || el.getAttribute('aria-expanded') === 'true';
 }
 
-function install(selector) {
-  const q = { epoch: null, count: 0, send: null, navigate: null, moves: 0, keys: {} };
+function install(selector, playSelector) {
+  const q = { epoch: null, count: 0, plays: 0, send: null, navigate: null, moves: 0, keys: {} };
   const live = () => !!document.querySelector(selector);  // the live controls are on this page
-  const press = (event) => {
+  const counted = (event, what) => {
     // before Streamlit's own handlers (window, capture phase): the press is counted here only
     event.stopImmediatePropagation();
     event.preventDefault();
-    q.count += 1;
+    q[what] += 1;
     if (q.send) q.send();
   };
+  const press = (event) => counted(event, 'count');
   window.addEventListener('click', (event) => {
-    const button = event.target instanceof Element ? event.target.closest(selector) : null;
-    if (button && !button.disabled) press(event);
+    const target = event.target instanceof Element ? event.target : null;
+    const step = target ? target.closest(selector) : null;
+    const play = target ? target.closest(playSelector) : null;
+    if (step && !step.disabled) press(event);
+    else if (play && !play.disabled && q.send) counted(event, 'plays');
   }, true);
   window.addEventListener('keydown', (event) => {
     const target = event.target instanceof Element ? event.target : null;
@@ -127,6 +138,9 @@ function install(selector) {
     if (!what) return;
     if (what.step) {
       press(event);
+    } else if (what.play) {
+      const button = document.querySelector(playSelector);
+      if (button && !button.disabled && q.send) counted(event, 'plays');
     } else if (what.navigate) {
       if (!q.navigate) return;
       event.stopImmediatePropagation();
@@ -145,13 +159,15 @@ function install(selector) {
 
 export default function (component) {
   const { data, setStateValue } = component;
-  const q = window.__inferscopeStepQueue || (window.__inferscopeStepQueue = install(data.selector));
+  const q = window.__inferscopeStepQueue
+    || (window.__inferscopeStepQueue = install(data.selector, data.play_selector));
   if (q.epoch !== data.epoch) {  // a new server session: presses of an old one do not carry over
     q.epoch = data.epoch;
     q.count = 0;
+    q.plays = 0;
   }
   q.keys = data.keys;
-  q.send = () => setStateValue('presses', { epoch: q.epoch, count: q.count });
+  q.send = () => setStateValue('presses', { epoch: q.epoch, count: q.count, plays: q.plays });
   // a value, like the presses: each page key is a new one (a trigger's callback did not fire here)
   q.navigate = (direction) => setStateValue('navigate', { move: ++q.moves, direction });
   document.body.classList.add('inferscope-step-queue');
@@ -172,7 +188,8 @@ def _component() -> ComponentRenderer:
 def mount(key: str, epoch: str, on_change: Callable[[], None], on_navigate: Callable[[], None]) -> None:
     """Mount the counter and key map (once per full run, outside the views fragment);
     ``on_navigate`` runs when a page key was pressed (``navigation`` reads which)."""
-    _component()(key=key, data={"epoch": epoch, "selector": STEP_SELECTOR, "keys": key_map()},
+    _component()(key=key, data={"epoch": epoch, "selector": STEP_SELECTOR, "play_selector": PLAY_SELECTOR,
+                                "keys": key_map()},
                  default={"presses": None, "navigate": None}, on_presses_change=on_change,
                  on_navigate_change=on_navigate,
                  height=0)
@@ -185,12 +202,13 @@ def navigation(value: object) -> int:
     return direction if direction in (1, -1) else 0
 
 
-def presses(value: object, epoch: str) -> int | None:
-    """The count in the component's state ``value`` if it belongs to ``epoch``."""
+def presses(value: object, epoch: str, what: str = "count") -> int | None:
+    """The Step-press count (``what`` "count") or the Play/Pause-press count ("plays") in the
+    component's state ``value`` if it belongs to ``epoch``."""
     if not isinstance(value, dict):
         return None
     sent = value.get("presses")
     if not isinstance(sent, dict) or sent.get("epoch") != epoch:
         return None
-    count = sent.get("count")
-    return count if isinstance(count, int) and count >= 0 else None
+    count = sent.get(what, 0)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None

@@ -429,3 +429,20 @@ def test_generate_answers_with_tiny_random() -> None:
     assert len(at.dataframe[0].value) == 8
     ok(at.run())  # a rerun shows the stored answer without generating again
     assert len(at.chat_message) == 1 and metric(at, "Output tokens") == "8"
+
+
+def test_play_pause_presses_are_a_counted_value_like_step_presses() -> None:
+    """app/step_queue.py: the browser counts Play/Pause presses (its button or P) next to the Step
+    presses, in one value per server session (a value survives the Play ticks' reruns, where a
+    button trigger could be lost); the server reads each count only for its own epoch."""
+    from app import step_queue
+
+    value = {"presses": {"epoch": "e1", "count": 3, "plays": 5}}
+    assert step_queue.presses(value, "e1") == 3 and step_queue.presses(value, "e1", "plays") == 5
+    assert step_queue.presses(value, "e2", "plays") is None  # another session's presses
+    assert step_queue.presses({"presses": {"epoch": "e1", "count": 2}}, "e1", "plays") == 0  # none yet
+    for bad in (-1, True, "2", 1.5):
+        assert step_queue.presses({"presses": {"epoch": "e1", "plays": bad}}, "e1", "plays") is None
+    keys = step_queue.key_map()
+    assert keys["p"] == {"play": True} and keys["PageDown"] == {"step": True}
+    assert all("play" not in str(what.get("click", "")) for what in keys.values())  # never the trigger path

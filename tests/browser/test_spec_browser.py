@@ -40,6 +40,8 @@ def test_copy_scenario_accepts_drafts_and_matches_the_plain_run(app_url: str, ch
         drafts = page.evaluate(DRAFTS_JS)
         assert drafts["step"] == n
         accepted += drafts["cells"].get("accepted draft", 0)
+        if accepted and n >= 3:  # seen: the later steps would only repeat it (each ~3 s here)
+            break
     assert accepted > 0, "the copy-heavy answers quote their passage: n-gram drafts are accepted"
     assert metric(page, "Acceptance α") != "—"
     page.screenshot(path=str(artifacts / "speculative.png"), full_page=True)
