@@ -40,7 +40,7 @@ from types import ModuleType
 
 import torch
 
-from engine.core.trace import Snapshot, StepTrace
+from engine.core.trace import ChunkKind, Snapshot, StepTrace
 from engine.model.attention import TORCH_ATTENTION
 from engine.model.forward_batch import ForwardBatch
 from engine.model.kv_quant import KVCache, QuantizedKV, gather
@@ -92,7 +92,7 @@ class Candidate:
     snapshot after the step holds it (covers at least seq_len positions)."""
 
     request_id: str
-    kind: str
+    kind: ChunkKind  # "prefill" (a chunk of new tokens) or "decode" (one)
     start: int
     num_tokens: int
     block_table: tuple[int, ...]
@@ -273,7 +273,7 @@ class FlashStudy:
     live_cache_difference: max |K, V recomputed - the live cache| (None: not comparable)."""
 
     request_id: str
-    kind: str
+    kind: ChunkKind  # "prefill" (a chunk of new tokens) or "decode" (one)
     step: int
     layer: int
     query_head: int
