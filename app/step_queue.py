@@ -9,14 +9,15 @@ when a presenter presses while the page is still loading or while a step is runn
 
 So a small component (no visible element of its own) counts every Step press in the page: a
 click on the Step button or a PageDown key, intercepted before Streamlit sees it. It sends
-the running *count* as its state value. Play/Pause is counted the same way (a click on its
-button or P): while Play runs, the views fragment reruns on every tick, and a Pause trigger
-sent among those reruns could be lost (the browser suite saw a Pause not take effect in 60 s).
-Applied on the server (app/playback.py ``apply_queued_plays``): an odd number of new presses
-toggles Play. A value, unlike a trigger, survives both cases: the
+the running *count* as its state value. A value, unlike a trigger, survives both cases: the
 newest request carries every earlier press, and the views apply ``count - applied`` steps,
 in order, as soon as the run exists (``state.apply_queued_steps``). Without JavaScript (AppTest)
 nothing is intercepted and the Step button's callback steps as before.
+
+Play/Pause is counted the same way (a click on its button or P), in the same value: while Play
+runs, the views fragment reruns on every tick, and a Pause trigger sent among those reruns could
+be lost (the browser suite saw a Pause not take effect in 60 s). The server toggles Play once per
+new press (app/playback.py ``apply_queued_plays``; an even number cancels out).
 
 The count belongs to one server session (``epoch``): if the browser ends up on a new session
 (a server restart), the page starts counting from zero again instead of replaying old presses.
