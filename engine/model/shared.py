@@ -22,8 +22,8 @@ from engine.model.runner import DTYPES
 from engine.model.smoothing import Smoothing, smooth_weights
 from engine.model.sparsity import check_sparsity, sparsified_weights
 
-__all__ = ["SharedModel", "calibrated_smoothing", "calibration_stats", "check_device", "clear_shared_models", "get_shared_model",
-           "shared_model_for"]
+__all__ = ["SharedModel", "calibrated_smoothing", "calibration_stats", "check_device", "clear_shared_models",
+           "get_shared_model", "shared_model_for"]
 
 
 @dataclass(frozen=True)
