@@ -106,7 +106,7 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
     elif controls is not None:  # presentation mode: the page's own settings fold away (1080p)
         with st.expander("Settings", icon=":material/tune:"):
             controls()
-    run_every = playback.tick_seconds() if playback.playing() else None
+    run_every = playback.tick_seconds() if playback.draw_play_state() else None  # fixed until the next full run
 
     @st.fragment(run_every=run_every, key=playback.VIEWS_FRAGMENT)
     def views() -> None:
@@ -139,6 +139,8 @@ def _advance() -> None:
     current = current_run.run()
     if current is None:
         return
+    if playback.play_changed_since_drawn():
+        st.rerun()  # a full run: the Play/Pause button's label and the views' tick follow
     playback.apply_queued_steps()
     pending = playback.take_pending_steps()
     if pending:

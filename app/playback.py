@@ -244,6 +244,22 @@ def playing() -> bool:
     return bool(session.playing.get())
 
 
+def draw_play_state() -> bool:
+    """Play's state as this full run fixes the views' tick and draws the button (a full run only:
+    the page calls it before its views fragment)."""
+    session.play_drawn.set(playing())
+    return playing()
+
+
+def play_changed_since_drawn() -> bool:
+    """From inside the views: Play/Pause presses applied since the last full run changed Play, so
+    the button's label and the views' tick (fixed at the last full run) need a full run. A press
+    that arrives with a tick's fragment run is applied here, too (its callback may run there,
+    where a full run cannot be asked for)."""
+    apply_queued_plays()
+    return playing() != session.play_drawn.get()
+
+
 def stop_playing() -> None:
     """From inside the views (run finished): Play's state is changed before the next full run."""
     session.stop_play.set(True)

@@ -66,6 +66,7 @@ class K:
     playing = "_playing"
     pending = "_pending_steps"
     stop_play = "_stop_play"
+    play_drawn = "_play_drawn"
     generate = "_generate_result"
     caching_runs = "_caching_runs"  # (RunSpec, runs): the prefix-caching on/off comparison
     spec_runs = "_spec_runs"  # (RunSpec, runs): with and without speculation
@@ -187,6 +188,7 @@ notice: Slot[str | None] = Slot(K.notice, None)
 worker_failed: Slot[bool] = Slot(K.worker_failed, False)
 playing: Slot[bool] = Slot(K.playing, False)
 stop_play: Slot[bool] = Slot(K.stop_play, False)
+play_drawn: Slot[bool] = Slot(K.play_drawn, False)  # Play's state when the last full run fixed the views' tick
 pending: Slot[int] = Slot(K.pending, 0)
 steps_applied: Slot[int] = Slot(K.steps_applied, 0)
 plays_applied: Slot[int] = Slot(K.plays_applied, 0)  # Play/Pause presses counted in the browser, applied
