@@ -127,9 +127,8 @@ def trace_controls(view: RunView, cands: list[Candidate]) -> FlashStudy:
 def tiles_section(study: FlashStudy, style: live.Style) -> None:
     st.subheader("The tiles, in the order the kernel visits them", anchor=False)
     orders = [t.order for t in study.tiles]
-    if session.flash_tile.get() not in orders:  # first: the last tile of the last full query block
-        full = max(len(t.rows) for t in study.tiles)
-        session.flash_tile.set(max(t.order for t in study.tiles if len(t.rows) == full))
+    if session.flash_tile.get() not in orders:
+        session.flash_tile.set(study.first_tile_shown())
     chosen = st.select_slider("Tile", orders, key=K.flash_tile,
                               format_func=lambda o: fv.tile_label(study.tiles[o]))
     tile = study.tiles[int(chosen if chosen is not None else orders[-1])]

@@ -41,9 +41,9 @@ from types import ModuleType
 import torch
 
 from engine.core.trace import ChunkKind, Snapshot, StepTrace
-from engine.model.attention import TORCH_ATTENTION
+from engine.model.attention import TORCH_ATTENTION, as_rows, gather_kv
 from engine.model.forward_batch import ForwardBatch
-from engine.model.kv_quant import KVCache, QuantizedKV, gather
+from engine.model.kv_quant import KVCache
 from engine.model.llama import LlamaModel
 from engine.model.private_prefill import PrivatePrefill
 from engine.sizing.models import get_model
@@ -178,10 +178,9 @@ class _Capture:
 
 
 def _read(cache: KVCache, slots: torch.Tensor) -> torch.Tensor:
-    """[L, kv_heads, head_dim] fp32 at ``slots`` of a layer cache (dequantized when quantized)."""
-    if isinstance(cache, QuantizedKV):
-        return gather(cache, slots, torch.float32)
-    return cache.view(-1, cache.shape[2], cache.shape[3]).index_select(0, slots).float()
+    """[L, kv_heads, head_dim] fp32 at ``slots`` of a layer cache, as attention reads it (the torch
+    backend's gather: dequantized when quantized)."""
+    return gather_kv(as_rows(cache), slots, cache.shape[2], torch.float32)
 
 
 def layer_tensors(model: LlamaModel, token_ids: tuple[int, ...], layer: int, block_size: int,
@@ -305,6 +304,12 @@ class FlashStudy:
     @property
     def seq_len(self) -> int:
         return self.start + self.num_tokens
+
+    def first_tile_shown(self) -> int:
+        """The tile a view opens at: the last of the last full query block (its rows have been
+        rescaled, where a first tile shows nothing summed yet)."""
+        full = max(len(t.rows) for t in self.tiles)
+        return max(t.order for t in self.tiles if len(t.rows) == full)
 
     def final_tiles(self) -> dict[int, TileStep]:
         """Query block -> its last tile (segment 0 only: with split-KV the merge finishes the row)."""
