@@ -18,8 +18,6 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before engine.kernels is imported (module doc)
 
-import random  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -35,61 +33,21 @@ from engine.model.kv_quant import write as kv_write  # noqa: E402
 from engine.model.shared import get_shared_model  # noqa: E402
 from engine.model.triton_attention import TritonAttention, block_tables  # noqa: E402
 from tests.conftest import run_to_completion  # noqa: E402
+from tests.kernel_cases import CASES, TOL, Request, paged_case  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
-
-TOL = 1e-5
-Request = tuple[int, int]  # (cached positions before the step, new tokens this step)
-
-
-def _paged_case(requests: list[Request], block_size: int, heads: int, kv_heads: int, head_dim: int,
-                seed: int = 0, dtype: torch.dtype = torch.float32
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                           float]:
-    """Random q and paged caches with scrambled, disjoint block tables (padded with -1, which the
-    kernel never reads) -> (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)."""
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    needs = [-(-(start + n) // block_size) for start, n in requests]
-    num_blocks = sum(needs) + 2  # blocks nobody owns
-    order = list(range(num_blocks))
-    rng.shuffle(order)
-    tables = torch.full((len(requests), max(needs) + 1), -1, dtype=torch.int32)
-    at = 0
-    for i, need in enumerate(needs):
-        tables[i, :need] = torch.tensor(order[at: at + need])
-        at += need
-    shape = (num_blocks, block_size, kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen).to(dtype)
-    v_cache = torch.randn(shape, generator=gen).to(dtype)
-    tokens = sum(n for _, n in requests)
-    q = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype)
-    qsl = torch.tensor([0] + [sum(n for _, n in requests[: i + 1]) for i in range(len(requests))])
-    seq_lens = torch.tensor([start + n for start, n in requests])
-    return q, k_cache, v_cache, tables, seq_lens, qsl, head_dim ** -0.5
 
 
 def test_the_kernels_run_in_the_interpreter() -> None:
     assert INTERPRETED, "engine.kernels was imported before TRITON_INTERPRET=1 was set"
 
 
-# (requests, block_size, heads, kv_heads, head_dim, num_segments): every block size, GQA ratio
-# (1, 3, 4), head dim and 1..8 segments appears; every case crosses block boundaries and mixes
-# a prefill chunk over a cached prefix with decodes.
-CASES = [
-    ([(0, 7), (9, 1), (33, 1)], 1, 4, 4, 16, 1),
-    ([(5, 12), (17, 1), (2, 1), (40, 3)], 4, 3, 1, 16, 3),
-    ([(0, 20), (35, 1)], 16, 4, 1, 64, 8),
-    ([(20, 9), (3, 1), (60, 1)], 4, 4, 1, 16, 2),
-    ([(30, 1), (47, 1), (16, 1)], 16, 12, 4, 16, 5),
-]
-
-
+# CASES (tests/kernel_cases.py): every block size, GQA ratio (1, 3, 4), head dim and 1..8 segments.
 @pytest.mark.parametrize("requests,block_size,heads,kv_heads,head_dim,segments", CASES,
                          ids=[f"bs{c[1]}-gqa{c[2] // c[3]}-d{c[4]}-seg{c[5]}" for c in CASES])
 def test_paged_attention_equals_the_float64_reference(requests: list[Request], block_size: int, heads: int,
                                                       kv_heads: int, head_dim: int, segments: int) -> None:
-    args = _paged_case(requests, block_size, heads, kv_heads, head_dim)
+    args = paged_case(requests, block_size, heads, kv_heads, head_dim)
     ref = paged_attention_reference(*args)
     out = paged_attention(*args, num_segments=segments, block_n=16)  # tiles of 16: contexts cross them
     assert isinstance(out, torch.Tensor) and out.shape == args[0].shape and out.dtype == torch.float32
@@ -104,11 +62,11 @@ def test_small_tiles_and_bf16() -> None:
     """KV tiles of 4 positions over blocks of 16 (tiles inside blocks, many online-softmax
     rescales); a bf16 cache and q: equal to the reference on the same bf16 values, within bf16's
     output rounding."""
-    args = _paged_case([(13, 6), (21, 1)], 16, 6, 2, 16, seed=3)
+    args = paged_case([(13, 6), (21, 1)], 16, 6, 2, 16, seed=3)
     out = paged_attention(*args, block_n=4)
     assert isinstance(out, torch.Tensor)
     assert (out.double() - paged_attention_reference(*args)).abs().max().item() <= TOL
-    q, k, v, tables, lens, qsl, scale = _paged_case([(13, 6), (21, 1)], 4, 4, 2, 16, seed=4, dtype=torch.bfloat16)
+    q, k, v, tables, lens, qsl, scale = paged_case([(13, 6), (21, 1)], 4, 4, 2, 16, seed=4, dtype=torch.bfloat16)
     out = paged_attention(q, k, v, tables, lens, qsl, scale, num_segments=2)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
     ref = paged_attention_reference(q, k, v, tables, lens, qsl, scale)
@@ -120,7 +78,7 @@ def test_trace_records_the_online_softmax() -> None:
     relative to it, and the last tile's partial output is the program's output; with split-KV,
     each segment's (m, l, o) merge to the output."""
     requests = [(10, 6), (40, 1)]
-    q, k, v, tables, lens, qsl, scale = args = _paged_case(requests, 4, 4, 2, 16, seed=5)
+    q, k, v, tables, lens, qsl, scale = args = paged_case(requests, 4, 4, 2, 16, seed=5)
     out, tr = paged_attention(*args, num_segments=2, trace=True, block_n=8)
     assert tr.segment_m is not None and tr.segment_l is not None
     assert tr.segment_out is not None
@@ -149,7 +107,7 @@ def test_trace_records_the_online_softmax() -> None:
     merged = (w[:, None] * tr.segment_out[:, row_token, 0].double()).sum(0) / w.sum()
     assert (merged - ref[row_token, 0]).abs().max().item() <= TOL
     with pytest.raises(ValueError, match="trace"):
-        paged_attention(*_paged_case([(TRACE_MAX_CONTEXT, 1)], 16, 2, 1, 16), trace=True)
+        paged_attention(*paged_case([(TRACE_MAX_CONTEXT, 1)], 16, 2, 1, 16), trace=True)
 
 
 def test_write_kv_scatters_into_the_slots() -> None:

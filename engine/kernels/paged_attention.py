@@ -55,7 +55,16 @@ torch backend gathers (engine/model/kv_quant.py).
 
 Runs on a GPU (compiled) or on CPU tensors under ``TRITON_INTERPRET=1`` (Triton's interpreter:
 the same kernel code, executed with numpy, slowly; for tiny models and teaching). fp32 dots use
-``input_precision="ieee"`` (no TF32), so fp32 results match a float64 reference to ~1e-6.
+``input_precision="ieee"`` (no TF32), so fp32 results match a float64 reference to ~1e-6. fp16 /
+bf16 q and cache (the compile-time ``HALF`` flag): both products take operands in that dtype (P
+cast to it after the exponent, as FlashAttention does) and accumulate in fp32, on tensor cores;
+compiled only (the interpreter computes those in fp32: it holds bf16 as raw 16-bit integers).
+
+Query block height on a GPU: BLOCK_M x GROUP_PAD rows per program, at least 16 (tl.dot's
+smallest side). A decode-only launch keeps that minimum (one token per request: taller blocks
+would be padding); a launch with prefill chunks takes blocks of PREFILL_ROWS rows, so each K/V
+tile read serves that many query rows (a program per 4 tokens would re-read the context 16 times
+as often). The interpreter keeps the minimum (the traced tiles the FlashAttention page shows).
 """
 from __future__ import annotations
 
@@ -76,6 +85,8 @@ MAX_SEGMENTS = 64
 #: Default KV tile width (Bc) and the smallest tile side tl.dot takes when compiled for a GPU.
 BLOCK_N = 64
 MIN_DOT = 16
+#: Query rows per program of a compiled launch with prefill chunks (module doc).
+PREFILL_ROWS = 64
 #: Whether the kernels below were defined under TRITON_INTERPRET=1 (Triton decides at definition).
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 
@@ -93,6 +104,7 @@ def _attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     SPLIT: tl.constexpr, TRACE: tl.constexpr, TRACE_TILES: tl.constexpr, QUANT: tl.constexpr,
+    HALF: tl.constexpr,
 ):
     # Index arithmetic in int64: no overflow on large caches, and the interpreter skips its
     # per-op int32 overflow check (a third of its time here).
@@ -117,8 +129,13 @@ def _attention_kernel(
     d = tl.arange(0, D_PAD).to(tl.int64)
     d_ok = d < HEAD_DIM
 
+    # HALF (fp16 / bf16 q and cache): q, K and V stay in their dtype and P is cast to it, so both
+    # products run on tensor cores with fp32 accumulation (FlashAttention's rule); otherwise every
+    # operand is fp32 and the products are IEEE fp32 (no TF32).
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if not HALF:
+        q = q.to(tl.float32)
 
     # Causal: no row of this block sees past its last token, so later tiles are never visited.
     kv_end = tl.minimum(seq_len, seq_len - q_len + q_block + BLOCK_M)
@@ -142,13 +159,19 @@ def _attention_kernel(
         off = n % BLOCK_SIZE
         kv_mask = n_ok[:, None] & d_ok[None, :]
         kv_at = (blk * stride_kb + off * stride_ks + kvh * stride_kh)[:, None] + d[None, :]  # [BLOCK_N, D_PAD]
-        k = tl.load(k_ptr + kv_at, mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + kv_at, mask=kv_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + kv_at, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + kv_at, mask=kv_mask, other=0.0)
+        if not HALF:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
         if QUANT:  # int8 / fp8 data x its fp32 scale per (token, KV head): the values the cache holds
             at_scale = blk * stride_sb + off * stride_ss + kvh  # scales [num_blocks, block_size, kv_heads]
             k = k * tl.load(ks_ptr + at_scale, mask=n_ok, other=0.0)[:, None]
             v = v * tl.load(vs_ptr + at_scale, mask=n_ok, other=0.0)[:, None]
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [ROWS, BLOCK_N]
+        if HALF:
+            s = tl.dot(q, tl.trans(k)) * scale  # [ROWS, BLOCK_N] fp32
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         # Causal mask; it also hides n >= kv_end from every real row (pos < kv_end there).
         s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, tl.standard._elementwise_max))
@@ -156,7 +179,10 @@ def _attention_kernel(
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        if HALF:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
         if TRACE:
             i = t - t_lo
@@ -318,6 +344,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     group = heads // kv_heads
     group_pad = _pow2(group)
     block_m = max(1, MIN_DOT // group_pad)  # rows = block_m * group_pad >= 16, what a GPU's tl.dot takes
+    if q.is_cuda and max(b - a for a, b in zip(qsl, qsl[1:])) > block_m:  # prefill chunks (module doc)
+        block_m = max(block_m, PREFILL_ROWS // group_pad)
     rows = block_m * group_pad
     block_n = max(block_n, MIN_DOT) if q.is_cuda else block_n
     d_pad = max(_pow2(d), MIN_DOT)
@@ -351,6 +379,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     tr_o = torch.zeros((*tr_shape, d_pad) if trace else (1,), dtype=f32, device=dev)
     tr_count = torch.zeros(programs if trace else (1,), dtype=torch.int32, device=dev)
     quant = k_scale is not None and v_scale is not None
+    # Compiled only: the interpreter holds bf16 as raw 16-bit integers, which its dot would multiply.
+    half = not INTERPRETED and not quant and q.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == q.dtype
     ks = k_scale.contiguous() if quant else out  # type: ignore[union-attr]
     vs = v_scale.contiguous() if quant else out  # type: ignore[union-attr]
     _attention_kernel[programs](
@@ -364,7 +394,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         tables.stride(0), ks.stride(0) if quant else 0, ks.stride(1) if quant else 0,
         GROUP=group, GROUP_PAD=group_pad, BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_DIM=d, D_PAD=d_pad, BLOCK_SIZE=block_size,
-        SPLIT=split, TRACE=trace, TRACE_TILES=tiles, QUANT=quant,
+        SPLIT=split, TRACE=trace, TRACE_TILES=tiles, QUANT=quant, HALF=half,
     )
     if split:
         _merge_kernel[(num_tokens,)](

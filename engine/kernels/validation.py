@@ -112,11 +112,14 @@ def check_paged_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         if -(-n // block_size) > max_blocks:
             raise ValueError(f"seq_lens: request {i} has {n} positions, beyond its block table of "
                              f"{max_blocks} blocks x {block_size}")
-    for i, n in enumerate(lens):
-        used = tables[i, : -(-n // block_size)]
-        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_blocks):
-            raise ValueError(f"block_tables: request {i} points outside the cache's {num_blocks} blocks "
-                             f"(entries {used.tolist()[:8]})")
+    # The entries each request uses, all requests at once (one device sync, not two per request).
+    need = torch.tensor([-(-n // block_size) for n in lens], device=tables.device)  # [num_seqs]
+    used = torch.arange(max_blocks, device=tables.device)[None, :] < need[:, None]  # [num_seqs, max_blocks]
+    outside = used & ((tables < 0) | (tables >= num_blocks))
+    if bool(outside.any()):
+        i = int(outside.any(dim=1).nonzero()[0])
+        raise ValueError(f"block_tables: request {i} points outside the cache's {num_blocks} blocks "
+                         f"(entries {tables[i, : int(need[i])].tolist()[:8]})")
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale: must be a finite number > 0, got {scale!r}")
     if not isinstance(num_segments, int) or isinstance(num_segments, bool) or not 1 <= num_segments <= max_segments:

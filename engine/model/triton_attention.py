@@ -69,7 +69,7 @@ def block_tables(batch: ForwardBatch, block_size: int) -> torch.Tensor:
     num_blocks = [-(-n // block_size) for n in batch.seq_lens]
     tables = torch.zeros(len(batch.seq_lens), max(num_blocks), dtype=torch.int64)
     for i, (seq_len, n) in enumerate(zip(batch.seq_lens, num_blocks)):
-        s = slots[qsl[i]][:seq_len]  # [seq_len] (a decode row's padding cut off)
+        s = slots[qsl[i]][:seq_len].cpu()  # [seq_len] (a decode row's padding cut off); built on the host
         blocks = s[::block_size] // block_size  # [n]
         pos = torch.arange(seq_len)
         if not torch.equal(blocks[pos // block_size] * block_size + pos % block_size, s):
