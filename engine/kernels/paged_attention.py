@@ -212,27 +212,26 @@ def _attention_kernel(
 def _merge_kernel(
     part_ptr, seg_m_ptr, seg_l_ptr, o_ptr,
     num_segments, num_tokens, stride_ot, stride_oh,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HD_PAD: tl.constexpr, SEG_PAD: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, SEG_PAD: tl.constexpr,
 ):
-    """One program per token, all heads: columns are (head, dim) flattened, rows the segments."""
+    """One program per (token, head): rows are the segments, columns the head's dims."""
     t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
     s = tl.arange(0, SEG_PAD).to(tl.int64)
-    c = tl.arange(0, HD_PAD).to(tl.int64)
-    h = c // HEAD_DIM
-    c_ok = c < NUM_HEADS * HEAD_DIM
-    ok = (s[:, None] < num_segments) & c_ok[None, :]
-    at = (s[:, None] * num_tokens + t) * NUM_HEADS + h[None, :]  # [SEG_PAD, HD_PAD] into m, l
-    m = tl.load(seg_m_ptr + at, mask=ok, other=float("-inf"))
-    lsum = tl.load(seg_l_ptr + at, mask=ok, other=0.0)
-    part = tl.load(part_ptr + (s[:, None] * num_tokens + t) * NUM_HEADS * HEAD_DIM + c[None, :], mask=ok, other=0.0)
+    d = tl.arange(0, D_PAD).to(tl.int64)
+    s_ok = s < num_segments
+    d_ok = d < HEAD_DIM
+    at = (s * num_tokens + t) * NUM_HEADS + h  # [SEG_PAD] into m, l
+    m = tl.load(seg_m_ptr + at, mask=s_ok, other=float("-inf"))
+    lsum = tl.load(seg_l_ptr + at, mask=s_ok, other=0.0)
+    part = tl.load(part_ptr + at[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     m_max = tl.reduce(m, 0, tl.standard._elementwise_max)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = lsum * tl.exp(m - m_max[None, :])  # segment weight: its sum rescaled to the global max
+    w = lsum * tl.exp(m - m_max)  # segment weight: its sum rescaled to the global max
     den = tl.reduce(w, 0, tl.standard._sum_combine)
-    # Padding columns (and an all-empty row) divide 0 by 1, not 0 by 0.
-    out = tl.reduce(w * part, 0, tl.standard._sum_combine) / tl.where(den > 0, den, 1.0)
-    d = c % HEAD_DIM
-    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, out, mask=c_ok)
+    # An all-empty row divides 0 by 1, not 0 by 0.
+    out = tl.reduce(w[:, None] * part, 0, tl.standard._sum_combine) / tl.where(den > 0, den, 1.0)
+    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, out, mask=d_ok)
 
 
 @dataclass(frozen=True)
@@ -373,11 +372,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     programs = (len(seqs), kv_heads, num_segments)
     tiles = -(-TRACE_MAX_CONTEXT // block_n) if trace else 1
     tr_shape = (*programs, tiles, rows)
-    tr_m = torch.zeros(tr_shape if trace else (1,), dtype=f32, device=dev)
-    tr_l = torch.zeros_like(tr_m)
-    tr_alpha = torch.zeros_like(tr_m)
-    tr_o = torch.zeros((*tr_shape, d_pad) if trace else (1,), dtype=f32, device=dev)
-    tr_count = torch.zeros(programs if trace else (1,), dtype=torch.int32, device=dev)
+    if trace:
+        tr_m, tr_l, tr_alpha = (torch.zeros(tr_shape, dtype=f32, device=dev) for _ in range(3))
+        tr_o = torch.zeros((*tr_shape, d_pad), dtype=f32, device=dev)
+        tr_count = torch.zeros(programs, dtype=torch.int32, device=dev)
+    else:  # unused pointers (the stores are not compiled in): no allocations on the launch path
+        tr_m = tr_l = tr_alpha = tr_o = out
+        tr_count = work_seq
     quant = k_scale is not None and v_scale is not None
     # Compiled only: the interpreter holds bf16 as raw 16-bit integers, which its dot would multiply.
     half = not INTERPRETED and not quant and q.dtype in (torch.float16, torch.bfloat16) and k_cache.dtype == q.dtype
@@ -397,9 +398,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         SPLIT=split, TRACE=trace, TRACE_TILES=tiles, QUANT=quant, HALF=half,
     )
     if split:
-        _merge_kernel[(num_tokens,)](
+        _merge_kernel[(num_tokens, heads)](
             part, seg_m, seg_l, out, num_segments, num_tokens, out.stride(0), out.stride(1),
-            NUM_HEADS=heads, HEAD_DIM=d, HD_PAD=_pow2(heads * d), SEG_PAD=_pow2(num_segments),
+            NUM_HEADS=heads, HEAD_DIM=d, D_PAD=d_pad, SEG_PAD=_pow2(num_segments),
         )
     out = out.to(q.dtype)
     if not trace:
