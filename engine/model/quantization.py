@@ -58,6 +58,7 @@ import torch.nn.functional as F
 
 from engine.core.config import (DEFAULT_GROUP_SIZE, DEFAULT_OUTLIER_THRESHOLD, INT4_GROUP_SIZES, SCHEMES, QuantConfig,
                                 check_quant_knobs, check_smoothing)
+from engine.model import cpu_gemv
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _TINY = 1e-30  # floor of a scale: an all-zero row quantizes to zeros, not NaN
@@ -305,8 +306,12 @@ Weight = torch.Tensor | QuantizedLinear
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W^T + b`` for a plain tensor (exactly ``F.linear``) or a quantized weight."""
+    """``x @ W^T + b`` for a plain tensor (``F.linear``; one fp32 row: the AVX2 GEMV of
+    engine/model/cpu_gemv.py, equal up to rounding) or a quantized weight."""
     if isinstance(weight, torch.Tensor):
+        if cpu_gemv.applies(x, weight):
+            y = cpu_gemv.gemv(x, weight)
+            return y if bias is None else y + bias
         return F.linear(x, weight, bias)
     y = weight(x)
     return y if bias is None else y + bias

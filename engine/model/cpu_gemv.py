@@ -1,0 +1,127 @@
+"""The batch-1 fp32 GEMV of a CPU decode step in AVX2 C (engine/model/gemv_avx2.c), built once
+with the system C compiler and called through ctypes.
+
+Why: a batch-1 decode step reads every weight once, so its speed is the GEMV's read rate. On this
+project's 2-core CPU torch's ``F.linear`` at one row (MKL sgemv) reads about 8 GB/s where a plain
+sum reads about 18; the C kernel streams each weight row in address order on every thread and
+reads at 13-15 GB/s (``python -m tests.bench speed``).
+
+Where it applies (``applies``): a float32 weight [N, K] and a float32 input of exactly one row, on
+CPU, both contiguous (the input is made so). Everything else, and every machine where the
+library cannot be built (no C compiler, a CPU without AVX2 and FMA), takes ``F.linear``. The
+result differs from MKL's in rounding only (another summation order; ~1e-5 relative), and does not
+depend on the thread count. ``enabled(False)`` turns it off (the benchmark's side-by-side
+baseline).
+
+The library is compiled into the model cache (``kernels/``), named after a hash of the C source
+and the compiler flags, published atomically; a failed build is remembered for the process and
+reported by ``status()``.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from engine.model.cache import cache_root
+
+SOURCE = Path(__file__).with_name("gemv_avx2.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_error: str | None = None
+_enabled = True
+
+
+def _cpu_has_avx2_fma() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    line = next((ln for ln in flags.splitlines() if ln.startswith("flags")), "")
+    return " avx2" in line and " fma" in line
+
+
+def _build() -> ctypes.CDLL:
+    """Compile (once per source and flags) and load the library; raises OSError / RuntimeError."""
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (gcc / cc) on PATH")
+    if not _cpu_has_avx2_fma():
+        raise RuntimeError("this CPU lacks AVX2 + FMA")
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    out = cache_root() / "kernels" / f"gemv-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            built = Path(tmp) / out.name
+            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True,
+                                  text=True, timeout=120)
+            if done.returncode != 0:
+                raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[:300]}")
+            os.replace(built, out)  # atomic: a concurrent build publishes the same bytes
+    lib = ctypes.CDLL(str(out))
+    lib.gemv_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
+                             ctypes.c_int]
+    lib.gemv_f32.restype = None
+    return lib
+
+
+def _library() -> ctypes.CDLL | None:
+    global _lib, _error
+    if _lib is not None or _error is not None:
+        return _lib
+    with _lock:
+        if _lib is None and _error is None:
+            try:
+                _lib = _build()
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                _error = str(e)
+    return _lib
+
+
+def status() -> str:
+    """"ready", "off", or why the kernel is not available (then ``F.linear`` runs)."""
+    if not _enabled:
+        return "off"
+    return "ready" if _library() is not None else f"unavailable: {_error}"
+
+
+@contextmanager
+def enabled(on: bool) -> Iterator[None]:
+    """Turn the kernel on or off for the block (process-wide; the benchmark's baseline)."""
+    global _enabled
+    before, _enabled = _enabled, on
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """One fp32 row against a contiguous fp32 weight on CPU, with the library ready."""
+    return (_enabled and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
+            and weight.dim() == 2 and weight.is_contiguous() and x.shape[1] == weight.shape[1]
+            and not weight.requires_grad and _library() is not None)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [1, K] fp32 @ weight [N, K]^T -> [1, N] fp32 (call ``applies`` first)."""
+    lib = _library()
+    assert lib is not None
+    x = x.contiguous()
+    n, k = weight.shape
+    y = torch.empty(1, n, dtype=torch.float32)
+    lib.gemv_f32(weight.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, torch.get_num_threads())
+    return y

@@ -1,0 +1,81 @@
+"""The AVX2 batch-1 fp32 GEMV (engine/model/cpu_gemv.py): equal to F.linear up to rounding, the
+same bits at every thread count, taken only where it applies, and F.linear wherever the library
+cannot be built. Greedy parity with Hugging Face through it is the parity suite's (every batch-1
+fp32 decode step runs it)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.model import cpu_gemv
+from engine.model.quantization import linear
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_library_builds_here() -> None:
+    assert cpu_gemv.status() == "ready"
+
+
+@pytest.mark.parametrize("n,k", [(1728, 576), (7, 32), (5, 24), (3, 13), (1, 1), (49, 1536)])
+def test_equals_f_linear_up_to_rounding(n: int, k: int) -> None:
+    gen = torch.Generator().manual_seed(n * 1000 + k)
+    w, x = torch.randn(n, k, generator=gen), torch.randn(1, k, generator=gen)
+    assert cpu_gemv.applies(x, w)
+    got = cpu_gemv.gemv(x, w)
+    want = (x.double() @ w.double().T)
+    assert got.shape == (1, n) and got.dtype == torch.float32
+    # fp32 accumulation over k terms: within a few ulps of the float64 sum of |terms|
+    bound = 4 * k * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().T)
+    assert ((got.double() - want).abs() <= bound + 1e-30).all()
+    assert (got - F.linear(x, w)).abs().max().item() <= bound.max().item() * 2
+
+
+def test_the_same_bits_at_every_thread_count() -> None:
+    gen = torch.Generator().manual_seed(1)
+    w, x = torch.randn(3072, 576, generator=gen), torch.randn(1, 576, generator=gen)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(cpu_gemv.gemv(x, w))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_linear_takes_it_only_where_it_applies() -> None:
+    gen = torch.Generator().manual_seed(2)
+    w, b = torch.randn(40, 64, generator=gen), torch.randn(40, generator=gen)
+    x = torch.randn(2, 64, generator=gen)
+    assert torch.equal(linear(x, w, b), F.linear(x, w, b))  # two rows: torch's kernel
+    assert not cpu_gemv.applies(x[:1].bfloat16(), w.bfloat16())
+    assert not cpu_gemv.applies(x[:1], w.t().contiguous().t())  # a non-contiguous weight
+    one = x[:1]
+    assert torch.equal(linear(one, w, b), cpu_gemv.gemv(one, w) + b)
+    with cpu_gemv.enabled(False):
+        assert cpu_gemv.status() == "off" and not cpu_gemv.applies(one, w)
+        assert torch.equal(linear(one, w, b), F.linear(one, w, b))
+    assert cpu_gemv.applies(one, w)
+
+
+def test_without_a_compiler_linear_falls_back(tmp_path: Path) -> None:
+    """A build that fails (here: a compiler that exits 1) is reported and F.linear runs."""
+    code = ("import torch, torch.nn.functional as F\n"
+            "from engine.model import cpu_gemv\n"
+            "from engine.model.quantization import linear\n"
+            "w, x = torch.randn(8, 16), torch.randn(1, 16)\n"
+            "assert torch.equal(linear(x, w), F.linear(x, w))\n"
+            "print(cpu_gemv.status())\n")
+    env = {**os.environ, "CC": "/bin/false", "INFERSCOPE_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("unavailable: /bin/false failed"), done.stdout
