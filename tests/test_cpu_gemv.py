@@ -23,23 +23,25 @@ def test_the_library_builds_here() -> None:
     assert cpu_gemv.status() == "ready"
 
 
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
 @pytest.mark.parametrize("n,k", [(1728, 576), (7, 32), (5, 24), (3, 13), (1, 1), (49, 1536)])
-def test_equals_f_linear_up_to_rounding(n: int, k: int) -> None:
+def test_equals_f_linear_up_to_rounding(m: int, n: int, k: int) -> None:
     gen = torch.Generator().manual_seed(n * 1000 + k)
-    w, x = torch.randn(n, k, generator=gen), torch.randn(1, k, generator=gen)
+    w, x = torch.randn(n, k, generator=gen), torch.randn(m, k, generator=gen)
     assert cpu_gemv.applies(x, w)
     got = cpu_gemv.gemv(x, w)
     want = (x.double() @ w.double().T)
-    assert got.shape == (1, n) and got.dtype == torch.float32
+    assert got.shape == (m, n) and got.dtype == torch.float32
     # fp32 accumulation over k terms: within a few ulps of the float64 sum of |terms|
     bound = 4 * k * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().T)
     assert ((got.double() - want).abs() <= bound + 1e-30).all()
     assert (got - F.linear(x, w)).abs().max().item() <= bound.max().item() * 2
 
 
-def test_the_same_bits_at_every_thread_count() -> None:
+@pytest.mark.parametrize("m", [1, 3])
+def test_the_same_bits_at_every_thread_count(m: int) -> None:
     gen = torch.Generator().manual_seed(1)
-    w, x = torch.randn(3072, 576, generator=gen), torch.randn(1, 576, generator=gen)
+    w, x = torch.randn(3072, 576, generator=gen), torch.randn(m, 576, generator=gen)
     before = torch.get_num_threads()
     try:
         outs = []
@@ -54,12 +56,13 @@ def test_the_same_bits_at_every_thread_count() -> None:
 def test_linear_takes_it_only_where_it_applies() -> None:
     gen = torch.Generator().manual_seed(2)
     w, b = torch.randn(40, 64, generator=gen), torch.randn(40, generator=gen)
-    x = torch.randn(2, 64, generator=gen)
-    assert torch.equal(linear(x, w, b), F.linear(x, w, b))  # two rows: torch's kernel
+    x = torch.randn(cpu_gemv.MAX_ROWS + 1, 64, generator=gen)
+    assert torch.equal(linear(x, w, b), F.linear(x, w, b))  # more rows than a decode batch: torch's GEMM
     assert not cpu_gemv.applies(x[:1].bfloat16(), w.bfloat16())
     assert not cpu_gemv.applies(x[:1], w.t().contiguous().t())  # a non-contiguous weight
     one = x[:1]
     assert torch.equal(linear(one, w, b), cpu_gemv.gemv(one, w) + b)
+    assert torch.equal(linear(x[:4], w), cpu_gemv.gemv(x[:4], w))
     with cpu_gemv.enabled(False):
         assert cpu_gemv.status() == "off" and not cpu_gemv.applies(one, w)
         assert torch.equal(linear(one, w, b), F.linear(one, w, b))

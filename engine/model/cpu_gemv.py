@@ -1,13 +1,15 @@
-"""The batch-1 fp32 GEMV of a CPU decode step in AVX2 C (engine/model/gemv_avx2.c), built once
-with the system C compiler and called through ctypes.
+"""The fp32 GEMVs of a CPU decode step (1 to MAX_ROWS rows) in AVX2 C (engine/model/gemv_avx2.c),
+built once with the system C compiler and called through ctypes.
 
-Why: a batch-1 decode step reads every weight once, so its speed is the GEMV's read rate. On this
+Why: a decode step reads every weight once, so its speed is the GEMV's read rate. On this
 project's 2-core CPU torch's ``F.linear`` at one row (MKL sgemv) reads about 8 GB/s where a plain
 sum reads about 18; the C kernel streams each weight row in address order on every thread and
-reads at 13-15 GB/s (``python -m tests.bench speed``).
+reads at 13-15 GB/s. At 2-8 rows (a batch of decodes) MKL's small-M GEMM is slower still (a step
+of 8 decodes cost ~3.5x a step of 1); the C kernel loads each weight chunk once and multiplies it
+into every row, so the weight is still read once (``python -m tests.bench speed``).
 
-Where it applies (``applies``): a float32 weight [N, K] and a float32 input of exactly one row, on
-CPU, both contiguous (the input is made so). Everything else, and every machine where the
+Where it applies (``applies``): a float32 weight [N, K] and a float32 input of 1..MAX_ROWS rows,
+on CPU, the weight contiguous (the input is made so). Everything else, and every machine where the
 library cannot be built (no C compiler, a CPU without AVX2 and FMA), takes ``F.linear``. The
 result differs from MKL's in rounding only (another summation order; ~1e-5 relative), and does not
 depend on the thread count. ``enabled(False)`` turns it off (the benchmark's side-by-side
@@ -35,6 +37,7 @@ import torch
 from engine.model.cache import cache_root
 
 SOURCE = Path(__file__).with_name("gemv_avx2.c")
+MAX_ROWS = 8  # the C kernel's accumulators per weight row (a decode batch of up to 8)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 
 _lock = threading.Lock()
@@ -74,6 +77,9 @@ def _build() -> ctypes.CDLL:
     lib.gemv_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                              ctypes.c_int]
     lib.gemv_f32.restype = None
+    lib.gemm_rows_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
+                                  ctypes.c_long, ctypes.c_int]
+    lib.gemm_rows_f32.restype = None
     return lib
 
 
@@ -109,19 +115,22 @@ def enabled(on: bool) -> Iterator[None]:
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """One fp32 row against a contiguous fp32 weight on CPU, with the library ready."""
-    return (_enabled and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.float32
+    """1..MAX_ROWS fp32 rows against a contiguous fp32 weight on CPU, with the library ready."""
+    return (_enabled and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
             and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
             and weight.dim() == 2 and weight.is_contiguous() and x.shape[1] == weight.shape[1]
             and not weight.requires_grad and _library() is not None)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [1, K] fp32 @ weight [N, K]^T -> [1, N] fp32 (call ``applies`` first)."""
+    """x [M, K] fp32 @ weight [N, K]^T -> [M, N] fp32, M in 1..MAX_ROWS (call ``applies`` first)."""
     lib = _library()
     assert lib is not None
     x = x.contiguous()
-    n, k = weight.shape
-    y = torch.empty(1, n, dtype=torch.float32)
-    lib.gemv_f32(weight.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, torch.get_num_threads())
+    m, (n, k) = x.shape[0], weight.shape
+    y = torch.empty(m, n, dtype=torch.float32)
+    if m == 1:
+        lib.gemv_f32(weight.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, torch.get_num_threads())
+    else:
+        lib.gemm_rows_f32(weight.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, m, torch.get_num_threads())
     return y

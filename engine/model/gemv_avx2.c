@@ -1,5 +1,6 @@
-/* Batch-1 fp32 GEMV for the decode step (engine/model/cpu_gemv.py): y[n] = sum_k W[n, k] x[k].
+/* Small-M fp32 GEMM for decode steps (engine/model/cpu_gemv.py): y[m, n] = sum_k W[n, k] x[m, k].
  *
+ * gemv_f32 (one row of x):
  * Rule: one output row per iteration, W streamed strictly in address order (row n, then n + 1),
  * four independent AVX2 FMA accumulators over k (8 floats each), summed (a0 + a1) + (a2 + a3) and
  * horizontally at the end of the row; a scalar tail when K % 8 != 0. Rows are split statically
@@ -36,5 +37,44 @@ void gemv_f32(const float *W, const float *x, float *y, long N, long K, int thre
         for (; k < K; k++)
             s += w[k] * x[k];
         y[n] = s;
+    }
+}
+
+/* gemm_rows_f32 (2..8 rows of x, a decode batch): per weight row, one accumulator per x row; each
+ * 8-float chunk of W is loaded once and multiplied into every x row (x stays in L1/L2), so the
+ * weight is still read once per step. Each (m, n) is summed by one thread in one fixed order
+ * (k ascending, a single accumulator), whatever the thread count. */
+static inline void rows_kernel(const float *W, const float *x, float *y, long N, long K, const int M,
+                               int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long n = 0; n < N; n++) {
+        const float *w = W + n * K;
+        __m256 acc[8];
+        for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+        long k = 0;
+        for (; k + 8 <= K; k += 8) {
+            __m256 wv = _mm256_loadu_ps(w + k);
+            for (int m = 0; m < M; m++)
+                acc[m] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k), acc[m]);
+        }
+        for (int m = 0; m < M; m++) {
+            float s = hsum(acc[m]);
+            for (long j = k; j < K; j++)
+                s += w[j] * x[m * K + j];
+            y[m * N + n] = s;
+        }
+    }
+}
+
+void gemm_rows_f32(const float *W, const float *x, float *y, long N, long K, long M, int threads) {
+    switch (M) {  /* a constant M per case: the accumulators stay in registers */
+        case 2: rows_kernel(W, x, y, N, K, 2, threads); break;
+        case 3: rows_kernel(W, x, y, N, K, 3, threads); break;
+        case 4: rows_kernel(W, x, y, N, K, 4, threads); break;
+        case 5: rows_kernel(W, x, y, N, K, 5, threads); break;
+        case 6: rows_kernel(W, x, y, N, K, 6, threads); break;
+        case 7: rows_kernel(W, x, y, N, K, 7, threads); break;
+        case 8: rows_kernel(W, x, y, N, K, 8, threads); break;
+        default: break;
     }
 }

@@ -306,8 +306,8 @@ Weight = torch.Tensor | QuantizedLinear
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W^T + b`` for a plain tensor (``F.linear``; one fp32 row: the AVX2 GEMV of
-    engine/model/cpu_gemv.py, equal up to rounding) or a quantized weight."""
+    """``x @ W^T + b`` for a plain tensor (``F.linear``; 1..8 fp32 rows, a decode step: the AVX2
+    kernels of engine/model/cpu_gemv.py, equal up to rounding) or a quantized weight."""
     if isinstance(weight, torch.Tensor):
         if cpu_gemv.applies(x, weight):
             y = cpu_gemv.gemv(x, weight)

@@ -1,0 +1,203 @@
+"""Issue #25, the decode step's speed on this CPU: ``python -m tests.bench speed``.
+
+Side by side in one run (engines stepped alternately, so machine noise lands on both):
+    batch-1 fp32 decode with torch's F.linear (MKL sgemv) and with the AVX2 GEMV
+    (engine/model/cpu_gemv.py), each against the read-bandwidth bound measured in the same run
+    (target >= 0.7 with the GEMV);
+    the GEMVs alone: every weight of one step read by each kernel (GB/s against the read loop);
+    a decode step of 8 requests against a step of 1 (target <= 2x);
+    the batch-1 step split: the GEMV kernel, aten ops, and Python / dispatch outside both (target
+    <= 1.5 ms);
+    LLM.generate end to end, int4 against fp32, on one unseen 48-token answer (target >= 2.5x);
+    start-up: the GEMV library's build on a cold cache, and the first step after LLMEngine().
+Not measured here: llama.cpp's batch-1 rate on the same GGUF (``llama-cpp-python`` is not
+installed; building it from source is left to a later session) and the 16-request mix against
+HF (``bench_engine.py``).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from engine import LLM, LLMEngine, SamplingParams
+from engine.model import cpu_gemv
+from engine.model.shared import get_shared_model
+from engine.studies.quant_tradeoff import decode_read_bytes, decode_ready_engine, read_bandwidth
+from tests.bench.bench_engine import _profile_split
+
+MODEL = "smollm2-135m"
+PROMPT = "Write two sentences about the history of the bicycle and why it changed cities."
+STEPS = 24
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _ready(prompts: list[list[int]], gemv: bool) -> LLMEngine:
+    with cpu_gemv.enabled(gemv):
+        return decode_ready_engine(MODEL, prompts, STEPS * 3 + 8)
+
+
+def _step(engine: LLMEngine, gemv: bool) -> float:
+    with cpu_gemv.enabled(gemv):
+        return _timed(engine.step)
+
+
+def batch1_side_by_side(prompt: list[int]) -> tuple[float, float]:
+    """Median batch-1 decode step (s): F.linear, AVX2 GEMV (alternating)."""
+    off, on = _ready([prompt], False), _ready([prompt], True)
+    t_off, t_on = [], []
+    for _ in range(STEPS):
+        t_off.append(_step(off, False))
+        t_on.append(_step(on, True))
+    return statistics.median(t_off), statistics.median(t_on)
+
+
+def gemv_read_rates() -> tuple[float, float]:
+    """Bytes/s of every fp32 weight GEMV of one step (layers and LM head), F.linear and AVX2."""
+    model = get_shared_model(MODEL).model
+    every = [w for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.lm_head]
+    weights = [w for w in every if isinstance(w, torch.Tensor)]  # fp32: all of them
+    inputs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
+    nbytes = sum(w.numel() * 4 for w in weights)
+
+    def run(gemv: bool) -> None:
+        for w in weights:
+            if gemv:
+                cpu_gemv.gemv(inputs[w.shape[1]], w)
+            else:
+                torch.nn.functional.linear(inputs[w.shape[1]], w)
+    best = {g: min(_timed(lambda: run(g)) for _ in range(5)) for g in (False, True, False, True)}
+    return nbytes / best[False], nbytes / best[True]
+
+
+def eight_vs_one(source: list[int]) -> tuple[float, float]:
+    """Median decode step (s) of 1 request and of 8 (the GEMV on; 8 rows take F.linear)."""
+    one = _ready([source[:24]], True)
+    eight = _ready([source[i * 24: (i + 1) * 24] for i in range(8)], True)
+    t1, t8 = [], []
+    for _ in range(STEPS // 2):
+        t1.append(_step(one, True))
+        t8.append(_step(eight, True))
+    return statistics.median(t1), statistics.median(t8)
+
+
+def step_split(prompt: list[int], steps: int = 6) -> tuple[float, list[tuple[str, float]]]:
+    """(mean profiled step s, [(kind, s)]) with the GEMV's own time taken out of "Python"."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = _ready([prompt], True)
+    spent = [0.0]
+    plain = cpu_gemv.gemv
+
+    def timed_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        y = plain(x, w)
+        spent[0] += time.perf_counter() - t0
+        return y
+    cpu_gemv.gemv = timed_gemv  # type: ignore[assignment]
+    try:
+        for _ in range(2):
+            engine.step()
+        spent[0] = 0.0
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                engine.step()
+            wall = (time.perf_counter() - t0) / steps
+    finally:
+        cpu_gemv.gemv = plain
+    split = _profile_split(prof.key_averages(), wall, steps)
+    kernel = spent[0] / steps
+    split = [(k, v - kernel) if k.startswith("Python") else (k, v) for k, v in split]
+    return wall, [("AVX2 GEMV kernel (ctypes call included)", kernel)] + split
+
+
+def generate_int4_vs_fp32() -> tuple[float, float, int]:
+    """(fp32 s, int4 s, tokens) of LLM.generate on PROMPT, 48 tokens, each warmed once."""
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    llms = {"fp32": LLM(MODEL), "int4": LLM(MODEL, quantization="int4")}
+    for llm in llms.values():
+        llm.generate(["Warm-up."], SamplingParams(temperature=0, max_tokens=4))
+    secs = {k: _timed(lambda: llm.generate([PROMPT], params)) for k, llm in llms.items()}
+    return secs["fp32"], secs["int4"], 48
+
+
+def build_seconds() -> float:
+    """The GEMV library's build on a cold cache (a fresh process and cache folder)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        code = "from engine.model import cpu_gemv; assert cpu_gemv.status() == 'ready', cpu_gemv.status()"
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "INFERSCOPE_CACHE": tmp},
+                       check=True, timeout=300)
+        return time.perf_counter() - t0
+
+
+def first_step_seconds(prompt: list[int]) -> float:
+    """LLMEngine() on a loaded model through its first decode step (prefill, then one decode)."""
+    t0 = time.perf_counter()
+    engine = LLMEngine(MODEL, max_num_seqs=1)
+    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    engine.step()
+    engine.step()
+    return time.perf_counter() - t0
+
+
+def run() -> dict[str, Any]:
+    torch.manual_seed(0)
+    shared = get_shared_model(MODEL)
+    prompt = shared.tokenizer(PROMPT, add_special_tokens=False).input_ids
+    source = shared.tokenizer((PROMPT + " ") * 12, add_special_tokens=False).input_ids
+    status = cpu_gemv.status()
+    bw = read_bandwidth()
+    nbytes = decode_read_bytes(shared.model)
+    bound = bw / nbytes  # tok/s
+    off_s, on_s = batch1_side_by_side(prompt)
+    lin_bw, gemv_bw = gemv_read_rates()
+    one_s, eight_s = eight_vs_one(source)
+    wall, split = step_split(prompt)
+    python_s = next(v for k, v in split if k.startswith("Python"))
+    fp32_s, int4_s, n = generate_int4_vs_fp32()
+    rows: list[dict[str, Any]] = [
+        {"metric": f"AVX2 GEMV library: {status}", "value": 0.0, "unit": "", "target": "", "met": None},
+        {"metric": "read bandwidth (sum, 512 MiB, 2 threads)", "value": bw / 1e9, "unit": "GB/s"},
+        {"metric": "weight bytes read per decode step", "value": nbytes / 1e6, "unit": "MB"},
+        {"metric": "batch-1 decode bandwidth bound", "value": bound, "unit": "tok/s"},
+        {"metric": "batch-1 decode, F.linear", "value": 1 / off_s, "unit": "tok/s"},
+        {"metric": "batch-1 decode, AVX2 GEMV", "value": 1 / on_s, "unit": "tok/s"},
+        {"metric": "  F.linear / bound", "value": (1 / off_s) / bound, "unit": "share"},
+        {"metric": "  AVX2 GEMV / bound", "value": (1 / on_s) / bound, "unit": "share", "target": ">= 0.7",
+         "met": (1 / on_s) / bound >= 0.7},
+        {"metric": "  AVX2 GEMV / F.linear", "value": off_s / on_s, "unit": "x"},
+        {"metric": "GEMVs of one step alone: F.linear", "value": lin_bw / 1e9, "unit": "GB/s"},
+        {"metric": "GEMVs of one step alone: AVX2 GEMV", "value": gemv_bw / 1e9, "unit": "GB/s"},
+        {"metric": "decode step of 1 request", "value": one_s * 1e3, "unit": "ms"},
+        {"metric": "decode step of 8 requests", "value": eight_s * 1e3, "unit": "ms"},
+        {"metric": "  step of 8 / step of 1", "value": eight_s / one_s, "unit": "x", "target": "<= 2",
+         "met": eight_s / one_s <= 2},
+        {"metric": "batch-1 step, profiled (mean)", "value": wall * 1e3, "unit": "ms"},
+        *({"metric": f"  {k}", "value": v * 1e3, "unit": "ms"} for k, v in split if not k.startswith("Python")),
+        {"metric": "  Python and dispatch outside kernels", "value": python_s * 1e3, "unit": "ms",
+         "target": "<= 1.5", "met": python_s * 1e3 <= 1.5},
+        {"metric": f"LLM.generate {n} tokens, fp32", "value": fp32_s, "unit": "s"},
+        {"metric": f"LLM.generate {n} tokens, int4", "value": int4_s, "unit": "s"},
+        {"metric": "  int4 / fp32 speed", "value": fp32_s / int4_s, "unit": "x", "target": ">= 2.5",
+         "met": fp32_s / int4_s >= 2.5},
+        {"metric": "GEMV library build, cold cache (new process)", "value": build_seconds(), "unit": "s"},
+        {"metric": "LLMEngine() to its first decode step", "value": first_step_seconds(prompt), "unit": "s"},
+        {"metric": "llama.cpp batch-1 (same GGUF)", "value": float("nan"), "unit": "tok/s",
+         "target": "not measured", "met": None},
+    ]
+    return {"name": "decode speed (issue #25)", "model": MODEL, "threads": torch.get_num_threads(), "rows": rows}
