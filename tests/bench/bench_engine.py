@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from engine import LLMEngine, SamplingParams
+from engine.model import cpu_gemv
 from engine.model.shared import SharedModel, get_shared_model
 from engine.studies.quant_tradeoff import decode_ready_engine, read_bandwidth
 from tests.parity import LONG, hf_model
@@ -160,8 +161,9 @@ FREE_OPS = ("aten::view", "aten::transpose", "aten::t", "aten::as_strided", "ate
             "aten::_unsafe_view", "aten::contiguous")
 
 
-def _profile_split(events: list, wall_s: float, steps: int) -> list[tuple[str, float]]:
-    """Self time (s) per profiled step by kind; what no aten op accounts for is Python."""
+def _profile_split(events: list, wall_s: float, steps: int, gemv_s: float = 0.0) -> list[tuple[str, float]]:
+    """Self time (s) per profiled step by kind; what no aten op (nor the AVX2 GEMV library, timed
+    apart: ``gemv_s`` per step) accounts for is Python."""
     kinds = {"GEMM (mm / addmm)": GEMM_OPS, "attention (SDPA, KV gather/scatter)": ATTENTION_OPS,
              "views / allocation / no-op casts (pure dispatch)": FREE_OPS}
     split = {k: 0.0 for k in kinds}
@@ -171,28 +173,49 @@ def _profile_split(events: list, wall_s: float, steps: int) -> list[tuple[str, f
             continue
         kind = next((k for k, ops in kinds.items() if e.key in ops), "other aten ops (elementwise, norms, RoPE, cat)")
         split[kind] += e.self_cpu_time_total / 1e6 / steps
+    split["AVX2 GEMVs (engine/model/cpu_gemv.py, ctypes call included)"] = gemv_s
     split["Python outside aten ops (scheduler, batch build, layer loop)"] = wall_s - sum(split.values())
     return list(split.items())
+
+
+def profile_steps(engine: LLMEngine, steps: int) -> tuple[float, Any, float]:
+    """``steps`` engine steps under torch's profiler -> (mean step s, events, mean s per step in
+    the AVX2 GEMV library). Its calls go through ctypes, which the profiler does not see (it would
+    count them as Python), so they are timed apart."""
+    from torch.profiler import ProfilerActivity, profile
+
+    spent = [0.0]
+    plain = cpu_gemv.gemv
+
+    def timed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        y = plain(x, weight)
+        spent[0] += time.perf_counter() - t0
+        return y
+    cpu_gemv.gemv = timed
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                engine.step()
+            wall = (time.perf_counter() - t0) / steps
+    finally:
+        cpu_gemv.gemv = plain
+    return wall, prof.key_averages(), spent[0] / steps
 
 
 def profile_batch1_step(prompt: list[int], warmup: int = 8, steps: int = 5, top: int = 15) -> str:
     """torch.profiler table of ``steps`` batch-1 decode steps, the mean split of one step by
     kind, and the unprofiled median step for scale (the profiler adds a few µs per op)."""
-    from torch.profiler import ProfilerActivity, profile
-
     engine = _decode_ready_engine([prompt], warmup + steps + 4)
     plain = statistics.median(_timed(engine.step) for _ in range(warmup))
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
-        wall = (time.perf_counter() - t0) / steps
-    events = prof.key_averages()
+    wall, events, gemv_s = profile_steps(engine, steps)
     calls = sum(e.count for e in events if e.key.startswith("aten::")) // steps
     lines = [events.table(sort_by="self_cpu_time_total", row_limit=top),
              f"threads {torch.get_num_threads()}; unprofiled median step {plain * 1e3:.1f} ms; "
              f"profiled step (mean of {steps}) {wall * 1e3:.1f} ms; aten op calls per step {calls}"]
-    lines += [f"  {kind:<62} {sec * 1e3:7.1f} ms  {sec / wall:6.1%}" for kind, sec in _profile_split(events, wall, steps)]
+    lines += [f"  {kind:<62} {sec * 1e3:7.1f} ms  {sec / wall:6.1%}"
+              for kind, sec in _profile_split(events, wall, steps, gemv_s)]
     return "\n".join(lines)
 
 

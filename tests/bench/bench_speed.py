@@ -31,7 +31,7 @@ from engine import LLM, LLMEngine, SamplingParams
 from engine.model import cpu_gemv
 from engine.model.shared import get_shared_model
 from engine.studies.quant_tradeoff import decode_read_bytes, decode_ready_engine, read_bandwidth
-from tests.bench.bench_engine import _profile_split
+from tests.bench.bench_engine import _profile_split, profile_steps
 
 MODEL = "smollm2-135m"
 PROMPT = "Write two sentences about the history of the bicycle and why it changed cities."
@@ -95,34 +95,12 @@ def eight_vs_one(source: list[int]) -> tuple[float, float]:
 
 
 def step_split(prompt: list[int], steps: int = 6) -> tuple[float, list[tuple[str, float]]]:
-    """(mean profiled step s, [(kind, s)]) with the GEMV's own time taken out of "Python"."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """(mean profiled step s, [(kind, s)]) of batch-1 decode steps (bench_engine's split)."""
     engine = _ready([prompt], True)
-    spent = [0.0]
-    plain = cpu_gemv.gemv
-
-    def timed_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        t0 = time.perf_counter()
-        y = plain(x, w)
-        spent[0] += time.perf_counter() - t0
-        return y
-    cpu_gemv.gemv = timed_gemv  # type: ignore[assignment]
-    try:
-        for _ in range(2):
-            engine.step()
-        spent[0] = 0.0
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                engine.step()
-            wall = (time.perf_counter() - t0) / steps
-    finally:
-        cpu_gemv.gemv = plain
-    split = _profile_split(prof.key_averages(), wall, steps)
-    kernel = spent[0] / steps
-    split = [(k, v - kernel) if k.startswith("Python") else (k, v) for k, v in split]
-    return wall, [("AVX2 GEMV kernel (ctypes call included)", kernel)] + split
+    for _ in range(2):
+        engine.step()
+    wall, events, gemv_s = profile_steps(engine, steps)
+    return wall, _profile_split(events, wall, steps, gemv_s)
 
 
 def generate_int4_vs_fp32() -> tuple[float, float, int]:
