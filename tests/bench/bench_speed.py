@@ -10,9 +10,11 @@ Side by side in one run (engines stepped alternately, so machine noise lands on 
     <= 1.5 ms);
     LLM.generate end to end, int4 against fp32, on one unseen 48-token answer (target >= 2.5x);
     start-up: the GEMV library's build on a cold cache, and the first step after LLMEngine().
-Not measured here: llama.cpp's batch-1 rate on the same GGUF (``llama-cpp-python`` is not
-installed; building it from source is left to a later session) and the 16-request mix against
-HF (``bench_engine.py``).
+    llama.cpp's batch-1 decode rate on the same Q4_1 GGUF, 2 threads (the int4 target's
+    reference): ``llama-cpp-python`` from the package index, built from source once into the
+    cache (``kernels/llama-cpp-python``; ~15 min on 2 cores) for this benchmark only, or a row that
+    says why it could not run.
+The 16-request mix against HF is ``bench_engine.py``'s.
 """
 from __future__ import annotations
 
@@ -83,6 +85,14 @@ def gemv_read_rates() -> tuple[float, float]:
     return nbytes / best[False], nbytes / best[True]
 
 
+def int4_batch1(prompt: list[int]) -> tuple[float, int]:
+    """(median batch-1 int4 decode step s, weight bytes one int4 step reads)."""
+    shared = get_shared_model(MODEL, quantization="int4")
+    engine = decode_ready_engine(shared, [prompt], STEPS + 8)
+    times = sorted(_timed(engine.step) for _ in range(STEPS))
+    return times[len(times) // 2], decode_read_bytes(shared.model)
+
+
 def eight_vs_one(source: list[int]) -> tuple[float, float]:
     """Median decode step (s) of 1 request and of 8 (the GEMV on; 8 rows take F.linear)."""
     one = _ready([source[:24]], True)
@@ -133,6 +143,54 @@ def first_step_seconds(prompt: list[int]) -> float:
     return time.perf_counter() - t0
 
 
+LLAMA_CPP_TIMEOUT_S = 3600
+
+
+def _llama_cpp() -> Any:
+    """The ``llama_cpp`` module: installed, or built once into the cache (benchmark only). Its
+    target folder is appended to sys.path (never ahead of the venv's own numpy and friends); of its
+    requirements only ``diskcache`` is not already in the venv."""
+    import importlib
+
+    from engine.model.cache import cache_root
+    target = cache_root() / "kernels" / "llama-cpp-python"
+    sys.path.append(str(target))
+    try:
+        return importlib.import_module("llama_cpp")
+    except ImportError:
+        pass
+    print("  building llama-cpp-python from the package index (once; ~10-15 min on 2 cores)...", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(target),
+                    "llama-cpp-python", "diskcache"], check=True, timeout=LLAMA_CPP_TIMEOUT_S)
+    importlib.invalidate_caches()
+    return importlib.import_module("llama_cpp")
+
+
+def llama_cpp_rate(steps: int = 64) -> tuple[float | None, str]:
+    """(batch-1 decode tok/s of llama.cpp on the bundled GGUF, 2 threads, or None; what ran / why not).
+    Decode rate = (tokens of a long answer - 1) / (its time - a 1-token answer's time): the prefill
+    cancels out; EOS is banned (as ``ignore_eos`` in our runs) and the tokens are the ones llama.cpp
+    reports."""
+    from engine.model.convert import bundled_gguf_path
+    try:
+        llama_cpp = _llama_cpp()
+    except (subprocess.SubprocessError, OSError, ImportError) as e:
+        return None, f"llama-cpp-python could not be built here: {str(e)[:120]}"
+    llm = llama_cpp.Llama(model_path=str(bundled_gguf_path()), n_threads=2, n_ctx=512, verbose=False)
+
+    def gen(n: int) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        out = llm.create_completion(PROMPT, max_tokens=n, temperature=0.0,
+                                    logit_bias={llm.token_eos(): -1e9})  # EOS ignored, as our runs do
+        return time.perf_counter() - t0, int(out["usage"]["completion_tokens"])
+    gen(4)  # warm
+    one = min(gen(1)[0] for _ in range(3))
+    full, tokens = min(gen(steps) for _ in range(2))
+    if tokens < 2:
+        return None, f"llama.cpp answered {tokens} token(s): no decode rate"
+    return (tokens - 1) / (full - one), f"llama-cpp-python {llama_cpp.__version__}, Q4_1 GGUF, 2 threads"
+
+
 def run() -> dict[str, Any]:
     torch.manual_seed(0)
     shared = get_shared_model(MODEL)
@@ -148,6 +206,8 @@ def run() -> dict[str, Any]:
     wall, split = step_split(prompt)
     python_s = next(v for k, v in split if k.startswith("Python"))
     fp32_s, int4_s, n = generate_int4_vs_fp32()
+    int4_step, int4_bytes = int4_batch1(prompt)
+    int4_bound = bw / int4_bytes
     rows: list[dict[str, Any]] = [
         {"metric": f"AVX2 GEMV library: {status}", "value": 0.0, "unit": "", "target": "", "met": None},
         {"metric": "read bandwidth (sum, 512 MiB, 2 threads)", "value": bw / 1e9, "unit": "GB/s"},
@@ -175,7 +235,17 @@ def run() -> dict[str, Any]:
          "met": fp32_s / int4_s >= 2.5},
         {"metric": "GEMV library build, cold cache (new process)", "value": build_seconds(), "unit": "s"},
         {"metric": "LLMEngine() to its first decode step", "value": first_step_seconds(prompt), "unit": "s"},
-        {"metric": "llama.cpp batch-1 (same GGUF)", "value": float("nan"), "unit": "tok/s",
-         "target": "not measured", "met": None},
     ]
+    rows += [
+        {"metric": "int4 g32 batch-1 decode", "value": 1 / int4_step, "unit": "tok/s"},
+        {"metric": f"  int4 bound ({int4_bytes / 1e6:.0f} MB a step)", "value": int4_bound, "unit": "tok/s"},
+        {"metric": "  int4 / its bound", "value": (1 / int4_step) / int4_bound, "unit": "share", "target": ">= 0.5",
+         "met": (1 / int4_step) / int4_bound >= 0.5},
+    ]
+    rate, how = llama_cpp_rate()
+    rows.append({"metric": f"llama.cpp batch-1 decode ({how})", "value": float("nan") if rate is None else rate,
+                 "unit": "tok/s"})
+    if rate is not None:
+        rows.append({"metric": "  int4 batch-1 / llama.cpp", "value": (1 / int4_step) / rate, "unit": "x",
+                     "target": ">= 1", "met": (1 / int4_step) / rate >= 1})
     return {"name": "decode speed (issue #25)", "model": MODEL, "threads": torch.get_num_threads(), "rows": rows}
