@@ -23,16 +23,13 @@ VIEWS_FRAGMENT = "views"  # @st.fragment key of the live views (app/live.py)
 
 
 def init_defaults() -> None:
-    """First run of a session: Run N's count, Play's tick, the step counter's epoch; a stop Play
-    asked for from inside the views applies now (before the next full run draws the button)."""
+    """First run of a session: Run N's count, Play's tick, the step counter's epoch."""
     session.run_n.setdefault(10)
     session.tick.setdefault(0.5)
     session.playing.setdefault(False)
     session.epoch.setdefault(uuid.uuid4().hex)
     session.steps_applied.setdefault(0)
     session.plays_applied.setdefault(0)
-    if session.stop_play.pop():
-        session.playing.set(False)
 
 
 def view() -> RunView | None:
@@ -261,8 +258,9 @@ def play_changed_since_drawn() -> bool:
 
 
 def stop_playing() -> None:
-    """From inside the views (run finished): Play's state is changed before the next full run."""
-    session.stop_play.set(True)
+    """From inside the views (run finished): Play stops; the full run the caller asks for (or the
+    next tick, ``play_changed_since_drawn``) draws the button and stops the timer."""
+    session.playing.set(False)
 
 
 def tick_seconds() -> float:

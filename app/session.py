@@ -65,7 +65,6 @@ class K:
     notice = "_run_notice"
     playing = "_playing"
     pending = "_pending_steps"
-    stop_play = "_stop_play"
     play_drawn = "_play_drawn"
     generate = "_generate_result"
     caching_runs = "_caching_runs"  # (RunSpec, runs): the prefix-caching on/off comparison
@@ -187,7 +186,6 @@ error: Slot[str | None] = Slot(K.error, None)
 notice: Slot[str | None] = Slot(K.notice, None)
 worker_failed: Slot[bool] = Slot(K.worker_failed, False)
 playing: Slot[bool] = Slot(K.playing, False)
-stop_play: Slot[bool] = Slot(K.stop_play, False)
 play_drawn: Slot[bool] = Slot(K.play_drawn, False)  # Play's state when the last full run fixed the views' tick
 pending: Slot[int] = Slot(K.pending, 0)
 steps_applied: Slot[int] = Slot(K.steps_applied, 0)

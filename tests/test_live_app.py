@@ -226,6 +226,24 @@ def test_play_steps_on_every_views_run_until_paused() -> None:
     assert steps_done(at) == stopped
 
 
+def test_play_from_an_earlier_step_of_a_finished_run_stops_at_its_end() -> None:
+    """Play walks the history forward; at the finished run's latest step it stops by itself (the
+    button says Play again, and further views runs take no step)."""
+    at = open_app(KV_CACHE)
+    at.number_input(key=K.run_n).set_value(1000)
+    click(at, "run_n_button")  # the whole run (Run N stops when it is done)
+    done = steps_done(at)
+    click(at, "step_back")
+    click(at, "play")
+    for _ in range(5):
+        if at.button(key="play").label == "Play":
+            break
+        ok(at.run())
+    assert at.button(key="play").label == "Play" and steps_done(at) == done
+    ok(at.run())
+    assert steps_done(at) == done
+
+
 # -- scenario and knobs ------------------------------------------------------------------------
 
 def test_switching_scenario_applies_its_knobs_and_restarts() -> None:

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -33,7 +33,7 @@ from engine import LLM, LLMEngine, SamplingParams
 from engine.model import cpu_gemv
 from engine.model.shared import get_shared_model
 from engine.studies.quant_tradeoff import decode_read_bytes, decode_ready_engine, read_bandwidth
-from tests.bench.bench_engine import _profile_split, profile_steps
+from tests.bench.bench_engine import _profile_split, _timed, batch1_decode_seconds, profile_steps
 
 MODEL = "smollm2-135m"
 PROMPT = "Write two sentences about the history of the bicycle and why it changed cities."
@@ -41,30 +41,25 @@ STEPS = 24
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def _ready(prompts: list[list[int]], gemv: bool) -> LLMEngine:
     with cpu_gemv.enabled(gemv):
         return decode_ready_engine(MODEL, prompts, STEPS * 3 + 8)
 
 
-def _step(engine: LLMEngine, gemv: bool) -> float:
-    with cpu_gemv.enabled(gemv):
-        return _timed(engine.step)
+def _alternate(a: LLMEngine, gemv_a: bool, b: LLMEngine, gemv_b: bool, steps: int) -> tuple[float, float]:
+    """Median step (s) of ``a`` and of ``b``, stepped alternately (noise lands on both), each with
+    the AVX2 GEMVs on or off."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(steps):
+        for engine, gemv, out in ((a, gemv_a, times[0]), (b, gemv_b, times[1])):
+            with cpu_gemv.enabled(gemv):
+                out.append(_timed(engine.step))
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def batch1_side_by_side(prompt: list[int]) -> tuple[float, float]:
-    """Median batch-1 decode step (s): F.linear, AVX2 GEMV (alternating)."""
-    off, on = _ready([prompt], False), _ready([prompt], True)
-    t_off, t_on = [], []
-    for _ in range(STEPS):
-        t_off.append(_step(off, False))
-        t_on.append(_step(on, True))
-    return statistics.median(t_off), statistics.median(t_on)
+    """Median batch-1 decode step (s): F.linear, AVX2 GEMV."""
+    return _alternate(_ready([prompt], False), False, _ready([prompt], True), True, STEPS)
 
 
 def gemv_read_rates() -> tuple[float, float]:
@@ -88,20 +83,14 @@ def gemv_read_rates() -> tuple[float, float]:
 def int4_batch1(prompt: list[int]) -> tuple[float, int]:
     """(median batch-1 int4 decode step s, weight bytes one int4 step reads)."""
     shared = get_shared_model(MODEL, quantization="int4")
-    engine = decode_ready_engine(shared, [prompt], STEPS + 8)
-    times = sorted(_timed(engine.step) for _ in range(STEPS))
-    return times[len(times) // 2], decode_read_bytes(shared.model)
+    return batch1_decode_seconds(prompt, STEPS, shared), decode_read_bytes(shared.model)
 
 
 def eight_vs_one(source: list[int]) -> tuple[float, float]:
-    """Median decode step (s) of 1 request and of 8 (the GEMV on; 8 rows take F.linear)."""
+    """Median decode step (s) of 1 request and of 8 (the AVX2 GEMVs on: 1 row and 8 rows)."""
     one = _ready([source[:24]], True)
     eight = _ready([source[i * 24: (i + 1) * 24] for i in range(8)], True)
-    t1, t8 = [], []
-    for _ in range(STEPS // 2):
-        t1.append(_step(one, True))
-        t8.append(_step(eight, True))
-    return statistics.median(t1), statistics.median(t8)
+    return _alternate(one, True, eight, True, STEPS // 2)
 
 
 def step_split(prompt: list[int], steps: int = 6) -> tuple[float, list[tuple[str, float]]]:
