@@ -109,8 +109,10 @@ function typingIn(el) {
 }
 
 function install(selector, playSelector) {
-  const q = { epoch: null, count: 0, plays: 0, send: null, navigate: null, moves: 0, keys: {} };
-  const live = () => !!document.querySelector(selector);  // the live controls are on this page
+  const q = { epoch: null, count: 0, plays: 0, send: null, navigate: null, moves: 0, keys: {}, host: null };
+  // the live controls are on this page: this component (mounted just before the Step button, which
+  // the browser may draw a moment later on a fresh page) or the Step button itself
+  const live = () => !!(q.host && q.host.isConnected) || !!document.querySelector(selector);
   const counted = (event, what) => {
     // before Streamlit's own handlers (window, capture phase): the press is counted here only
     event.stopImmediatePropagation();
@@ -159,7 +161,7 @@ function install(selector, playSelector) {
 }
 
 export default function (component) {
-  const { data, setStateValue } = component;
+  const { data, setStateValue, parentElement } = component;
   const q = window.__inferscopeStepQueue
     || (window.__inferscopeStepQueue = install(data.selector, data.play_selector));
   if (q.epoch !== data.epoch) {  // a new server session: presses of an old one do not carry over
@@ -168,6 +170,7 @@ export default function (component) {
     q.plays = 0;
   }
   q.keys = data.keys;
+  q.host = parentElement;
   q.send = () => setStateValue('presses', { epoch: q.epoch, count: q.count, plays: q.plays });
   // a value, like the presses: each page key is a new one (a trigger's callback did not fire here)
   q.navigate = (direction) => setStateValue('navigate', { move: ++q.moves, direction });
