@@ -1,5 +1,6 @@
 """The fp32 GEMVs of a CPU decode step (1 to MAX_ROWS rows) in AVX2 C (engine/model/gemv_avx2.c),
-built once with the system C compiler and called through ctypes.
+built once with the system C compiler and called through ctypes. The same library holds the fused
+decode step (decode_avx2.c, engine/model/cpu_decode.py), which calls these GEMVs.
 
 Why: a decode step reads every weight once, so its speed is the GEMV's read rate. On this
 project's 2-core CPU torch's ``F.linear`` at one row (MKL sgemv) reads about 8 GB/s where a plain
@@ -36,9 +37,13 @@ import torch
 
 from engine.model.cache import cache_root
 
-SOURCE = Path(__file__).with_name("gemv_avx2.c")
+#: The library's C sources: the GEMVs, and the fused decode step that calls them (cpu_decode.py).
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemv_avx2.c", "decode_avx2.c"))
 MAX_ROWS = 8  # the C kernel's accumulators per weight row (a decode batch of up to 8)
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+# -ffp-contract=off: a * b + c in plain C code rounds twice, as torch's separate ops do (the
+# GEMVs' FMAs are explicit intrinsics)
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+AVX512_FLAGS = ("-mavx512f",)  # added where the CPU has AVX-512: vectors of 16 floats
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -46,13 +51,17 @@ _error: str | None = None
 _enabled = True
 
 
-def _cpu_has_avx2_fma() -> bool:
+def _cpu_flags() -> set[str]:
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    line = next((ln for ln in flags.splitlines() if ln.startswith("flags")), "")
-    return " avx2" in line and " fma" in line
+        return set()
+    return set(next((ln for ln in info.splitlines() if ln.startswith("flags")), "").split())
+
+
+def flags() -> tuple[str, ...]:
+    """The compiler flags for this CPU (AVX2 + FMA, and AVX-512 where it has it)."""
+    return FLAGS + (AVX512_FLAGS if "avx512f" in _cpu_flags() else ())
 
 
 def _build() -> ctypes.CDLL:
@@ -60,15 +69,16 @@ def _build() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise RuntimeError("no C compiler (gcc / cc) on PATH")
-    if not _cpu_has_avx2_fma():
+    if not {"avx2", "fma"} <= _cpu_flags():
         raise RuntimeError("this CPU lacks AVX2 + FMA")
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    options = flags()
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(options).encode()).hexdigest()[:16]
     out = cache_root() / "kernels" / f"gemv-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             built = Path(tmp) / out.name
-            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True,
+            done = subprocess.run([compiler, *options, *map(str, SOURCES), "-o", str(built)], capture_output=True,
                                   text=True, timeout=120)
             if done.returncode != 0:
                 raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[:300]}")
@@ -81,6 +91,11 @@ def _build() -> ctypes.CDLL:
                                   ctypes.c_long, ctypes.c_int]
     lib.gemm_rows_f32.restype = None
     return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The built library (None where it cannot be built: ``status()`` says why)."""
+    return _library()
 
 
 def _library() -> ctypes.CDLL | None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from engine.model import cpu_decode
 from engine.model.attention import TORCH_ATTENTION, AttentionBackend
 from engine.model.kv_quant import KVCache
 from engine.model.forward_batch import ForwardBatch
@@ -192,10 +193,16 @@ class LlamaModel:
         ``observer`` (see ``Observer``) sees the input of every linear call just before it;
         when it is None nothing extra is computed, and either way the output is bit-identical.
         ``attention`` is the attention backend (engine/model/attention.py; the torch one by default).
+        A fp32 decode-only step on CPU runs the layers in C instead (engine/model/cpu_decode.py).
         """
         c = self.config
         end = c.num_hidden_layers if end is None else end
+        whole = observer is None and start == 0 == self.first_layer and end == c.num_hidden_layers \
+            and self.all_reduce is None
         cos, sin = self.rope(batch.positions)
+        if cpu_decode.applies(c, self.layers, hidden, batch, kv_caches, whole, attention.name):
+            # the same arithmetic, in one C call
+            return cpu_decode.run_layers(c, self.layers, hidden, cos, sin, batch, kv_caches)
         nq, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         scale = d ** -0.5
         T = hidden.shape[0]

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from engine import LLMEngine, SamplingParams
-from engine.model import cpu_gemv
+from engine.model import cpu_decode, cpu_gemv
 from engine.model.shared import SharedModel, get_shared_model
 from engine.studies.quant_tradeoff import decode_ready_engine, read_bandwidth
 from tests.parity import LONG, hf_model
@@ -173,26 +173,29 @@ def _profile_split(events: list, wall_s: float, steps: int, gemv_s: float = 0.0)
             continue
         kind = next((k for k, ops in kinds.items() if e.key in ops), "other aten ops (elementwise, norms, RoPE, cat)")
         split[kind] += e.self_cpu_time_total / 1e6 / steps
-    split["AVX2 GEMVs (engine/model/cpu_gemv.py, ctypes call included)"] = gemv_s
+    split["C library: GEMVs / fused decode layers (cpu_gemv.py, cpu_decode.py; ctypes call included)"] = gemv_s
     split["Python outside aten ops (scheduler, batch build, layer loop)"] = wall_s - sum(split.values())
     return list(split.items())
 
 
 def profile_steps(engine: LLMEngine, steps: int) -> tuple[float, Any, float]:
     """``steps`` engine steps under torch's profiler -> (mean step s, events, mean s per step in
-    the AVX2 GEMV library). Its calls go through ctypes, which the profiler does not see (it would
-    count them as Python), so they are timed apart."""
+    the C library: the AVX2 GEMVs and the fused decode layers). Its calls go through ctypes, which
+    the profiler does not see (it would count them as Python), so they are timed apart (the fused
+    layers' few aten ops around the C call, ~30 µs, are then counted twice)."""
     from torch.profiler import ProfilerActivity, profile
 
     spent = [0.0]
-    plain = cpu_gemv.gemv
+    plain_gemv, plain_layers = cpu_gemv.gemv, cpu_decode.run_layers
 
-    def timed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        t0 = time.perf_counter()
-        y = plain(x, weight)
-        spent[0] += time.perf_counter() - t0
-        return y
-    cpu_gemv.gemv = timed
+    def timed(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def call(*args: Any) -> torch.Tensor:
+            t0 = time.perf_counter()
+            y = fn(*args)
+            spent[0] += time.perf_counter() - t0
+            return y
+        return call
+    cpu_gemv.gemv, cpu_decode.run_layers = timed(plain_gemv), timed(plain_layers)
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
@@ -200,7 +203,7 @@ def profile_steps(engine: LLMEngine, steps: int) -> tuple[float, Any, float]:
                 engine.step()
             wall = (time.perf_counter() - t0) / steps
     finally:
-        cpu_gemv.gemv = plain
+        cpu_gemv.gemv, cpu_decode.run_layers = plain_gemv, plain_layers
     return wall, prof.key_averages(), spent[0] / steps
 
 

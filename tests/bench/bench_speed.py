@@ -1,12 +1,13 @@
 """Issue #25, the decode step's speed on this CPU: ``python -m tests.bench speed``.
 
-Side by side in one run (engines stepped alternately, so machine noise lands on both):
-    batch-1 fp32 decode with torch's F.linear (MKL sgemv) and with the AVX2 GEMV
-    (engine/model/cpu_gemv.py), each against the read-bandwidth bound measured in the same run
-    (target >= 0.7 with the GEMV);
+Side by side in one run (engines stepped alternately, so machine noise lands on all):
+    batch-1 fp32 decode three ways (MODES): torch throughout (F.linear = MKL sgemv), the AVX2 /
+    AVX-512 GEMVs under torch's layer loop (engine/model/cpu_gemv.py), and the fused C decode
+    layers (engine/model/cpu_decode.py, the default), each against the read-bandwidth bound
+    measured in the same run (target >= 0.7 on the default path);
     the GEMVs alone: every weight of one step read by each kernel (GB/s against the read loop);
     a decode step of 8 requests against a step of 1 (target <= 2x);
-    the batch-1 step split: the GEMV kernel, aten ops, and Python / dispatch outside both (target
+    the batch-1 step split: the C library, aten ops, and Python / dispatch outside both (target
     <= 1.5 ms);
     LLM.generate end to end, int4 against fp32, on one unseen 48-token answer (target >= 2.5x);
     start-up: the GEMV library's build on a cold cache, and the first step after LLMEngine().
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 import subprocess
 import sys
 import tempfile
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 
 from engine import LLM, LLMEngine, SamplingParams
-from engine.model import cpu_gemv
+from engine.model import cpu_decode, cpu_gemv
 from engine.model.shared import get_shared_model
 from engine.studies.quant_tradeoff import decode_read_bytes, decode_ready_engine, read_bandwidth
 from tests.bench.bench_engine import _profile_split, _timed, batch1_decode_seconds, profile_steps
@@ -41,25 +44,38 @@ STEPS = 24
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _ready(prompts: list[list[int]], gemv: bool) -> LLMEngine:
-    with cpu_gemv.enabled(gemv):
+#: The batch-1 paths side by side: torch throughout (F.linear = MKL); the AVX2 GEMVs under torch's
+#: layer loop; the fused C decode layers (engine/model/cpu_decode.py, the default).
+MODES = {"torch": (False, False), "AVX2 GEMV": (True, False), "fused C layers": (True, True)}
+
+
+@contextmanager
+def mode(name: str) -> Iterator[None]:
+    """The C GEMVs and the fused decode layers on or off as MODES[name] says."""
+    gemv, fused = MODES[name]
+    with cpu_gemv.enabled(gemv), cpu_decode.enabled(fused):
+        yield
+
+
+def _ready(prompts: list[list[int]], name: str = "fused C layers") -> LLMEngine:
+    with mode(name):
         return decode_ready_engine(MODEL, prompts, STEPS * 3 + 8)
 
 
-def _alternate(a: LLMEngine, gemv_a: bool, b: LLMEngine, gemv_b: bool, steps: int) -> tuple[float, float]:
-    """Median step (s) of ``a`` and of ``b``, stepped alternately (noise lands on both), each with
-    the AVX2 GEMVs on or off."""
-    times: tuple[list[float], list[float]] = ([], [])
+def _alternate(engines: dict[str, LLMEngine], steps: int) -> dict[str, float]:
+    """Median step (s) of each engine, keyed by its mode (MODES) or, for one mode, any name; the
+    engines are stepped alternately so noise lands on all."""
+    times: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(steps):
-        for engine, gemv, out in ((a, gemv_a, times[0]), (b, gemv_b, times[1])):
-            with cpu_gemv.enabled(gemv):
-                out.append(_timed(engine.step))
-    return statistics.median(times[0]), statistics.median(times[1])
+        for name, engine in engines.items():
+            with mode(name if name in MODES else "fused C layers"):
+                times[name].append(_timed(engine.step))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-def batch1_side_by_side(prompt: list[int]) -> tuple[float, float]:
-    """Median batch-1 decode step (s): F.linear, AVX2 GEMV."""
-    return _alternate(_ready([prompt], False), False, _ready([prompt], True), True, STEPS)
+def batch1_side_by_side(prompt: list[int]) -> dict[str, float]:
+    """Median batch-1 decode step (s) of each of MODES."""
+    return _alternate({name: _ready([prompt], name) for name in MODES}, STEPS)
 
 
 def gemv_read_rates() -> tuple[float, float]:
@@ -87,15 +103,16 @@ def int4_batch1(prompt: list[int]) -> tuple[float, int]:
 
 
 def eight_vs_one(source: list[int]) -> tuple[float, float]:
-    """Median decode step (s) of 1 request and of 8 (the AVX2 GEMVs on: 1 row and 8 rows)."""
-    one = _ready([source[:24]], True)
-    eight = _ready([source[i * 24: (i + 1) * 24] for i in range(8)], True)
-    return _alternate(one, True, eight, True, STEPS // 2)
+    """Median decode step (s) of 1 request and of 8 (the default path: the fused C layers)."""
+    one = _ready([source[:24]])
+    eight = _ready([source[i * 24: (i + 1) * 24] for i in range(8)])
+    times = _alternate({"1": one, "8": eight}, STEPS // 2)
+    return times["1"], times["8"]
 
 
 def step_split(prompt: list[int], steps: int = 6) -> tuple[float, list[tuple[str, float]]]:
-    """(mean profiled step s, [(kind, s)]) of batch-1 decode steps (bench_engine's split)."""
-    engine = _ready([prompt], True)
+    """(mean profiled step s, [(kind, s)]) of batch-1 decode steps (bench_engine's split), default path."""
+    engine = _ready([prompt])
     for _ in range(2):
         engine.step()
     wall, events, gemv_s = profile_steps(engine, steps)
@@ -189,7 +206,8 @@ def run() -> dict[str, Any]:
     bw = read_bandwidth()
     nbytes = decode_read_bytes(shared.model)
     bound = bw / nbytes  # tok/s
-    off_s, on_s = batch1_side_by_side(prompt)
+    batch1 = batch1_side_by_side(prompt)
+    on_s = batch1["fused C layers"]
     lin_bw, gemv_bw = gemv_read_rates()
     one_s, eight_s = eight_vs_one(source)
     wall, split = step_split(prompt)
@@ -198,16 +216,17 @@ def run() -> dict[str, Any]:
     int4_step, int4_bytes = int4_batch1(prompt)
     int4_bound = bw / int4_bytes
     rows: list[dict[str, Any]] = [
-        {"metric": f"AVX2 GEMV library: {status}", "value": 0.0, "unit": "", "target": "", "met": None},
+        {"metric": f"C library (GEMVs, fused decode layers; {' '.join(cpu_gemv.flags())}): {status}",
+         "value": 0.0, "unit": "", "target": "", "met": None},
         {"metric": "read bandwidth (sum, 512 MiB, 2 threads)", "value": bw / 1e9, "unit": "GB/s"},
         {"metric": "weight bytes read per decode step", "value": nbytes / 1e6, "unit": "MB"},
         {"metric": "batch-1 decode bandwidth bound", "value": bound, "unit": "tok/s"},
-        {"metric": "batch-1 decode, F.linear", "value": 1 / off_s, "unit": "tok/s"},
-        {"metric": "batch-1 decode, AVX2 GEMV", "value": 1 / on_s, "unit": "tok/s"},
-        {"metric": "  F.linear / bound", "value": (1 / off_s) / bound, "unit": "share"},
-        {"metric": "  AVX2 GEMV / bound", "value": (1 / on_s) / bound, "unit": "share", "target": ">= 0.7",
+        *({"metric": f"batch-1 decode, {name}", "value": 1 / sec, "unit": "tok/s"} for name, sec in batch1.items()),
+        *({"metric": f"  {name} / bound", "value": (1 / sec) / bound, "unit": "share"}
+          for name, sec in batch1.items() if sec is not on_s),
+        {"metric": "  fused C layers / bound", "value": (1 / on_s) / bound, "unit": "share", "target": ">= 0.7",
          "met": (1 / on_s) / bound >= 0.7},
-        {"metric": "  AVX2 GEMV / F.linear", "value": off_s / on_s, "unit": "x"},
+        {"metric": "  fused C layers / torch", "value": batch1["torch"] / on_s, "unit": "x"},
         {"metric": "GEMVs of one step alone: F.linear", "value": lin_bw / 1e9, "unit": "GB/s"},
         {"metric": "GEMVs of one step alone: AVX2 GEMV", "value": gemv_bw / 1e9, "unit": "GB/s"},
         {"metric": "decode step of 1 request", "value": one_s * 1e3, "unit": "ms"},

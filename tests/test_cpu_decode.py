@@ -1,0 +1,129 @@
+"""The fused C decode step (engine/model/cpu_decode.py): the same hidden states and the same K/V
+writes as the torch layers (``LlamaModel.run_layers``, the reference), up to summation order, on
+GQA ratios 1 / 3 / 4, head dims 16 and 64, biases, dimensions that are not a multiple of the vector
+width, 1..8 rows in one or several decode groups; the same bits at every thread count; taken only
+where it applies; and an engine's greedy tokens unchanged with it on (SmolLM2 against Hugging Face:
+tests/test_parity.py, which runs through it)."""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.model import cpu_decode, cpu_gemv
+from engine.model.forward_batch import ForwardBatch, build_forward_batch
+from engine.model.llama import LlamaModel
+from engine.model.loader import TINY_RANDOM_CONFIG, tiny_random_weights
+from engine.model.model_config import ModelConfig
+
+pytestmark = pytest.mark.skipif(cpu_gemv.status() != "ready", reason=f"the C library: {cpu_gemv.status()}")
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "mha-d16": {"num_attention_heads": 4, "num_key_value_heads": 4},
+    "gqa3-bias": {"hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 2, "attention_bias": True},
+    "gqa4-d64": {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64},
+    "odd-widths": {"hidden_size": 40, "intermediate_size": 72},  # K % 16 != 0: the scalar tails
+}
+
+
+def _model(name: str, seed: int = 0) -> LlamaModel:
+    cfg = {**TINY_RANDOM_CONFIG, **CONFIGS[name]}
+    return LlamaModel(ModelConfig.from_hf(cfg), tiny_random_weights(cfg, seed))
+
+
+def _decode_step(model: LlamaModel, contexts: list[int], block_size: int, seed: int
+                 ) -> tuple[ForwardBatch, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A decode-only batch (one new token after ``contexts[i]`` cached ones each) over scrambled
+    block tables, and caches holding random K/V at every slot."""
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    c = model.config
+    needs = [-(-(n + 1) // block_size) for n in contexts]
+    blocks = list(range(sum(needs) + 2))
+    rng.shuffle(blocks)
+    tables, at = [], 0
+    for need, n in zip(needs, contexts):
+        table, at = blocks[at: at + need], at + need
+        tables.append([table[p // block_size] * block_size + p % block_size for p in range(n + 1)])
+    shape = (len(blocks), block_size, c.num_key_value_heads, c.head_dim)
+    caches = [(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)) for _ in model.layers]
+    tokens = [[rng.randrange(c.vocab_size)] for _ in contexts]
+    return build_forward_batch(tokens, list(contexts), tables, [1] * len(contexts)), caches
+
+
+def _layers(model: LlamaModel, batch: ForwardBatch, caches: list[tuple[torch.Tensor, torch.Tensor]], fused: bool
+            ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    own = [(k.clone(), v.clone()) for k, v in caches]
+    with cpu_decode.enabled(fused), torch.inference_mode():
+        assert cpu_decode.applies(model.config, model.layers, model.embed(batch), batch, own, True, "torch") == fused
+        return model.run_layers(model.embed(batch), batch, own), own
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("contexts, block_size", [([7], 4), ([3, 40, 41], 16), ([5, 300, 6, 7, 8, 9, 10, 290], 1)],
+                         ids=["1-row", "3-rows", "8-rows-2-groups"])
+def test_equals_the_torch_layers(name: str, contexts: list[int], block_size: int) -> None:
+    model = _model(name)
+    batch, caches = _decode_step(model, contexts, block_size, seed=len(contexts))
+    if len(contexts) == 8:
+        assert len(batch.decode_groups) == 2  # the C step pads the groups into one context table
+    want, want_caches = _layers(model, batch, caches, fused=False)
+    got, got_caches = _layers(model, batch, caches, fused=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for (k, v), (wk, wv) in zip(got_caches, want_caches):  # this step's K/V in their slots, the rest untouched
+        torch.testing.assert_close(k, wk, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(v, wv, rtol=1e-5, atol=1e-6)
+
+
+def test_the_same_bits_at_every_thread_count() -> None:
+    model = _model("gqa3-bias")
+    batch, caches = _decode_step(model, [3, 40, 41, 200], 4, seed=1)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(_layers(model, batch, caches, fused=True)[0])
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_taken_only_where_it_applies() -> None:
+    model = _model("mha-d16")
+    c = model.config
+    batch, caches = _decode_step(model, [5, 9], 4, seed=2)
+    hidden = model.embed(batch)
+
+    def applies(hidden: torch.Tensor = hidden, batch: ForwardBatch = batch, caches: list = caches,
+                whole: bool = True, backend: str = "torch") -> bool:
+        return cpu_decode.applies(c, model.layers, hidden, batch, caches, whole, backend)
+    assert applies()
+    assert not applies(backend="triton")
+    assert not applies(whole=False)  # a layer range, a pipeline stage, tensor parallel or an observer
+    assert not applies(hidden=hidden.bfloat16())
+    assert not applies(caches=[(k.half(), v.half()) for k, v in caches])  # a 16-bit KV cache
+    mixed = build_forward_batch([[1], [2, 3, 4]], [5, 0], [list(range(6)), list(range(3))], [1, 1])
+    assert not applies(model.embed(mixed), mixed)  # a prefill in the batch
+    nine, nine_caches = _decode_step(model, [2] * (cpu_decode.MAX_ROWS + 1), 4, seed=3)
+    assert not applies(model.embed(nine), nine, nine_caches)
+    with cpu_decode.enabled(False):
+        assert not applies()
+
+
+def test_engine_tokens_are_unchanged_with_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy tiny-random generations (decodes of 1..3 rows after chunked prefills) with the fused
+    step and without it: the same tokens, and the fused step really ran."""
+    calls = []
+    real = cpu_decode.run_layers
+    monkeypatch.setattr(cpu_decode, "run_layers", lambda *a: calls.append(1) or real(*a))
+    llm = LLM("tiny-random", max_num_batched_tokens=16)
+    prompts = ["The quick brown fox jumps over the lazy dog.", "Hi", "Paged attention, step by step."]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    with cpu_decode.enabled(False):
+        want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert not calls
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert calls and got == want
