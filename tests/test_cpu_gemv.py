@@ -1,7 +1,8 @@
-"""The AVX2 batch-1 fp32 GEMV (engine/model/cpu_gemv.py): equal to F.linear up to rounding, the
-same bits at every thread count, taken only where it applies, and F.linear wherever the library
-cannot be built. Greedy parity with Hugging Face through it is the parity suite's (every batch-1
-fp32 decode step runs it)."""
+"""The decode GEMVs (engine/model/cpu_gemv.py): fp32 equal to F.linear up to rounding, int4 equal
+to torch's int4pack kernel up to one bf16 rounding, the same bits at every thread count, taken only
+where they apply, and torch's kernels wherever the library cannot be built. Greedy parity with
+Hugging Face through them is the parity suite's (fp32 decode steps run them inside the fused
+layers, tests/test_cpu_decode.py; int4 ones through ``QuantizedLinear``)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import cpu_gemv
-from engine.model.quantization import linear
+from engine.model.quantization import QuantizedLinear, dequantize, linear, quantize_int4
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,3 +83,49 @@ def test_without_a_compiler_linear_falls_back(tmp_path: Path) -> None:
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("unavailable: /bin/false failed"), done.stdout
+
+
+def _int4(n: int, k: int, g: int, seed: int) -> tuple[QuantizedLinear, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    q = quantize_int4(0.05 * torch.randn(n, k, generator=gen), g)
+    return QuantizedLinear.from_quantized(q), dequantize(q)
+
+
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("n,k,g", [(64, 32, 32), (960, 576, 32), (576, 1536, 64), (128, 256, 128)])
+def test_int4_equals_torchs_int4pack_kernel(m: int, n: int, k: int, g: int) -> None:
+    """The same dequantized product as aten's kernel (read from its own packed layout), within one
+    bf16 rounding of the output; and as close to the float64 product as that kernel is."""
+    ql, deq = _int4(n, k, g, seed=n + k + g)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
+    assert cpu_gemv.applies_int4(x, ql.weight, n)
+    got = cpu_gemv.gemv_int4(x, ql.weight, ql.scales, g)
+    want = torch.ops.aten._weight_int4pack_mm_for_cpu(x, ql.weight, g, ql.scales)
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    ulp = 2.0 ** -7 * want.float().abs().clamp(min=2.0 ** -100)  # one bf16 ulp (of the larger side)
+    assert ((got.float() - want.float()).abs() <= ulp * 1.01).all()
+    exact = x.double() @ deq.double().T
+    assert (got.double() - exact).abs().max() <= (want.double() - exact).abs().max() * 1.5 + 1e-6
+
+
+def test_int4_the_same_bits_at_every_thread_count_and_only_where_it_applies() -> None:
+    ql, _ = _int4(3072, 576, 32, seed=4)
+    x = torch.randn(2, 576, generator=torch.Generator().manual_seed(5)).bfloat16()
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(cpu_gemv.gemv_int4(x, ql.weight, ql.scales, 32))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    assert torch.equal(ql(x), outs[0])  # QuantizedLinear takes it for a decode step
+    nine = torch.randn(cpu_gemv.MAX_ROWS + 1, 576).bfloat16()
+    assert not cpu_gemv.applies_int4(nine, ql.weight, 3072)  # a prefill: torch's kernel
+    assert torch.equal(ql(nine), torch.ops.aten._weight_int4pack_mm_for_cpu(nine, ql.weight, 32, ql.scales))
+    odd, _ = _int4(96, 64, 32, seed=6)  # N not a multiple of the 64-row block
+    assert not cpu_gemv.applies_int4(x[:, :64], odd.weight, 96)
+    assert not cpu_gemv.applies_int4(x.float(), ql.weight, 3072)
+    with cpu_gemv.enabled(False):
+        assert not cpu_gemv.applies_int4(x, ql.weight, 3072)

@@ -90,6 +90,8 @@ def _build() -> ctypes.CDLL:
     lib.gemm_rows_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                                   ctypes.c_long, ctypes.c_int]
     lib.gemm_rows_f32.restype = None
+    lib.gemv_int4.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4 + [ctypes.c_int]
+    lib.gemv_int4.restype = None
     return lib
 
 
@@ -148,4 +150,29 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         lib.gemv_f32(weight.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, torch.get_num_threads())
     else:
         lib.gemm_rows_f32(weight.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, m, torch.get_num_threads())
+    return y
+
+
+INT4_BLOCK = 64  # rows per block of torch's CPU int4pack layout (gemv_avx2.c's gemv_int4 reads it)
+
+
+def applies_int4(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> bool:
+    """1..MAX_ROWS bf16 rows against an int4pack weight [N, K/2] uint8 whose N is a multiple of 64."""
+    return (_enabled and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
+            and x.device.type == "cpu" and packed.dtype == torch.uint8 and packed.is_contiguous()
+            and out_features % INT4_BLOCK == 0 and tuple(packed.shape) == (out_features, x.shape[1] // 2)
+            and _library() is not None)
+
+
+def gemv_int4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x [M, K] bf16 @ the int4 weight [N, K]^T -> [M, N] bf16 (call ``applies_int4`` first):
+    ``packed`` torch's int4pack layout [N, K/2] uint8, ``scales_zeros`` bf16 [K/g, N, 2]."""
+    lib = _library()
+    assert lib is not None
+    x, sz = x.contiguous(), scales_zeros.contiguous()
+    m, k = x.shape
+    n = packed.shape[0]
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    lib.gemv_int4(packed.data_ptr(), sz.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, m, group_size,
+                  torch.get_num_threads())
     return y

@@ -13,6 +13,8 @@
  * Why: MKL's sgemv read a weight at ~8 GB/s on one of this project's 2-core CPUs where a sum read
  * ~18 GB/s; one in-order stream per thread lets the hardware prefetcher run ahead (reference/cpu.md). */
 #include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
 
 #ifdef __AVX512F__
 #define VL 16
@@ -108,4 +110,99 @@ static inline void rows_kernel(const float *W, const float *x, float *y, long N,
 
 void gemm_rows_f32(const float *W, const float *x, float *y, long N, long K, long M, int threads) {
     if (M >= 2 && M <= 8) rows_kernel(W, x, y, N, K, (int)M, threads);
+}
+
+/* gemv_int4 (weight-only int4, group-wise along K; engine/model/quantization.py's int4 scheme):
+ * y[m, n] = bf16(sum_k ((q[n, k] - 8) * scale[g, n] + zero[g, n]) * x[m, k]),  g = k / G,
+ * read straight from torch's CPU int4pack layout: rows in blocks of 64; within a block, for each
+ * k, 32 bytes, byte j holding row j (low nibble) and row j + 32 (high nibble):
+ *
+ *     block b, k:  W + b * 32 K + 32 k   [ r0|r32  r1|r33  ...  r31|r63 ]   (lo|hi nibble)
+ *
+ * scales_zeros: bf16 [K / G, N, 2] (scale, zero). x: bf16 [M, K]; y: bf16 [M, N].
+ * Rule: per row block and x row, each group's integer-weighted sum s_q[n] = sum_k q[n, k] x[k]
+ * (64 lanes, exact small integers times x, FMAs in k order), then
+ *     acc[n] += scale * (s_q[n] - 8 sum_k x[k]) + zero * sum_k x[k]
+ * (the dequantized product, regrouped: one multiply per group instead of one per weight); the
+ * output is rounded to bf16 (to nearest even) once. Blocks are split over threads; each output
+ * is summed by one thread in one fixed order. N must be a multiple of 64 (cpu_gemv checks). */
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even (finite values) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* The 64 codes of one k of a block (32 bytes) as 64 floats in NV vectors (rows 0..63 in order). */
+#ifdef __AVX512F__
+#define NV 4
+static inline void block_codes(const uint8_t *p, vec *out) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p), mask = _mm256_set1_epi8(15);
+    __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo)));
+    out[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(lo, 1)));
+    out[2] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi)));
+    out[3] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1)));
+}
+static inline vec vset1(float f) { return _mm512_set1_ps(f); }
+static inline void vstore(float *p, vec v) { _mm512_storeu_ps(p, v); }
+#else
+#define NV 8
+static inline __m256 eight(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
+static inline void block_codes(const uint8_t *p, vec *out) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p), mask = _mm256_set1_epi8(15);
+    __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    __m128i parts[4] = {_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1),
+                        _mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)};
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = eight(parts[i]);
+        out[2 * i + 1] = eight(_mm_srli_si128(parts[i], 8));
+    }
+}
+static inline vec vset1(float f) { return _mm256_set1_ps(f); }
+static inline void vstore(float *p, vec v) { _mm256_storeu_ps(p, v); }
+#endif
+
+void gemv_int4(const uint8_t *W, const uint16_t *sz, const uint16_t *x16, uint16_t *y, long N, long K, long M,
+               long G, int threads) {
+    const long groups = K / G;
+    #pragma omp parallel num_threads(threads)
+    {
+        float x[K > 0 ? K : 1], gsum[groups > 0 ? groups : 1];
+        for (long m = 0; m < M; m++) {
+            for (long k = 0; k < K; k++) x[k] = bf16_to_f32(x16[m * K + k]);
+            for (long g = 0; g < groups; g++) {
+                float s = 0.f;
+                for (long k = g * G; k < (g + 1) * G; k++) s += x[k];
+                gsum[g] = s;
+            }
+            #pragma omp for schedule(static)
+            for (long b = 0; b < N / 64; b++) {
+                const uint8_t *wb = W + b * 32 * K;
+                float acc[64], sq[64];
+                for (int j = 0; j < 64; j++) acc[j] = 0.f;
+                for (long g = 0; g < groups; g++) {
+                    vec a[NV], q[NV];
+                    for (int v = 0; v < NV; v++) a[v] = vzero();
+                    for (long k = g * G; k < (g + 1) * G; k++) {
+                        block_codes(wb + 32 * k, q);
+                        vec xk = vset1(x[k]);
+                        for (int v = 0; v < NV; v++) a[v] = vfma(q[v], xk, a[v]);
+                    }
+                    for (int v = 0; v < NV; v++) vstore(sq + v * (64 / NV), a[v]);
+                    const uint16_t *s = sz + (g * N + b * 64) * 2;
+                    for (int j = 0; j < 64; j++)
+                        acc[j] += bf16_to_f32(s[2 * j]) * (sq[j] - 8.f * gsum[g]) + bf16_to_f32(s[2 * j + 1]) * gsum[g];
+                }
+                for (int j = 0; j < 64; j++) y[m * N + b * 64 + j] = f32_to_bf16(acc[j]);
+            }
+        }
+    }
 }

@@ -12,7 +12,8 @@ Schemes (``QuantConfig.scheme``; vLLM's knob name is ``quantization``):
            (zero is the value at the mid code 8: zero = lo + 8 * scale, rounded to bf16);
            ``aten._convert_weight_to_int4pack_for_cpu(q int32 [N,K], 1)`` packs, and
            ``aten._weight_int4pack_mm_for_cpu(x_bf16, packed, g, scales_and_zeros bf16 [K/g,N,2])``
-           multiplies.
+           multiplies; a decode step's 1-8 rows take ``cpu_gemv.gemv_int4`` instead (C, reading the
+           same packed layout; aten's read it at ~1-2 GB/s on the 2-core CPU).
     fp8    weight-only e4m3 (``torch.float8_e4m3fn``), per output channel: s[n] = absmax / 448
            (rounded up to bf16); dequantized on the fly: y = F.linear(x, bf16(q)) * s (every
            e4m3 value is exact in bf16, so only the GEMM and the final scaling round). bf16(q)
@@ -266,6 +267,8 @@ class QuantizedLinear:
             return y
         if self.scheme == "int4":
             assert self.group_size is not None
+            if cpu_gemv.applies_int4(x, self.weight, self.out_features):  # a decode step: the C kernel
+                return cpu_gemv.gemv_int4(x, self.weight, self.scales, self.group_size)
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, self.group_size, self.scales)
             return y
         if self.scheme == "fp8":
