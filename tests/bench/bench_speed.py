@@ -19,6 +19,7 @@ The 16-request mix against HF is ``bench_engine.py``'s.
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 from collections.abc import Iterator
@@ -152,49 +153,38 @@ def first_step_seconds(prompt: list[int]) -> float:
 LLAMA_CPP_TIMEOUT_S = 3600
 
 
-def _llama_cpp() -> Any:
-    """The ``llama_cpp`` module: installed, or built once into the cache (benchmark only). Its
-    target folder is appended to sys.path (never ahead of the venv's own numpy and friends); of its
-    requirements only ``diskcache`` is not already in the venv."""
-    import importlib
-
+def llama_cpp_dir() -> Path:
+    """Where llama-cpp-python is built for the benchmark (the model cache's ``kernels/``)."""
     from engine.model.cache import cache_root
-    target = cache_root() / "kernels" / "llama-cpp-python"
-    sys.path.append(str(target))
-    try:
-        return importlib.import_module("llama_cpp")
-    except ImportError:
-        pass
+    return cache_root() / "kernels" / "llama-cpp-python"
+
+
+def _llama_cpp() -> None:
+    """Build ``llama-cpp-python`` once into LLAMA_CPP_DIR (benchmark only), unless it is there; of
+    its requirements only ``diskcache`` is not already in the venv."""
+    target = llama_cpp_dir()
+    if (target / "llama_cpp" / "__init__.py").exists():
+        return
     print("  building llama-cpp-python from the package index (once; ~10-15 min on 2 cores)...", flush=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(target),
                     "llama-cpp-python", "diskcache"], check=True, timeout=LLAMA_CPP_TIMEOUT_S)
-    importlib.invalidate_caches()
-    return importlib.import_module("llama_cpp")
 
 
 def llama_cpp_rate(steps: int = 64) -> tuple[float | None, str]:
-    """(batch-1 decode tok/s of llama.cpp on the bundled GGUF, 2 threads, or None; what ran / why not).
-    Decode rate = (tokens of a long answer - 1) / (its time - a 1-token answer's time): the prefill
-    cancels out; EOS is banned (as ``ignore_eos`` in our runs) and the tokens are the ones llama.cpp
-    reports."""
+    """(batch-1 decode tok/s of llama.cpp on the bundled GGUF, 2 threads, or None; what ran / why not),
+    measured by tests/bench/llama_cpp_rate.py in a process of its own (its docstring says why)."""
     from engine.model.convert import bundled_gguf_path
     try:
-        llama_cpp = _llama_cpp()
+        _llama_cpp()  # built once, here, with its progress line
     except (subprocess.SubprocessError, OSError, ImportError) as e:
         return None, f"llama-cpp-python could not be built here: {str(e)[:120]}"
-    llm = llama_cpp.Llama(model_path=str(bundled_gguf_path()), n_threads=2, n_ctx=512, verbose=False)
-
-    def gen(n: int) -> tuple[float, int]:
-        t0 = time.perf_counter()
-        out = llm.create_completion(PROMPT, max_tokens=n, temperature=0.0,
-                                    logit_bias={llm.token_eos(): -1e9})  # EOS ignored, as our runs do
-        return time.perf_counter() - t0, int(out["usage"]["completion_tokens"])
-    gen(4)  # warm
-    one = min(gen(1)[0] for _ in range(3))
-    full, tokens = min(gen(steps) for _ in range(2))
-    if tokens < 2:
-        return None, f"llama.cpp answered {tokens} token(s): no decode rate"
-    return (tokens - 1) / (full - one), f"llama-cpp-python {llama_cpp.__version__}, Q4_1 GGUF, 2 threads"
+    args = [str(llama_cpp_dir()), str(bundled_gguf_path()), PROMPT, str(steps)]
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("llama_cpp_rate.py")), *args],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return None, f"llama.cpp's process failed (exit {done.returncode}): {done.stderr.strip()[-120:]}"
+    rate, how = json.loads(done.stdout.strip().splitlines()[-1])
+    return rate, how
 
 
 def run() -> dict[str, Any]:
