@@ -1,9 +1,10 @@
 """The fused C decode step (engine/model/cpu_decode.py): the same hidden states and the same K/V
 writes as the torch layers (``LlamaModel.run_layers``, the reference), up to summation order, on
 GQA ratios 1 / 3 / 4, head dims 16 and 64, biases, dimensions that are not a multiple of the vector
-width, 1..8 rows in one or several decode groups; the same bits at every thread count; taken only
-where it applies; and an engine's greedy tokens unchanged with it on (SmolLM2 against Hugging Face:
-tests/test_parity.py, which runs through it)."""
+width, 1..8 rows in one or several decode groups; the int4 format within bf16 rounding; the same
+bits at every thread count; taken only where it applies; and an engine's greedy tokens unchanged
+with it on (SmolLM2 against Hugging Face: tests/test_parity.py and, for int4,
+tests/test_quantization.py, which run through it)."""
 from __future__ import annotations
 
 import random
@@ -14,6 +15,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.model import cpu_decode, cpu_gemv
+from engine.core.config import QuantConfig
 from engine.model.forward_batch import ForwardBatch, build_forward_batch
 from engine.model.llama import LlamaModel
 from engine.model.loader import TINY_RANDOM_CONFIG, tiny_random_weights
@@ -26,11 +28,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "gqa3-bias": {"hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 2, "attention_bias": True},
     "gqa4-d64": {"hidden_size": 96, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64},
     "odd-widths": {"hidden_size": 40, "intermediate_size": 72},  # K % 16 != 0: the scalar tails
+    "tiny": {},  # tiny-random's own shapes (GQA 2)
 }
 
 
-def _model(name: str, seed: int = 0) -> LlamaModel:
+def _model(name: str, seed: int = 0, int4: bool = False) -> LlamaModel:
     cfg = {**TINY_RANDOM_CONFIG, **CONFIGS[name]}
+    if int4:  # the int4 format: int4 projections, bf16 everything else
+        return LlamaModel(ModelConfig.from_hf(cfg), tiny_random_weights(cfg, seed), dtype=torch.bfloat16,
+                          quantization=QuantConfig("int4", group_size=32))
     return LlamaModel(ModelConfig.from_hf(cfg), tiny_random_weights(cfg, seed))
 
 
@@ -77,6 +83,25 @@ def test_equals_the_torch_layers(name: str, contexts: list[int], block_size: int
         torch.testing.assert_close(v, wv, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", ["mha-d16", "tiny"])
+def test_int4_equals_the_torch_layers_within_bf16_rounding(name: str, kv_dtype: torch.dtype) -> None:
+    """The int4 format (bf16 activations, every op rounded to bf16; a bf16 cache or a fp32 one
+    holding bf16 values): within a few bf16 roundings of the torch layers, two layers deep."""
+    model = _model(name, int4=True)
+    batch, caches = _decode_step(model, [3, 40, 41], 4, seed=1)
+    caches = [(k.to(torch.bfloat16).to(kv_dtype), v.to(torch.bfloat16).to(kv_dtype)) for k, v in caches]
+    want, want_caches = _layers(model, batch, caches, fused=False)
+    got, got_caches = _layers(model, batch, caches, fused=True)
+    assert got.dtype == torch.bfloat16
+    top = float(want.float().abs().max())
+    assert float((got.float() - want.float()).abs().max()) <= 2 ** -6 * top  # ~2 bf16 ulps of the largest
+    for (k, v), (wk, wv) in zip(got_caches, want_caches):
+        assert k.dtype == kv_dtype
+        for a, b in ((k, wk), (v, wv)):
+            assert float((a.float() - b.float()).abs().max()) <= 2 ** -6 * float(b.float().abs().max())
+
+
 def test_the_same_bits_at_every_thread_count() -> None:
     model = _model("gqa3-bias")
     batch, caches = _decode_step(model, [3, 40, 41, 200], 4, seed=1)
@@ -104,7 +129,14 @@ def test_taken_only_where_it_applies() -> None:
     assert not applies(backend="triton")
     assert not applies(whole=False)  # a layer range, a pipeline stage, tensor parallel or an observer
     assert not applies(hidden=hidden.bfloat16())
-    assert not applies(caches=[(k.half(), v.half()) for k, v in caches])  # a 16-bit KV cache
+    assert not applies(caches=[(k.half(), v.half()) for k, v in caches])  # a 16-bit KV cache in fp32
+    int4 = _model("mha-d16", int4=True)
+    bf16 = [(k.bfloat16(), v.bfloat16()) for k, v in caches]
+    for kv in (bf16, caches):  # the int4 format: a bf16 cache, or a fp32 one
+        assert cpu_decode.applies(c, int4.layers, hidden.bfloat16(), batch, kv, True, "torch")
+    assert not cpu_decode.applies(c, int4.layers, hidden, batch, bf16, True, "torch")  # fp32 rows
+    odd = _model("gqa3-bias", int4=True)  # qkv has 160 rows: not whole 64-row int4pack blocks
+    assert not cpu_decode.applies(odd.config, odd.layers, odd.embed(batch), batch, bf16, True, "torch")
     mixed = build_forward_batch([[1], [2, 3, 4]], [5, 0], [list(range(6)), list(range(3))], [1, 1])
     assert not applies(model.embed(mixed), mixed)  # a prefill in the batch
     nine, nine_caches = _decode_step(model, [2] * (cpu_decode.MAX_ROWS + 1), 4, seed=3)

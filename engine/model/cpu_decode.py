@@ -1,28 +1,31 @@
-"""The decoder layers of a CPU fp32 decode step in one C call (engine/model/decode_avx2.c): no
-Python and no torch dispatch between the operations of a step.
+"""The decoder layers of a CPU decode step in one C call (engine/model/decode_avx2.c): no Python
+and no torch dispatch between the operations of a step.
 
 Why: a batch-1 decode step of SmolLM2 is ~2,000 small torch ops (30 layers x norms, RoPE, K/V
 writes, gathers, SDPA, adds); at a few µs of Python and dispatch each they cost ~10 ms, as much as
-a third of the step, whatever the GEMV kernel. The C function runs every layer's arithmetic
-(the same as ``LlamaModel.run_layers``: RMSNorm, fused qkv / gate_up GEMVs, RoPE, paged K/V
-write, GQA attention over each row's own context slots, SwiGLU, residuals) over the step's rows;
-Python calls it once per step.
+a third of an fp32 step and half an int4 one, whatever the GEMV kernel. The C function runs every
+layer's arithmetic (the same as ``LlamaModel.run_layers``: RMSNorm, fused qkv / gate_up GEMVs,
+RoPE, paged K/V write, GQA attention over each row's own context slots, SwiGLU, residuals) over
+the step's rows; Python calls it once per step.
 
-Where it applies (``applies``): a float32 model with plain (unquantized) weights, on CPU, the
-whole layer range in this process (no pipeline stage, no tensor parallel), the torch attention
-backend, a float32 KV cache, no activation observer, and a decode-only batch of 1..MAX_ROWS rows
-(one new token per request). Everything else runs ``run_layers``' torch code, which stays the
-reference: ``enabled(False)`` turns the fused step off (the tests' and the benchmark's
-side-by-side baseline). The outputs differ from the torch path in summation order only (GEMVs,
-attention scores, softmax sums: ~1e-6 relative); the parity suite runs through it against
-Hugging Face.
+Two formats: fp32 (plain fp32 weights, activations and KV cache), and int4 (the int4 weight
+scheme: torch's int4pack projections read by ``cpu_gemv``'s int4 kernel, bf16 activations, norms
+and biases, every result rounded to bf16 where torch's bf16 ops round it; the KV cache bf16, or
+fp32 holding the bf16 values as the torch layers store them).
+
+Where it applies (``applies``): one of those formats on CPU, the whole layer range in this process
+(no pipeline stage, no tensor parallel), the torch attention backend, a float KV cache (fp32, or
+bf16 in the int4 format; not int8 / fp8), no activation observer, and a decode-only batch of
+1..MAX_ROWS rows (one new token per request). Everything else runs ``run_layers``' torch code,
+which stays the reference: ``enabled(False)`` turns the fused step off (the tests' and the
+benchmark's side-by-side baseline). The outputs differ from the torch path in summation order only
+(GEMVs, attention scores, softmax sums); the parity suite runs through it against Hugging Face.
 """
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -31,7 +34,7 @@ from engine.model import cpu_gemv
 from engine.model.forward_batch import ForwardBatch
 from engine.model.kv_quant import KVCache
 from engine.model.model_config import ModelConfig
-from engine.model.quantization import Weight
+from engine.model.quantization import QuantizedLinear, Weight
 
 MAX_ROWS = cpu_gemv.MAX_ROWS
 MAX_HEAD_DIM = 512  # the C RoPE's stack buffer
@@ -61,18 +64,24 @@ class DecoderLayer(Protocol):
     def tensors(self) -> list[Weight]: ...
 
 
+class _Proj(ctypes.Structure):
+    """decode_avx2.c's ``Proj``: a fp32 weight, or an int4pack weight and its scales and zeros."""
+
+    _fields_ = [("weight", ctypes.c_void_p), ("scales_zeros", ctypes.c_void_p)]
+
+
 class _Layer(ctypes.Structure):
     """decode_avx2.c's ``Layer``: one layer's tensors as pointers (bias pointers may be NULL)."""
 
-    _fields_ = [(name, ctypes.c_void_p) for name in
-                ("input_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down", "k_cache",
-                 "v_cache")]
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("qkv", _Proj),
+                ("qkv_bias", ctypes.c_void_p), ("o", _Proj), ("o_bias", ctypes.c_void_p), ("gate_up", _Proj),
+                ("down", _Proj), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
 
 
 class _Shape(ctypes.Structure):
     _fields_ = [("hidden", ctypes.c_long), ("heads", ctypes.c_long), ("kv_heads", ctypes.c_long),
                 ("head_dim", ctypes.c_long), ("intermediate", ctypes.c_long), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float)]
+                ("scale", ctypes.c_float), ("int4_group", ctypes.c_long), ("kv_bf16", ctypes.c_long)]
 
 
 def _functions() -> tuple[Any, Any] | None:
@@ -101,8 +110,31 @@ def enabled(on: bool) -> Iterator[None]:
         _enabled = before
 
 
-def _plain(t: object) -> bool:
-    return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+def _plain(t: object, dtype: torch.dtype) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous()
+
+
+def _int4(w: Weight) -> int:
+    """The group size of an int4 projection the C kernel reads (64-row blocks), else 0."""
+    if not isinstance(w, QuantizedLinear) or w.scheme != "int4" or w.group_size is None:
+        return 0
+    ok = (w.out_features % cpu_gemv.INT4_BLOCK == 0 and _plain(w.weight, torch.uint8)
+          and _plain(w.scales, torch.bfloat16))
+    return w.group_size if ok else 0
+
+
+def _format(layers: Sequence[DecoderLayer], hidden: torch.Tensor) -> int | None:
+    """0 for the fp32 format, the group size for the int4 one (module doc), None for neither."""
+    if hidden.dtype == torch.float32:
+        return 0 if all(_plain(t, torch.float32) for layer in layers for t in layer.tensors()) else None
+    if hidden.dtype != torch.bfloat16 or not layers:
+        return None
+    groups = {_int4(w) for layer in layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)}
+    small = [t for layer in layers for t in (layer.input_layernorm, layer.post_attention_layernorm,
+                                             layer.qkv_bias, layer.o_bias) if t is not None]
+    if len(groups) != 1 or 0 in groups or not all(_plain(t, torch.bfloat16) for t in small):
+        return None
+    return groups.pop()
 
 
 def applies(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torch.Tensor, batch: ForwardBatch,
@@ -110,12 +142,16 @@ def applies(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torch.T
     """The step and model the fused C step runs (module doc). ``whole``: the caller runs every layer
     of the model in this process, with no activation observer."""
     rows = hidden.shape[0]
-    return (_enabled and whole and not batch.prefills and 1 <= rows <= MAX_ROWS
+    if not (_enabled and whole and not batch.prefills and 1 <= rows <= MAX_ROWS
             and int(batch.decode_rows.shape[0]) == rows and attention_name == "torch"
-            and len(layers) == config.num_hidden_layers and hidden.dtype == torch.float32
-            and hidden.device.type == "cpu" and config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM
-            and all(_plain(t) for layer in layers for t in layer.tensors())
-            and all(_plain(k) and _plain(v) for k, v in kv_caches) and _functions() is not None)
+            and len(layers) == config.num_hidden_layers and hidden.device.type == "cpu"
+            and config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM):
+        return False
+    fmt = _format(layers, hidden)
+    kv_dtypes = (torch.float32,) if fmt == 0 else (torch.bfloat16, torch.float32)  # fp32 holds bf16 exactly
+    return (fmt is not None and len(kv_caches) == len(layers)
+            and any(all(_plain(k, d) and _plain(v, d) for k, v in kv_caches) for d in kv_dtypes)
+            and _functions() is not None)
 
 
 def _context(batch: ForwardBatch, rows: int) -> tuple[torch.Tensor, int]:
@@ -141,8 +177,8 @@ def run_layers(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torc
     run, size = functions
     c = config
     rows = hidden.shape[0]
-    out = hidden.clone(memory_format=torch.contiguous_format)  # [M, h], updated in place by C
-    cos, sin = cos.contiguous(), sin.contiguous()
+    out = hidden.float().contiguous().clone()  # [M, h] fp32 (bf16 values in the int4 format), updated by C
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
     ctx, width = _context(batch, rows)
     lens = torch.tensor(batch.seq_lens, dtype=torch.long)  # [M] (one row per request)
     scratch = torch.empty(size(rows, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
@@ -150,16 +186,23 @@ def run_layers(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torc
     table = (_Layer * len(layers))()
     for entry, layer, (k, v) in zip(table, layers, kv_caches):
         entry.input_norm, entry.post_norm = layer.input_layernorm.data_ptr(), layer.post_attention_layernorm.data_ptr()
-        entry.qkv, entry.o = _ptr(layer.qkv), _ptr(layer.o)
-        entry.gate_up, entry.down = _ptr(layer.gate_up), _ptr(layer.down)
+        entry.qkv, entry.o = _proj(layer.qkv), _proj(layer.o)
+        entry.gate_up, entry.down = _proj(layer.gate_up), _proj(layer.down)
         entry.qkv_bias, entry.o_bias = _ptr(layer.qkv_bias), _ptr(layer.o_bias)
         entry.k_cache, entry.v_cache = _ptr(k), _ptr(v)
+    group = _format(layers, hidden)
     shape = _Shape(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size,
-                   c.rms_norm_eps, c.head_dim ** -0.5)
+                   c.rms_norm_eps, c.head_dim ** -0.5, group or 0, _plain(kv_caches[0][0], torch.bfloat16))
     run(table, len(table), ctypes.byref(shape), rows, out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
         batch.slot_mapping.data_ptr(), ctx.data_ptr(), lens.data_ptr(), width, scratch.data_ptr(),
         torch.get_num_threads())
-    return out
+    return out.to(hidden.dtype)  # exact: bf16 values in the int4 format
+
+
+def _proj(w: Weight) -> _Proj:
+    if isinstance(w, QuantizedLinear):
+        return _Proj(w.weight.data_ptr(), w.scales.data_ptr())
+    return _Proj(w.data_ptr(), None)
 
 
 def _ptr(t: object) -> int | None:

@@ -91,7 +91,7 @@ def _build() -> ctypes.CDLL:
                                   ctypes.c_long, ctypes.c_int]
     lib.gemm_rows_f32.restype = None
     lib.gemv_int4.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4 + [ctypes.c_int]
-    lib.gemv_int4.restype = None
+    lib.gemv_int4.restype = ctypes.c_int
     return lib
 
 
@@ -173,6 +173,7 @@ def gemv_int4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
     m, k = x.shape
     n = packed.shape[0]
     y = torch.empty(m, n, dtype=torch.bfloat16)
-    lib.gemv_int4(packed.data_ptr(), sz.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, m, group_size,
-                  torch.get_num_threads())
+    if lib.gemv_int4(packed.data_ptr(), sz.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, m, group_size,
+                     torch.get_num_threads()):
+        raise MemoryError(f"gemv_int4: no memory for {m} x {k} + {m} x {n} floats")
     return y

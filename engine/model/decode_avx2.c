@@ -1,86 +1,131 @@
-/* The decoder layers of a fp32 decode step in one call (engine/model/cpu_decode.py): M rows (one
- * new token per request, M <= 8), every layer, no Python between the operations.
+/* The decoder layers of a decode step in one call (engine/model/cpu_decode.py): M rows (one new
+ * token per request, M <= 8), every layer, no Python between the operations. Two formats:
+ *
+ *   fp32   fp32 weights, activations and KV cache;
+ *   int4   the int4 scheme of engine/model/quantization.py: int4 projections (torch's int4pack
+ *          layout, gemv_int4_f32), bfloat16 activations, norm weights and biases; its KV cache
+ *          bf16 or fp32 (holding bf16 values, exactly).
+ *          Every operation's result is rounded to bfloat16 where torch's bf16 op rounds it (R()),
+ *          so the values match the torch layers' up to summation order.
  *
  * Per layer, for every row (the same arithmetic as engine/model/llama.py's run_layers):
  *
- *   x = rms_norm(h) * w_in                          fp32, mean of squares over hidden
- *   q | k | v = x @ Wqkv^T (+ bias)                 gemv_f32 / gemm_rows_f32 (gemv_avx2.c)
- *   q, k = rope(q), rope(k)                         x * cos + rotate_half(x) * sin, cos/sin given
+ *   x = R(w_in * R(rms_norm(h)))                    mean of squares over hidden, in fp32
+ *   q | k | v = R(x @ Wqkv^T (+ bias))
+ *   q, k = R(R(x * cos) + R(rotate_half(x) * sin))  cos / sin given per row
  *   K[slot], V[slot] = k, v                         the row's new token into the paged cache
- *   a = softmax(scale * q . K[ctx]) . V[ctx]        per query head over its KV head (GQA), the
- *                                                   row's own context slots only
- *   h = h + a @ Wo^T (+ bias)
- *   x = rms_norm(h) * w_post
- *   g | u = x @ Wgu^T;  h = h + (silu(g) * u) @ Wdown^T
+ *   a = R(softmax(scale * q . K[ctx]) . V[ctx])     per query head over its KV head (GQA), the
+ *                                                   row's own context slots only, fp32 inside
+ *   h = R(h + R(a @ Wo^T (+ bias)))
+ *   x = R(w_post * R(rms_norm(h)))
+ *   g | u = R(x @ Wgu^T);  h = R(h + R(R(R(silu(g)) * u) @ Wdown^T))
  *
- * Invariant: row i reads only its own context slots ctx[i, 0 .. len[i]) (written before, or just
- * now at slot_mapping[i]), so rows never see each other's K/V; each output element is summed by
- * one thread in one fixed order, so the result does not depend on the thread count.
- * Elementwise operations are compiled without FMA contraction (-ffp-contract=off), so they round
- * as torch's separate ops do; only the dot products (GEMVs, scores, softmax sums) differ from
- * torch in summation order. */
+ * (R() is the identity in fp32.) Invariant: row i reads only its own context slots
+ * ctx[i, 0 .. len[i]) (written before, or just now at slot_mapping[i]), so rows never see each
+ * other's K/V; each output element is summed by one thread in one fixed order, so the result does
+ * not depend on the thread count. Elementwise operations are compiled without FMA contraction
+ * (-ffp-contract=off), so they round as torch's separate ops do; only the dot products (GEMVs,
+ * attention scores, softmax sums) differ from torch in summation order. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 void gemv_f32(const float *W, const float *x, float *y, long N, long K, int threads);
 void gemm_rows_f32(const float *W, const float *x, float *y, long N, long K, long M, int threads);
+void gemv_int4_f32(const uint8_t *W, const uint16_t *sz, const float *x, float *y, long N, long K, long M,
+                   long G, int threads);
 
-/* One layer's tensors (pointers into torch tensors; bias pointers may be NULL). */
+/* A projection: fp32 [N, K], or int4pack [N, K/2] with bf16 scales and zeros [K/G, N, 2]. */
 typedef struct {
-    const float *input_norm, *post_norm;  /* [H] */
-    const float *qkv, *qkv_bias;          /* [(NQ + 2 NKV) D, H], [(NQ + 2 NKV) D] */
-    const float *o, *o_bias;              /* [H, NQ D], [H] */
-    const float *gate_up;                 /* [2 I, H] */
-    const float *down;                    /* [H, I] */
-    float *k_cache, *v_cache;             /* [num_slots, NKV, D] */
+    const void *weight;
+    const uint16_t *scales_zeros;  /* int4 only */
+} Proj;
+
+/* One layer's tensors (pointers into torch tensors; bias pointers may be NULL). Norm weights,
+ * biases and the caches are fp32 in the fp32 format and bf16 in the int4 one. */
+typedef struct {
+    const void *input_norm, *post_norm;  /* [H] */
+    Proj qkv;                            /* [(NQ + 2 NKV) D, H] */
+    const void *qkv_bias;                /* [(NQ + 2 NKV) D] */
+    Proj o;                              /* [H, NQ D] */
+    const void *o_bias;                  /* [H] */
+    Proj gate_up;                        /* [2 I, H] */
+    Proj down;                           /* [H, I] */
+    void *k_cache, *v_cache;             /* [num_slots, NKV, D] */
 } Layer;
 
 typedef struct {
     long hidden, heads, kv_heads, head_dim, intermediate;
     float eps, scale;
+    long int4_group;  /* 0: the fp32 format; else the int4 format with this group size */
+    long kv_bf16;     /* the caches hold bf16 (1) or fp32 (0) values */
 } Shape;
 
-static void linear(const float *W, const float *bias, const float *x, float *y, long N, long K, long M,
-                   int threads) {
-    if (M == 1) gemv_f32(W, x, y, N, K, threads);
-    else gemm_rows_f32(W, x, y, N, K, M, threads);
-    if (bias)
-        for (long m = 0; m < M; m++)
-            for (long n = 0; n < N; n++) y[m * N + n] += bias[n];
+static inline float bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
-static void rms_norm(const float *h, const float *w, float *x, long M, long H, float eps) {
+static inline uint16_t bf16_bits(float f) {  /* round to nearest even (finite values) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* R(): the value rounded to bf16 in the int4 format, itself in fp32 */
+#define R(v) (bf ? bf16_value(bf16_bits(v)) : (v))
+
+/* element i of a vector stored in the format's storage type */
+static inline float at(const void *p, long i, int bf) {
+    return bf ? bf16_value(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static void linear(const Proj *w, const void *bias, const float *x, float *y, long N, long K, long M,
+                   const Shape *s, int threads) {
+    const int bf = s->int4_group != 0;
+    if (bf) gemv_int4_f32(w->weight, w->scales_zeros, x, y, N, K, M, s->int4_group, threads);
+    else if (M == 1) gemv_f32(w->weight, x, y, N, K, threads);
+    else gemm_rows_f32(w->weight, x, y, N, K, M, threads);
+    if (bias)
+        for (long m = 0; m < M; m++)
+            for (long n = 0; n < N; n++) y[m * N + n] = R(y[m * N + n] + at(bias, n, bf));
+}
+
+static void rms_norm(const float *h, const void *w, float *x, long M, long H, float eps, int bf) {
     for (long m = 0; m < M; m++) {
         const float *r = h + m * H;
         float ss = 0.f;
         for (long j = 0; j < H; j++) ss += r[j] * r[j];
         float inv = 1.f / sqrtf(ss / (float)H + eps);
-        for (long j = 0; j < H; j++) x[m * H + j] = w[j] * (r[j] * inv);
+        for (long j = 0; j < H; j++) x[m * H + j] = R(at(w, j, bf) * R(r[j] * inv));
     }
 }
 
 /* x [heads, D] in place: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[D/2:], x[:D/2]). */
-static void rope(float *x, long heads, long D, const float *cos, const float *sin) {
+static void rope(float *x, long heads, long D, const float *cos, const float *sin, int bf) {
     long half = D / 2;
     for (long h = 0; h < heads; h++) {
         float *v = x + h * D;
         float t[512];  /* head_dim <= 512 (checked by the caller) */
         for (long j = 0; j < D; j++) t[j] = v[j];
-        for (long j = 0; j < half; j++) v[j] = t[j] * cos[j] + (-t[j + half]) * sin[j];
-        for (long j = half; j < D; j++) v[j] = t[j] * cos[j] + t[j - half] * sin[j];
+        for (long j = 0; j < half; j++) v[j] = R(R(t[j] * cos[j]) + R((-t[j + half]) * sin[j]));
+        for (long j = half; j < D; j++) v[j] = R(R(t[j] * cos[j]) + R(t[j - half] * sin[j]));
     }
 }
 
-static float dot(const float *a, const float *b, long n) {
-    float s = 0.f;
-    for (long j = 0; j < n; j++) s += a[j] * b[j];
-    return s;
+static inline void store(void *cache, long i, float v, int bf) {
+    if (bf) ((uint16_t *)cache)[i] = bf16_bits(v);  /* exact: v is a bf16 value (the int4 format) */
+    else ((float *)cache)[i] = v;
 }
 
 /* out[m, hq, :] = softmax(scale * q[m, hq] . K[ctx]) . V[ctx] over row m's len[m] slots. */
-static void attention(const float *q, const float *kc, const float *vc, const int64_t *ctx, const int64_t *lens,
+static void attention(const float *q, const void *kc, const void *vc, const int64_t *ctx, const int64_t *lens,
                       long width, float *out, float *scores, long M, const Shape *s, int threads) {
     const long NQ = s->heads, NKV = s->kv_heads, D = s->head_dim, G = NQ / NKV, QW = NQ * D;
+    const int bf = s->int4_group != 0, kvb = s->kv_bf16 != 0;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (long task = 0; task < M * NQ; task++) {
         long m = task / NQ, hq = task % NQ, g = hq / G, L = lens[m];
@@ -89,7 +134,10 @@ static void attention(const float *q, const float *kc, const float *vc, const in
         float *p = scores + task * width;
         float mx = -INFINITY;
         for (long j = 0; j < L; j++) {
-            p[j] = dot(qv, kc + (slots[j] * NKV + g) * D, D) * s->scale;
+            long base = (slots[j] * NKV + g) * D;
+            float dot = 0.f;
+            for (long e = 0; e < D; e++) dot += qv[e] * at(kc, base + e, kvb);
+            p[j] = dot * s->scale;
             if (p[j] > mx) mx = p[j];
         }
         float sum = 0.f;
@@ -100,23 +148,27 @@ static void attention(const float *q, const float *kc, const float *vc, const in
         float *o = out + m * QW + hq * D;
         for (long e = 0; e < D; e++) o[e] = 0.f;
         for (long j = 0; j < L; j++) {
-            const float *vv = vc + (slots[j] * NKV + g) * D;
+            long base = (slots[j] * NKV + g) * D;
             float pj = p[j] / sum;
-            for (long e = 0; e < D; e++) o[e] += pj * vv[e];
+            for (long e = 0; e < D; e++) o[e] += pj * at(vc, base + e, kvb);
         }
+        for (long e = 0; e < D; e++) o[e] = R(o[e]);
     }
 }
 
-/* hidden [M, H] in place through every layer. scratch: scratch_floats(...) floats (below). */
+/* Floats of scratch decode_layers needs. */
 long scratch_floats(long M, long H, long NQ, long NKV, long D, long I, long width) {
     return M * (2 * H + (NQ + 2 * NKV) * D + 2 * NQ * D + 3 * I) + M * NQ * width;
 }
 
+/* hidden [M, H] fp32 (bf16 values in the int4 format) in place through every layer; cos / sin
+ * [M, D] fp32 (bf16 values in the int4 format). */
 void decode_layers(const Layer *layers, long num_layers, const Shape *s, long M, float *hidden,
                    const float *cos, const float *sin, const int64_t *slot_mapping, const int64_t *ctx,
                    const int64_t *lens, long width, float *scratch, int threads) {
     const long H = s->hidden, NQ = s->heads, NKV = s->kv_heads, D = s->head_dim, I = s->intermediate;
     const long QKV = (NQ + 2 * NKV) * D, QW = NQ * D;
+    const int bf = s->int4_group != 0;
     float *x = scratch;                 /* [M, H] normed input */
     float *tmp = x + M * H;             /* [M, H] o / down projection output */
     float *qkv = tmp + M * H;           /* [M, QKV] */
@@ -127,31 +179,31 @@ void decode_layers(const Layer *layers, long num_layers, const Shape *s, long M,
     float *scores = act + M * I;        /* [M * NQ, width] */
     for (long l = 0; l < num_layers; l++) {
         const Layer *L = layers + l;
-        rms_norm(hidden, L->input_norm, x, M, H, s->eps);
-        linear(L->qkv, L->qkv_bias, x, qkv, QKV, H, M, threads);
+        rms_norm(hidden, L->input_norm, x, M, H, s->eps, bf);
+        linear(&L->qkv, L->qkv_bias, x, qkv, QKV, H, M, s, threads);
         for (long m = 0; m < M; m++) {
             float *row = qkv + m * QKV;
-            rope(row, NQ, D, cos + m * D, sin + m * D);
-            rope(row + QW, NKV, D, cos + m * D, sin + m * D);
-            float *kd = L->k_cache + slot_mapping[m] * NKV * D, *vd = L->v_cache + slot_mapping[m] * NKV * D;
+            rope(row, NQ, D, cos + m * D, sin + m * D, bf);
+            rope(row + QW, NKV, D, cos + m * D, sin + m * D, bf);
+            long at_slot = slot_mapping[m] * NKV * D;
             for (long j = 0; j < NKV * D; j++) {
-                kd[j] = row[QW + j];
-                vd[j] = row[QW + NKV * D + j];
+                store(L->k_cache, at_slot + j, row[QW + j], s->kv_bf16 != 0);
+                store(L->v_cache, at_slot + j, row[QW + NKV * D + j], s->kv_bf16 != 0);
             }
         }
         for (long m = 0; m < M; m++)  /* q rows are strided by QKV in qkv */
             for (long j = 0; j < QW; j++) q[m * QW + j] = qkv[m * QKV + j];
         attention(q, L->k_cache, L->v_cache, ctx, lens, width, att, scores, M, s, threads);
-        linear(L->o, L->o_bias, att, tmp, H, QW, M, threads);
-        for (long j = 0; j < M * H; j++) hidden[j] = hidden[j] + tmp[j];
-        rms_norm(hidden, L->post_norm, x, M, H, s->eps);
-        linear(L->gate_up, 0, x, gu, 2 * I, H, M, threads);
+        linear(&L->o, L->o_bias, att, tmp, H, QW, M, s, threads);
+        for (long j = 0; j < M * H; j++) hidden[j] = R(hidden[j] + tmp[j]);
+        rms_norm(hidden, L->post_norm, x, M, H, s->eps, bf);
+        linear(&L->gate_up, 0, x, gu, 2 * I, H, M, s, threads);
         for (long m = 0; m < M; m++)
             for (long j = 0; j < I; j++) {
                 float g = gu[m * 2 * I + j], u = gu[m * 2 * I + I + j];
-                act[m * I + j] = (g / (1.f + expf(-g))) * u;
+                act[m * I + j] = R(R(g / (1.f + expf(-g))) * u);
             }
-        linear(L->down, 0, act, tmp, H, I, M, threads);
-        for (long j = 0; j < M * H; j++) hidden[j] = hidden[j] + tmp[j];
+        linear(&L->down, 0, act, tmp, H, I, M, s, threads);
+        for (long j = 0; j < M * H; j++) hidden[j] = R(hidden[j] + tmp[j]);
     }
 }

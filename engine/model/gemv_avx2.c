@@ -14,6 +14,7 @@
  * ~18 GB/s; one in-order stream per thread lets the hardware prefetcher run ahead (reference/cpu.md). */
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef __AVX512F__
@@ -170,17 +171,19 @@ static inline vec vset1(float f) { return _mm256_set1_ps(f); }
 static inline void vstore(float *p, vec v) { _mm256_storeu_ps(p, v); }
 #endif
 
-void gemv_int4(const uint8_t *W, const uint16_t *sz, const uint16_t *x16, uint16_t *y, long N, long K, long M,
-               long G, int threads) {
+/* The int4 product with fp32 rows in and fp32 out (each output rounded to a bf16 value): the fused
+ * decode layers' form (decode_avx2.c); gemv_int4 below is the bf16 one. */
+void gemv_int4_f32(const uint8_t *W, const uint16_t *sz, const float *x, float *y, long N, long K, long M,
+                   long G, int threads) {
     const long groups = K / G;
     #pragma omp parallel num_threads(threads)
     {
-        float x[K > 0 ? K : 1], gsum[groups > 0 ? groups : 1];
+        float gsum[groups > 0 ? groups : 1];
         for (long m = 0; m < M; m++) {
-            for (long k = 0; k < K; k++) x[k] = bf16_to_f32(x16[m * K + k]);
+            const float *xm = x + m * K;
             for (long g = 0; g < groups; g++) {
                 float s = 0.f;
-                for (long k = g * G; k < (g + 1) * G; k++) s += x[k];
+                for (long k = g * G; k < (g + 1) * G; k++) s += xm[k];
                 gsum[g] = s;
             }
             #pragma omp for schedule(static)
@@ -193,7 +196,7 @@ void gemv_int4(const uint8_t *W, const uint16_t *sz, const uint16_t *x16, uint16
                     for (int v = 0; v < NV; v++) a[v] = vzero();
                     for (long k = g * G; k < (g + 1) * G; k++) {
                         block_codes(wb + 32 * k, q);
-                        vec xk = vset1(x[k]);
+                        vec xk = vset1(xm[k]);
                         for (int v = 0; v < NV; v++) a[v] = vfma(q[v], xk, a[v]);
                     }
                     for (int v = 0; v < NV; v++) vstore(sq + v * (64 / NV), a[v]);
@@ -201,8 +204,19 @@ void gemv_int4(const uint8_t *W, const uint16_t *sz, const uint16_t *x16, uint16
                     for (int j = 0; j < 64; j++)
                         acc[j] += bf16_to_f32(s[2 * j]) * (sq[j] - 8.f * gsum[g]) + bf16_to_f32(s[2 * j + 1]) * gsum[g];
                 }
-                for (int j = 0; j < 64; j++) y[m * N + b * 64 + j] = f32_to_bf16(acc[j]);
+                for (int j = 0; j < 64; j++) y[m * N + b * 64 + j] = bf16_to_f32(f32_to_bf16(acc[j]));
             }
         }
     }
+}
+
+int gemv_int4(const uint8_t *W, const uint16_t *sz, const uint16_t *x16, uint16_t *y, long N, long K, long M,
+              long G, int threads) {  /* 0, or -1 when out of memory */
+    float *x = malloc(sizeof(float) * (M * K + M * N)), *out = x + M * K;
+    if (!x) return -1;
+    for (long i = 0; i < M * K; i++) x[i] = bf16_to_f32(x16[i]);
+    gemv_int4_f32(W, sz, x, out, N, K, M, G, threads);
+    for (long i = 0; i < M * N; i++) y[i] = f32_to_bf16(out[i]);  /* exact: already bf16 values */
+    free(x);
+    return 0;
 }
