@@ -99,7 +99,7 @@ def test_int4_equals_torchs_int4pack_kernel(m: int, n: int, k: int, g: int) -> N
     ql, deq = _int4(n, k, g, seed=n + k + g)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
     assert cpu_gemv.applies_int4(x, ql.weight, n)
-    got = cpu_gemv.gemv_int4(x, ql.weight, ql.scales, g)
+    got = cpu_gemv.gemv_int4(x, ql.weight, ql.block_scales, g)
     want = torch.ops.aten._weight_int4pack_mm_for_cpu(x, ql.weight, g, ql.scales)
     assert got.shape == (m, n) and got.dtype == torch.bfloat16
     ulp = 2.0 ** -7 * want.float().abs().clamp(min=2.0 ** -100)  # one bf16 ulp (of the larger side)
@@ -116,7 +116,7 @@ def test_int4_the_same_bits_at_every_thread_count_and_only_where_it_applies() ->
         outs = []
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            outs.append(cpu_gemv.gemv_int4(x, ql.weight, ql.scales, 32))
+            outs.append(cpu_gemv.gemv_int4(x, ql.weight, ql.block_scales, 32))
     finally:
         torch.set_num_threads(before)
     assert all(torch.equal(outs[0], o) for o in outs[1:])

@@ -201,7 +201,7 @@ def run_layers(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torc
 
 def _proj(w: Weight) -> _Proj:
     if isinstance(w, QuantizedLinear):
-        return _Proj(w.weight.data_ptr(), w.scales.data_ptr())
+        return _Proj(w.weight.data_ptr(), w.block_scales.data_ptr())
     return _Proj(w.data_ptr(), None)
 
 

@@ -164,12 +164,19 @@ def applies_int4(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> bo
             and _library() is not None)
 
 
-def gemv_int4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+def int4_block_scales(scales_zeros: torch.Tensor) -> torch.Tensor:
+    """torch's int4 scales and zeros, bf16 [K/g, N, 2], as the C kernel reads them: [N/64, K/g, 64, 2],
+    each 64-row block's pairs contiguous (gemv_avx2.c's gemv_int4)."""
+    groups, n, _ = scales_zeros.shape
+    return scales_zeros.view(groups, n // INT4_BLOCK, INT4_BLOCK, 2).permute(1, 0, 2, 3).contiguous()
+
+
+def gemv_int4(x: torch.Tensor, packed: torch.Tensor, block_scales: torch.Tensor, group_size: int) -> torch.Tensor:
     """x [M, K] bf16 @ the int4 weight [N, K]^T -> [M, N] bf16 (call ``applies_int4`` first):
-    ``packed`` torch's int4pack layout [N, K/2] uint8, ``scales_zeros`` bf16 [K/g, N, 2]."""
+    ``packed`` torch's int4pack layout [N, K/2] uint8, ``block_scales`` from ``int4_block_scales``."""
     lib = _library()
     assert lib is not None
-    x, sz = x.contiguous(), scales_zeros.contiguous()
+    x, sz = x.contiguous(), block_scales.contiguous()
     m, k = x.shape
     n = packed.shape[0]
     y = torch.empty(m, n, dtype=torch.bfloat16)

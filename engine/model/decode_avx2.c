@@ -35,7 +35,7 @@ void gemm_rows_f32(const float *W, const float *x, float *y, long N, long K, lon
 void gemv_int4_f32(const uint8_t *W, const uint16_t *sz, const float *x, float *y, long N, long K, long M,
                    long G, int threads);
 
-/* A projection: fp32 [N, K], or int4pack [N, K/2] with bf16 scales and zeros [K/G, N, 2]. */
+/* A projection: fp32 [N, K], or int4pack [N, K/2] with bf16 scales and zeros [N/64, K/G, 64, 2]. */
 typedef struct {
     const void *weight;
     const uint16_t *scales_zeros;  /* int4 only */

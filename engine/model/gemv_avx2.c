@@ -120,7 +120,10 @@ void gemm_rows_f32(const float *W, const float *x, float *y, long N, long K, lon
  *
  *     block b, k:  W + b * 32 K + 32 k   [ r0|r32  r1|r33  ...  r31|r63 ]   (lo|hi nibble)
  *
- * scales_zeros: bf16 [K / G, N, 2] (scale, zero). x: bf16 [M, K]; y: bf16 [M, N].
+ * scales_zeros: bf16 [N / 64, K / G, 64, 2] (scale, zero; cpu_gemv.int4_block_scales lays out
+ * torch's [K / G, N, 2] so: a block's pairs are one sequential stream, where torch's layout made
+ * every group of a block a stream of its own, a page apart, and the reads ran at 8-9 GB/s).
+ * x: bf16 [M, K]; y: bf16 [M, N].
  * Rule: per row block and x row, each group's integer-weighted sum s_q[n] = sum_k q[n, k] x[k]
  * (64 lanes, exact small integers times x, FMAs in k order), then
  *     acc[n] += scale * (s_q[n] - 8 sum_k x[k]) + zero * sum_k x[k]
@@ -154,6 +157,14 @@ static inline void block_codes(const uint8_t *p, vec *out) {
 }
 static inline vec vset1(float f) { return _mm512_set1_ps(f); }
 static inline void vstore(float *p, vec v) { _mm512_storeu_ps(p, v); }
+/* 16 (scale, zero) bf16 pairs -> their values as floats: bf16 is the top half of a float */
+static inline void scales_zeros(const uint16_t *p, vec *scale, vec *zero) {
+    __m512i u = _mm512_loadu_si512((const void *)p);
+    *scale = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    *zero = _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xFFFF0000)));
+}
+#define vmul(a, b) _mm512_mul_ps(a, b)
+#define vsub(a, b) _mm512_sub_ps(a, b)
 #else
 #define NV 8
 static inline __m256 eight(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
@@ -169,10 +180,20 @@ static inline void block_codes(const uint8_t *p, vec *out) {
 }
 static inline vec vset1(float f) { return _mm256_set1_ps(f); }
 static inline void vstore(float *p, vec v) { _mm256_storeu_ps(p, v); }
+static inline void scales_zeros(const uint16_t *p, vec *scale, vec *zero) {
+    __m256i u = _mm256_loadu_si256((const __m256i *)p);
+    *scale = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+    *zero = _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xFFFF0000)));
+}
+#define vmul(a, b) _mm256_mul_ps(a, b)
+#define vsub(a, b) _mm256_sub_ps(a, b)
 #endif
 
 /* The int4 product with fp32 rows in and fp32 out (each output rounded to a bf16 value): the fused
  * decode layers' form (decode_avx2.c); gemv_int4 below is the bf16 one. */
+#ifndef PREFETCH
+#define PREFETCH 2048  /* bytes ahead of the codes being read */
+#endif
 void gemv_int4_f32(const uint8_t *W, const uint16_t *sz, const float *x, float *y, long N, long K, long M,
                    long G, int threads) {
     const long groups = K / G;
@@ -189,22 +210,29 @@ void gemv_int4_f32(const uint8_t *W, const uint16_t *sz, const float *x, float *
             #pragma omp for schedule(static)
             for (long b = 0; b < N / 64; b++) {
                 const uint8_t *wb = W + b * 32 * K;
-                float acc[64], sq[64];
-                for (int j = 0; j < 64; j++) acc[j] = 0.f;
+                vec acc[NV];
+                for (int v = 0; v < NV; v++) acc[v] = vzero();
                 for (long g = 0; g < groups; g++) {
                     vec a[NV], q[NV];
                     for (int v = 0; v < NV; v++) a[v] = vzero();
                     for (long k = g * G; k < (g + 1) * G; k++) {
+                        _mm_prefetch((const char *)(wb + 32 * k + PREFETCH), _MM_HINT_T0);
                         block_codes(wb + 32 * k, q);
                         vec xk = vset1(xm[k]);
                         for (int v = 0; v < NV; v++) a[v] = vfma(q[v], xk, a[v]);
                     }
-                    for (int v = 0; v < NV; v++) vstore(sq + v * (64 / NV), a[v]);
-                    const uint16_t *s = sz + (g * N + b * 64) * 2;
-                    for (int j = 0; j < 64; j++)
-                        acc[j] += bf16_to_f32(s[2 * j]) * (sq[j] - 8.f * gsum[g]) + bf16_to_f32(s[2 * j + 1]) * gsum[g];
+                    /* acc += scale * (s_q - 8 sum x) + zero * sum x, rows 64 / NV at a time */
+                    const uint16_t *s = sz + (b * groups + g) * 128;  /* block b's pairs, group g */
+                    vec sum = vset1(gsum[g]), eight = vset1(8.f * gsum[g]);
+                    for (int v = 0; v < NV; v++) {
+                        vec scale, zero;
+                        scales_zeros(s + v * 2 * (64 / NV), &scale, &zero);
+                        acc[v] = vadd(acc[v], vadd(vmul(scale, vsub(a[v], eight)), vmul(zero, sum)));
+                    }
                 }
-                for (int j = 0; j < 64; j++) y[m * N + b * 64 + j] = bf16_to_f32(f32_to_bf16(acc[j]));
+                float out[64];
+                for (int v = 0; v < NV; v++) vstore(out + v * (64 / NV), acc[v]);
+                for (int j = 0; j < 64; j++) y[m * N + b * 64 + j] = bf16_to_f32(f32_to_bf16(out[j]));
             }
         }
     }

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -268,7 +269,7 @@ class QuantizedLinear:
         if self.scheme == "int4":
             assert self.group_size is not None
             if cpu_gemv.applies_int4(x, self.weight, self.out_features):  # a decode step: the C kernel
-                return cpu_gemv.gemv_int4(x, self.weight, self.scales, self.group_size)
+                return cpu_gemv.gemv_int4(x, self.weight, self.block_scales, self.group_size)
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, self.group_size, self.scales)
             return y
         if self.scheme == "fp8":
@@ -293,6 +294,12 @@ class QuantizedLinear:
         acc = torch._int_mm(xq, self.weight.t()).float()  # [M, N] int32 accumulation, exact
         y = y + acc * sx[:, None] * self.scales.float()[None, :]
         return y.to(torch.bfloat16)
+
+    @cached_property
+    def block_scales(self) -> torch.Tensor:
+        """int4: ``scales`` laid out for the C decode kernel (``cpu_gemv.int4_block_scales``), made on
+        first use and kept (the same bytes again: 1/8 of the packed weight at group size 32)."""
+        return cpu_gemv.int4_block_scales(self.scales)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the table (an embedding lookup), dequantized: bf16 [T, K]."""
