@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import cpu_gemv
-from engine.model.quantization import QuantizedLinear, dequantize, linear, quantize_int4
+from engine.model.quantization import QuantizedLinear, dequantize, linear, quantize_int4, quantize_int8
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,3 +129,33 @@ def test_int4_the_same_bits_at_every_thread_count_and_only_where_it_applies() ->
     assert not cpu_gemv.applies_int4(x.float(), ql.weight, 3072)
     with cpu_gemv.enabled(False):
         assert not cpu_gemv.applies_int4(x, ql.weight, 3072)
+
+
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("n,k", [(49152, 576), (576, 1536), (64, 96)])
+def test_int8_equals_torchs_int8pack_kernel(m: int, n: int, k: int) -> None:
+    """The int8 weight (the int8 scheme's projections, every scheme's LM head): within half a bf16
+    rounding plus fp32 accumulation of float64, as close to it as aten's kernel is; the same bits at 1 and 2 threads; taken by
+    ``QuantizedLinear`` for 1-8 rows only."""
+    gen = torch.Generator().manual_seed(n + k)
+    q = quantize_int8(0.05 * torch.randn(n, k, generator=gen))
+    ql = QuantizedLinear.from_quantized(q)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    assert cpu_gemv.applies_int8(x, ql.weight, ql.scales)
+    got = cpu_gemv.gemv_int8(x, ql.weight, ql.scales)
+    want = torch.ops.aten._weight_int8pack_mm(x, ql.weight, ql.scales)
+    w = dequantize(q).double()
+    exact = x.double() @ w.T
+    # half a bf16 ulp of the output, plus fp32 accumulation over k terms (a few ulps of the sum of |terms|)
+    bound = 2.0 ** -8 * exact.abs() + 4 * k * torch.finfo(torch.float32).eps * (x.double().abs() @ w.abs().T)
+    assert ((got.double() - exact).abs() <= bound).all()
+    assert (got.double() - exact).abs().max() <= (want.double() - exact).abs().max() * 1.5 + 1e-6
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(cpu_gemv.gemv_int8(x, ql.weight, ql.scales), got)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(ql(x), got)
+    nine = torch.randn(cpu_gemv.MAX_ROWS + 1, k, generator=gen).bfloat16()
+    assert not cpu_gemv.applies_int8(nine, ql.weight, ql.scales)

@@ -92,6 +92,8 @@ def _build() -> ctypes.CDLL:
     lib.gemm_rows_f32.restype = None
     lib.gemv_int4.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4 + [ctypes.c_int]
     lib.gemv_int4.restype = ctypes.c_int
+    lib.gemv_int8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    lib.gemv_int8.restype = ctypes.c_int
     return lib
 
 
@@ -183,4 +185,26 @@ def gemv_int4(x: torch.Tensor, packed: torch.Tensor, block_scales: torch.Tensor,
     if lib.gemv_int4(packed.data_ptr(), sz.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, m, group_size,
                      torch.get_num_threads()):
         raise MemoryError(f"gemv_int4: no memory for {m} x {k} + {m} x {n} floats")
+    return y
+
+
+def applies_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> bool:
+    """1..MAX_ROWS bf16 rows against an int8 weight [N, K] with bf16 scales [N], contiguous."""
+    return (_enabled and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
+            and x.device.type == "cpu" and codes.dtype == torch.int8 and codes.dim() == 2 and codes.is_contiguous()
+            and codes.shape[1] == x.shape[1] and scales.dtype == torch.bfloat16 and scales.is_contiguous()
+            and tuple(scales.shape) == (codes.shape[0],) and _library() is not None)
+
+
+def gemv_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bf16 @ (codes [N, K] int8 * scales [N])^T -> [M, N] bf16 (call ``applies_int8`` first)."""
+    lib = _library()
+    assert lib is not None
+    x = x.contiguous()
+    m, k = x.shape
+    n = codes.shape[0]
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    if lib.gemv_int8(codes.data_ptr(), scales.data_ptr(), x.data_ptr(), y.data_ptr(), n, k, m,
+                     torch.get_num_threads()):
+        raise MemoryError(f"gemv_int8: no memory for {m} x {k} floats")
     return y

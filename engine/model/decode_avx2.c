@@ -26,6 +26,7 @@
  * not depend on the thread count. Elementwise operations are compiled without FMA contraction
  * (-ffp-contract=off), so they round as torch's separate ops do; only the dot products (GEMVs,
  * attention scores, softmax sums) differ from torch in summation order. */
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -121,6 +122,51 @@ static inline void store(void *cache, long i, float v, int bf) {
     else ((float *)cache)[i] = v;
 }
 
+/* 8 cache values from element i on, as floats (AVX2 on every build: D is small). */
+static inline __m256 kv8(const void *p, long i, const int kvb) {
+    if (kvb) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  /* bf16: the top half */
+    }
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    return _mm_cvtss_f32(lo);
+}
+
+/* One (row, query head): o = softmax(scale * q . K[slots]) . V[slots] over L slots; p: L floats. */
+static inline void attend(const float *qv, const void *kc, const void *vc, const int64_t *slots, long L, long NKV,
+                          long g, long D, float scale, float *p, float *o, const int kvb) {
+    float mx = -INFINITY;
+    for (long j = 0; j < L; j++) {
+        long base = (slots[j] * NKV + g) * D, e = 0;
+        __m256 acc = _mm256_setzero_ps();
+        for (; e + 8 <= D; e += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + e), kv8(kc, base + e, kvb), acc);
+        float dot = hsum8(acc);
+        for (; e < D; e++) dot += qv[e] * at(kc, base + e, kvb);
+        p[j] = dot * scale;
+        if (p[j] > mx) mx = p[j];
+    }
+    float sum = 0.f;
+    for (long j = 0; j < L; j++) {
+        p[j] = expf(p[j] - mx);
+        sum += p[j];
+    }
+    for (long e = 0; e < D; e++) o[e] = 0.f;
+    for (long j = 0; j < L; j++) {
+        long base = (slots[j] * NKV + g) * D, e = 0;
+        float pj = p[j] / sum;
+        __m256 pv = _mm256_set1_ps(pj);
+        for (; e + 8 <= D; e += 8)
+            _mm256_storeu_ps(o + e, _mm256_fmadd_ps(pv, kv8(vc, base + e, kvb), _mm256_loadu_ps(o + e)));
+        for (; e < D; e++) o[e] += pj * at(vc, base + e, kvb);
+    }
+}
+
 /* out[m, hq, :] = softmax(scale * q[m, hq] . K[ctx]) . V[ctx] over row m's len[m] slots. */
 static void attention(const float *q, const void *kc, const void *vc, const int64_t *ctx, const int64_t *lens,
                       long width, float *out, float *scores, long M, const Shape *s, int threads) {
@@ -128,30 +174,11 @@ static void attention(const float *q, const void *kc, const void *vc, const int6
     const int bf = s->int4_group != 0, kvb = s->kv_bf16 != 0;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (long task = 0; task < M * NQ; task++) {
-        long m = task / NQ, hq = task % NQ, g = hq / G, L = lens[m];
-        const float *qv = q + m * QW + hq * D;
-        const int64_t *slots = ctx + m * width;
-        float *p = scores + task * width;
-        float mx = -INFINITY;
-        for (long j = 0; j < L; j++) {
-            long base = (slots[j] * NKV + g) * D;
-            float dot = 0.f;
-            for (long e = 0; e < D; e++) dot += qv[e] * at(kc, base + e, kvb);
-            p[j] = dot * s->scale;
-            if (p[j] > mx) mx = p[j];
-        }
-        float sum = 0.f;
-        for (long j = 0; j < L; j++) {
-            p[j] = expf(p[j] - mx);
-            sum += p[j];
-        }
+        long m = task / NQ, hq = task % NQ;
         float *o = out + m * QW + hq * D;
-        for (long e = 0; e < D; e++) o[e] = 0.f;
-        for (long j = 0; j < L; j++) {
-            long base = (slots[j] * NKV + g) * D;
-            float pj = p[j] / sum;
-            for (long e = 0; e < D; e++) o[e] += pj * at(vc, base + e, kvb);
-        }
+        const float *qv = q + m * QW + hq * D;
+        if (kvb) attend(qv, kc, vc, ctx + m * width, lens[m], NKV, hq / G, D, s->scale, scores + task * width, o, 1);
+        else attend(qv, kc, vc, ctx + m * width, lens[m], NKV, hq / G, D, s->scale, scores + task * width, o, 0);
         for (long e = 0; e < D; e++) o[e] = R(o[e]);
     }
 }

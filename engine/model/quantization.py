@@ -5,7 +5,8 @@ Schemes (``QuantConfig.scheme``; vLLM's knob name is ``quantization``):
 
     int8   weight-only, per output channel, symmetric: s[n] = absmax(W[n,:]) / 127 (rounded UP
            to bf16, so no code clips), q = round(W / s) in [-127, 127]; y = (x @ q^T) * s via
-           ``aten._weight_int8pack_mm(x_bf16 [M,K], q int8 [N,K], s bf16 [N])``.
+           ``aten._weight_int8pack_mm(x_bf16 [M,K], q int8 [N,K], s bf16 [N])``, or for a decode
+           step's 1-8 rows ``cpu_gemv.gemv_int8`` (C; also every scheme's int8 LM head).
     int4   weight-only, group-wise along K (group g in 32/64/128/256, torchao's ``group_size``),
            asymmetric with torch's int4pack zero-point convention:
                W ~= (q - 8) * scale + zero,   q in 0..15
@@ -264,6 +265,8 @@ class QuantizedLinear:
         x = x.to(torch.bfloat16).contiguous()
         y: torch.Tensor  # (torch.ops are untyped)
         if self.scheme == "int8":
+            if cpu_gemv.applies_int8(x, self.weight, self.scales):  # a decode step: the C kernel
+                return cpu_gemv.gemv_int8(x, self.weight, self.scales)
             y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
             return y
         if self.scheme == "int4":

@@ -180,13 +180,15 @@ def _profile_split(events: list, wall_s: float, steps: int, gemv_s: float = 0.0)
 
 def profile_steps(engine: LLMEngine, steps: int) -> tuple[float, Any, float]:
     """``steps`` engine steps under torch's profiler -> (mean step s, events, mean s per step in
-    the C library: the AVX2 GEMVs and the fused decode layers). Its calls go through ctypes, which
+    the C library: the GEMVs (fp32, int4, int8) and the fused decode layers). Its calls go through ctypes, which
     the profiler does not see (it would count them as Python), so they are timed apart (the fused
     layers' few aten ops around the C call, ~30 µs, are then counted twice)."""
     from torch.profiler import ProfilerActivity, profile
 
     spent = [0.0]
-    plain_gemv, plain_layers = cpu_gemv.gemv, cpu_decode.run_layers
+    names = ("gemv", "gemv_int4", "gemv_int8")
+    plain = {name: getattr(cpu_gemv, name) for name in names}
+    plain_layers = cpu_decode.run_layers
 
     def timed(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         def call(*args: Any) -> torch.Tensor:
@@ -195,7 +197,9 @@ def profile_steps(engine: LLMEngine, steps: int) -> tuple[float, Any, float]:
             spent[0] += time.perf_counter() - t0
             return y
         return call
-    cpu_gemv.gemv, cpu_decode.run_layers = timed(plain_gemv), timed(plain_layers)
+    for name in names:
+        setattr(cpu_gemv, name, timed(plain[name]))
+    cpu_decode.run_layers = timed(plain_layers)
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
@@ -203,7 +207,9 @@ def profile_steps(engine: LLMEngine, steps: int) -> tuple[float, Any, float]:
                 engine.step()
             wall = (time.perf_counter() - t0) / steps
     finally:
-        cpu_gemv.gemv, cpu_decode.run_layers = plain_gemv, plain_layers
+        for name in names:
+            setattr(cpu_gemv, name, plain[name])
+        cpu_decode.run_layers = plain_layers
     return wall, prof.key_averages(), spent[0] / steps
 
 
