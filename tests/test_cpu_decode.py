@@ -1,7 +1,7 @@
 """The fused C decode step (engine/model/cpu_decode.py): the same hidden states and the same K/V
 writes as the torch layers (``LlamaModel.run_layers``, the reference), up to summation order, on
 GQA ratios 1 / 3 / 4, head dims 16 and 64, biases, dimensions that are not a multiple of the vector
-width, 1..8 rows in one or several decode groups; the int4 format within bf16 rounding; the same
+width, 1..16 rows in one or several decode groups; the int4 format within bf16 rounding; the same
 bits at every thread count; taken only where it applies; and an engine's greedy tokens unchanged
 with it on (SmolLM2 against Hugging Face: tests/test_parity.py and, for int4,
 tests/test_quantization.py, which run through it)."""
@@ -68,8 +68,9 @@ def _layers(model: LlamaModel, batch: ForwardBatch, caches: list[tuple[torch.Ten
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-@pytest.mark.parametrize("contexts, block_size", [([7], 4), ([3, 40, 41], 16), ([5, 300, 6, 7, 8, 9, 10, 290], 1)],
-                         ids=["1-row", "3-rows", "8-rows-2-groups"])
+@pytest.mark.parametrize("contexts, block_size", [([7], 4), ([3, 40, 41], 16), ([5, 300, 6, 7, 8, 9, 10, 290], 1),
+                                                  (list(range(2, 34, 2)), 4)],
+                         ids=["1-row", "3-rows", "8-rows-2-groups", "16-rows"])
 def test_equals_the_torch_layers(name: str, contexts: list[int], block_size: int) -> None:
     model = _model(name)
     batch, caches = _decode_step(model, contexts, block_size, seed=len(contexts))

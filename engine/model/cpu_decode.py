@@ -93,7 +93,7 @@ def _functions() -> tuple[Any, Any] | None:
     if run.argtypes is None:
         p, n = ctypes.c_void_p, ctypes.c_long
         run.argtypes = [ctypes.POINTER(_Layer), n, ctypes.POINTER(_Shape), n, p, p, p, p, p, p, n, p, ctypes.c_int]
-        run.restype = None
+        run.restype = ctypes.c_int
         size.argtypes = [n] * 7
         size.restype = n
     return run, size
@@ -193,9 +193,10 @@ def run_layers(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torc
     group = _format(layers, hidden)
     shape = _Shape(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size,
                    c.rms_norm_eps, c.head_dim ** -0.5, group or 0, _plain(kv_caches[0][0], torch.bfloat16))
-    run(table, len(table), ctypes.byref(shape), rows, out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-        batch.slot_mapping.data_ptr(), ctx.data_ptr(), lens.data_ptr(), width, scratch.data_ptr(),
-        torch.get_num_threads())
+    if run(table, len(table), ctypes.byref(shape), rows, out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+           batch.slot_mapping.data_ptr(), ctx.data_ptr(), lens.data_ptr(), width, scratch.data_ptr(),
+           torch.get_num_threads()):
+        raise MemoryError("the fused decode layers: out of memory for a GEMV's temporaries")
     return out.to(hidden.dtype)  # exact: bf16 values in the int4 format
 
 

@@ -1,19 +1,23 @@
-"""The fp32 GEMVs of a CPU decode step (1 to MAX_ROWS rows) in AVX2 C (engine/model/gemv_avx2.c),
-built once with the system C compiler and called through ctypes. The same library holds the fused
-decode step (decode_avx2.c, engine/model/cpu_decode.py), which calls these GEMVs.
+"""The GEMVs of a CPU decode step (1 to MAX_ROWS rows) in C (engine/model/gemv_avx2.c; AVX2 + FMA,
+and AVX-512 where the CPU has it), built once with the system C compiler and called through ctypes:
+fp32 weights (``gemv``), int4 ones in torch's int4pack layout (``gemv_int4``) and int8 ones
+(``gemv_int8``), the last two with bf16 rows. The same library holds the fused decode layers
+(decode_avx2.c, engine/model/cpu_decode.py), which call these GEMVs.
 
-Why: a decode step reads every weight once, so its speed is the GEMV's read rate. On this
-project's 2-core CPU torch's ``F.linear`` at one row (MKL sgemv) reads about 8 GB/s where a plain
-sum reads about 18; the C kernel streams each weight row in address order on every thread and
-reads at 13-15 GB/s. At 2-8 rows (a batch of decodes) MKL's small-M GEMM is slower still (a step
-of 8 decodes cost ~3.5x a step of 1); the C kernel loads each weight chunk once and multiplies it
+Why: a decode step reads every weight once, so its speed is the GEMV's read rate. On one of this
+project's 2-core CPUs torch's ``F.linear`` at one row (MKL sgemv) read about 8 GB/s where a plain
+sum read about 18, and at 2-8 rows MKL's small-M GEMM was slower still; on another (AVX-512) MKL
+read as fast as the sum at one row, but its small-M GEMM still lost (16 rows: 56 ms where the C
+kernel takes 51). torch's int4 and int8 kernels read ~1-2 and ~11 GB/s from memory where the C
+ones, prefetching ahead of their stream, read at the sum's rate. The C kernels stream each weight
+in address order on every thread and, at several rows, load each weight chunk once and multiply it
 into every row, so the weight is still read once (``python -m tests.bench speed``).
 
-Where it applies (``applies``): a float32 weight [N, K] and a float32 input of 1..MAX_ROWS rows,
-on CPU, the weight contiguous (the input is made so). Everything else, and every machine where the
-library cannot be built (no C compiler, a CPU without AVX2 and FMA), takes ``F.linear``. The
-result differs from MKL's in rounding only (another summation order; ~1e-5 relative), and does not
-depend on the thread count. ``enabled(False)`` turns it off (the benchmark's side-by-side
+Where they apply (``applies``, ``applies_int4``, ``applies_int8``): 1..MAX_ROWS rows on CPU in the
+kernel's dtype, contiguous weights (int4: N a multiple of 64). Everything else, and every machine
+where the library cannot be built (no C compiler, a CPU without AVX2 and FMA), takes torch's
+kernels. The results differ from torch's in rounding only (another summation order), and do not
+depend on the thread count. ``enabled(False)`` turns them off (the benchmark's side-by-side
 baseline).
 
 The library is compiled into the model cache (``kernels/``), named after a hash of the C source
@@ -39,7 +43,8 @@ from engine.model.cache import cache_root
 
 #: The library's C sources: the GEMVs, and the fused decode step that calls them (cpu_decode.py).
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemv_avx2.c", "decode_avx2.c"))
-MAX_ROWS = 8  # the C kernel's accumulators per weight row (a decode batch of up to 8)
+MAX_ROWS = 16  # a decode batch of up to 16 rows (beyond, torch's GEMM: the C kernels keep each
+# weight chunk in cache across the rows, which pays while the rows' products do not dominate)
 # -ffp-contract=off: a * b + c in plain C code rounds twice, as torch's separate ops do (the
 # GEMVs' FMAs are explicit intrinsics)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")

@@ -33,8 +33,8 @@
 
 void gemv_f32(const float *W, const float *x, float *y, long N, long K, int threads);
 void gemm_rows_f32(const float *W, const float *x, float *y, long N, long K, long M, int threads);
-void gemv_int4_f32(const uint8_t *W, const uint16_t *sz, const float *x, float *y, long N, long K, long M,
-                   long G, int threads);
+int gemv_int4_f32(const uint8_t *W, const uint16_t *sz, const float *x, float *y, long N, long K, long M,
+                  long G, int threads);
 
 /* A projection: fp32 [N, K], or int4pack [N, K/2] with bf16 scales and zeros [N/64, K/G, 64, 2]. */
 typedef struct {
@@ -84,15 +84,17 @@ static inline float at(const void *p, long i, int bf) {
     return bf ? bf16_value(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-static void linear(const Proj *w, const void *bias, const float *x, float *y, long N, long K, long M,
-                   const Shape *s, int threads) {
+static int linear(const Proj *w, const void *bias, const float *x, float *y, long N, long K, long M,
+                  const Shape *s, int threads) {  /* 0, or -1 when out of memory */
     const int bf = s->int4_group != 0;
-    if (bf) gemv_int4_f32(w->weight, w->scales_zeros, x, y, N, K, M, s->int4_group, threads);
-    else if (M == 1) gemv_f32(w->weight, x, y, N, K, threads);
+    if (bf) {
+        if (gemv_int4_f32(w->weight, w->scales_zeros, x, y, N, K, M, s->int4_group, threads)) return -1;
+    } else if (M == 1) gemv_f32(w->weight, x, y, N, K, threads);
     else gemm_rows_f32(w->weight, x, y, N, K, M, threads);
     if (bias)
         for (long m = 0; m < M; m++)
             for (long n = 0; n < N; n++) y[m * N + n] = R(y[m * N + n] + at(bias, n, bf));
+    return 0;
 }
 
 static void rms_norm(const float *h, const void *w, float *x, long M, long H, float eps, int bf) {
@@ -190,9 +192,9 @@ long scratch_floats(long M, long H, long NQ, long NKV, long D, long I, long widt
 
 /* hidden [M, H] fp32 (bf16 values in the int4 format) in place through every layer; cos / sin
  * [M, D] fp32 (bf16 values in the int4 format). */
-void decode_layers(const Layer *layers, long num_layers, const Shape *s, long M, float *hidden,
-                   const float *cos, const float *sin, const int64_t *slot_mapping, const int64_t *ctx,
-                   const int64_t *lens, long width, float *scratch, int threads) {
+int decode_layers(const Layer *layers, long num_layers, const Shape *s, long M, float *hidden,
+                  const float *cos, const float *sin, const int64_t *slot_mapping, const int64_t *ctx,
+                  const int64_t *lens, long width, float *scratch, int threads) {  /* 0, or -1: out of memory */
     const long H = s->hidden, NQ = s->heads, NKV = s->kv_heads, D = s->head_dim, I = s->intermediate;
     const long QKV = (NQ + 2 * NKV) * D, QW = NQ * D;
     const int bf = s->int4_group != 0;
@@ -207,7 +209,7 @@ void decode_layers(const Layer *layers, long num_layers, const Shape *s, long M,
     for (long l = 0; l < num_layers; l++) {
         const Layer *L = layers + l;
         rms_norm(hidden, L->input_norm, x, M, H, s->eps, bf);
-        linear(&L->qkv, L->qkv_bias, x, qkv, QKV, H, M, s, threads);
+        if (linear(&L->qkv, L->qkv_bias, x, qkv, QKV, H, M, s, threads)) return -1;
         for (long m = 0; m < M; m++) {
             float *row = qkv + m * QKV;
             rope(row, NQ, D, cos + m * D, sin + m * D, bf);
@@ -221,16 +223,17 @@ void decode_layers(const Layer *layers, long num_layers, const Shape *s, long M,
         for (long m = 0; m < M; m++)  /* q rows are strided by QKV in qkv */
             for (long j = 0; j < QW; j++) q[m * QW + j] = qkv[m * QKV + j];
         attention(q, L->k_cache, L->v_cache, ctx, lens, width, att, scores, M, s, threads);
-        linear(&L->o, L->o_bias, att, tmp, H, QW, M, s, threads);
+        if (linear(&L->o, L->o_bias, att, tmp, H, QW, M, s, threads)) return -1;
         for (long j = 0; j < M * H; j++) hidden[j] = R(hidden[j] + tmp[j]);
         rms_norm(hidden, L->post_norm, x, M, H, s->eps, bf);
-        linear(&L->gate_up, 0, x, gu, 2 * I, H, M, s, threads);
+        if (linear(&L->gate_up, 0, x, gu, 2 * I, H, M, s, threads)) return -1;
         for (long m = 0; m < M; m++)
             for (long j = 0; j < I; j++) {
                 float g = gu[m * 2 * I + j], u = gu[m * 2 * I + I + j];
                 act[m * I + j] = R(R(g / (1.f + expf(-g))) * u);
             }
-        linear(&L->down, 0, act, tmp, H, I, M, s, threads);
+        if (linear(&L->down, 0, act, tmp, H, I, M, s, threads)) return -1;
         for (long j = 0; j < M * H; j++) hidden[j] = R(hidden[j] + tmp[j]);
     }
+    return 0;
 }

@@ -66,56 +66,65 @@ void gemv_f32(const float *W, const float *x, float *y, long N, long K, int thre
     }
 }
 
-/* gemm_rows_f32 (2..8 rows of x, a decode batch). Rule: two weight rows at a time, against up to
- * four x rows per pass (2 x 4 accumulators in registers): each vector of W is loaded once per pass
- * and each vector of x serves both weight rows, so a load feeds two FMAs; a second pass (rows 4..7)
- * re-reads the two weight rows from L1, so the weight is still read from memory once per step.
+/* gemm_rows_f32 (2..MAX_ROWS rows of x, a decode batch). Rule: WR weight rows at a time (4 with
+ * AVX-512's 32 registers, 2 with AVX2's 16), against up to four x rows per pass (WR x 4
+ * accumulators in registers): each vector of W is loaded once per pass and each vector of x serves
+ * every weight row of the tile, so a load feeds WR FMAs; further passes (x rows 4.., 8.., ...)
+ * re-read the tile's weight rows from L1, so the weight is still read from memory once per step.
  * Each (m, n) is summed by one thread in one fixed order (k ascending, one accumulator), whatever
  * the thread count. */
-static inline void pass(const float *w0, const float *w1, const float *x, float *y, long N, long K, long n,
-                        const int R, int two) {
-    vec a[2][4];
-    for (int r = 0; r < R; r++) a[0][r] = a[1][r] = vzero();
+#ifdef __AVX512F__
+#define WR 4
+#else
+#define WR 2
+#endif
+
+static inline void pass(const float *const *w, const float *x, float *y, long N, long K, long n, const int R,
+                        int rows) {
+    vec a[WR][4];
+    for (int i = 0; i < WR; i++)
+        for (int r = 0; r < R; r++) a[i][r] = vzero();
     long k = 0;
     for (; k + VL <= K; k += VL) {
-        vec v0 = vload(w0 + k), v1 = vload(w1 + k);  /* w1 == w0 for a last odd row */
+        vec v[WR];
+        for (int i = 0; i < WR; i++) {
+            _mm_prefetch((const char *)(w[i] + k) + PREFETCH, _MM_HINT_T0);
+            v[i] = vload(w[i] + k);  /* rows past the last repeat it */
+        }
         for (int r = 0; r < R; r++) {
             vec xv = vload(x + r * K + k);
-            a[0][r] = vfma(v0, xv, a[0][r]);
-            a[1][r] = vfma(v1, xv, a[1][r]);
+            for (int i = 0; i < WR; i++) a[i][r] = vfma(v[i], xv, a[i][r]);
         }
     }
-    for (int r = 0; r < R; r++) {
-        float s0 = hsum(a[0][r]), s1 = hsum(a[1][r]);
-        for (long j = k; j < K; j++) {
-            s0 += w0[j] * x[r * K + j];
-            s1 += w1[j] * x[r * K + j];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < rows; i++) {
+            float t = hsum(a[i][r]);
+            for (long j = k; j < K; j++) t += w[i][j] * x[r * K + j];
+            y[r * N + n + i] = t;
         }
-        y[r * N + n] = s0;
-        if (two) y[r * N + n + 1] = s1;
-    }
 }
 
 static inline void rows_kernel(const float *W, const float *x, float *y, long N, long K, const int M,
                                int threads) {
     #pragma omp parallel for num_threads(threads) schedule(static)
-    for (long n = 0; n < N; n += 2) {
-        int two = n + 1 < N;
-        const float *w0 = W + n * K, *w1 = two ? w0 + K : w0;
+    for (long n = 0; n < N; n += WR) {
+        int rows = N - n < WR ? (int)(N - n) : WR;
+        const float *w[WR];
+        for (int i = 0; i < WR; i++) w[i] = W + (n + (i < rows ? i : rows - 1)) * K;
         for (int m0 = 0; m0 < M; m0 += 4) {
             int r = M - m0 < 4 ? M - m0 : 4;
             switch (r) {  /* a constant row count per case: the accumulators stay in registers */
-                case 1: pass(w0, w1, x + m0 * K, y + m0 * N, N, K, n, 1, two); break;
-                case 2: pass(w0, w1, x + m0 * K, y + m0 * N, N, K, n, 2, two); break;
-                case 3: pass(w0, w1, x + m0 * K, y + m0 * N, N, K, n, 3, two); break;
-                default: pass(w0, w1, x + m0 * K, y + m0 * N, N, K, n, 4, two); break;
+                case 1: pass(w, x + m0 * K, y + m0 * N, N, K, n, 1, rows); break;
+                case 2: pass(w, x + m0 * K, y + m0 * N, N, K, n, 2, rows); break;
+                case 3: pass(w, x + m0 * K, y + m0 * N, N, K, n, 3, rows); break;
+                default: pass(w, x + m0 * K, y + m0 * N, N, K, n, 4, rows); break;
             }
         }
     }
 }
 
 void gemm_rows_f32(const float *W, const float *x, float *y, long N, long K, long M, int threads) {
-    if (M >= 2 && M <= 8) rows_kernel(W, x, y, N, K, (int)M, threads);
+    if (M >= 2) rows_kernel(W, x, y, N, K, (int)M, threads);
 }
 
 /* gemv_int4 (weight-only int4, group-wise along K; engine/model/quantization.py's int4 scheme):
@@ -196,48 +205,51 @@ static inline void scales_zeros(const uint16_t *p, vec *scale, vec *zero) {
 
 /* The int4 product with fp32 rows in and fp32 out (each output rounded to a bf16 value): the fused
  * decode layers' form (decode_avx2.c); gemv_int4 below is the bf16 one. */
-void gemv_int4_f32(const uint8_t *W, const uint16_t *sz, const float *x, float *y, long N, long K, long M,
-                   long G, int threads) {
+int gemv_int4_f32(const uint8_t *W, const uint16_t *sz, const float *x, float *y, long N, long K, long M,
+                  long G, int threads) {  /* 0, or -1 when out of memory */
     const long groups = K / G;
-    #pragma omp parallel num_threads(threads)
-    {
-        float gsum[groups > 0 ? groups : 1];
+    float *gsum = malloc(sizeof(float) * (M * groups > 0 ? M * groups : 1));  /* [M, groups] sum of x */
+    if (!gsum) return -1;
+    for (long m = 0; m < M; m++)
+        for (long g = 0; g < groups; g++) {
+            float s = 0.f;
+            for (long k = g * G; k < (g + 1) * G; k++) s += x[m * K + k];
+            gsum[m * groups + g] = s;
+        }
+    /* block outer, rows of x inner: a block's codes are read from memory once, then from cache */
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long b = 0; b < N / 64; b++) {
+        const uint8_t *wb = W + b * 32 * K;
         for (long m = 0; m < M; m++) {
             const float *xm = x + m * K;
+            vec acc[NV];
+            for (int v = 0; v < NV; v++) acc[v] = vzero();
             for (long g = 0; g < groups; g++) {
-                float s = 0.f;
-                for (long k = g * G; k < (g + 1) * G; k++) s += xm[k];
-                gsum[g] = s;
-            }
-            #pragma omp for schedule(static)
-            for (long b = 0; b < N / 64; b++) {
-                const uint8_t *wb = W + b * 32 * K;
-                vec acc[NV];
-                for (int v = 0; v < NV; v++) acc[v] = vzero();
-                for (long g = 0; g < groups; g++) {
-                    vec a[NV], q[NV];
-                    for (int v = 0; v < NV; v++) a[v] = vzero();
-                    for (long k = g * G; k < (g + 1) * G; k++) {
-                        _mm_prefetch((const char *)(wb + 32 * k + PREFETCH), _MM_HINT_T0);
-                        block_codes(wb + 32 * k, q);
-                        vec xk = vset1(xm[k]);
-                        for (int v = 0; v < NV; v++) a[v] = vfma(q[v], xk, a[v]);
-                    }
-                    /* acc += scale * (s_q - 8 sum x) + zero * sum x, rows 64 / NV at a time */
-                    const uint16_t *s = sz + (b * groups + g) * 128;  /* block b's pairs, group g */
-                    vec sum = vset1(gsum[g]), eight = vset1(8.f * gsum[g]);
-                    for (int v = 0; v < NV; v++) {
-                        vec scale, zero;
-                        scales_zeros(s + v * 2 * (64 / NV), &scale, &zero);
-                        acc[v] = vadd(acc[v], vadd(vmul(scale, vsub(a[v], eight)), vmul(zero, sum)));
-                    }
+                vec a[NV], q[NV];
+                for (int v = 0; v < NV; v++) a[v] = vzero();
+                for (long k = g * G; k < (g + 1) * G; k++) {
+                    _mm_prefetch((const char *)(wb + 32 * k + PREFETCH), _MM_HINT_T0);
+                    block_codes(wb + 32 * k, q);
+                    vec xk = vset1(xm[k]);
+                    for (int v = 0; v < NV; v++) a[v] = vfma(q[v], xk, a[v]);
                 }
-                float out[64];
-                for (int v = 0; v < NV; v++) vstore(out + v * (64 / NV), acc[v]);
-                for (int j = 0; j < 64; j++) y[m * N + b * 64 + j] = bf16_to_f32(f32_to_bf16(out[j]));
+                /* acc += scale * (s_q - 8 sum x) + zero * sum x, rows 64 / NV at a time */
+                const uint16_t *s = sz + (b * groups + g) * 128;  /* block b's pairs, group g */
+                float gs = gsum[m * groups + g];
+                vec sum = vset1(gs), eight = vset1(8.f * gs);
+                for (int v = 0; v < NV; v++) {
+                    vec scale, zero;
+                    scales_zeros(s + v * 2 * (64 / NV), &scale, &zero);
+                    acc[v] = vadd(acc[v], vadd(vmul(scale, vsub(a[v], eight)), vmul(zero, sum)));
+                }
             }
+            float out[64];
+            for (int v = 0; v < NV; v++) vstore(out + v * (64 / NV), acc[v]);
+            for (int j = 0; j < 64; j++) y[m * N + b * 64 + j] = bf16_to_f32(f32_to_bf16(out[j]));
         }
     }
+    free(gsum);
+    return 0;
 }
 
 int gemv_int4(const uint8_t *W, const uint16_t *sz, const uint16_t *x16, uint16_t *y, long N, long K, long M,
@@ -245,10 +257,10 @@ int gemv_int4(const uint8_t *W, const uint16_t *sz, const uint16_t *x16, uint16_
     float *x = malloc(sizeof(float) * (M * K + M * N)), *out = x + M * K;
     if (!x) return -1;
     for (long i = 0; i < M * K; i++) x[i] = bf16_to_f32(x16[i]);
-    gemv_int4_f32(W, sz, x, out, N, K, M, G, threads);
-    for (long i = 0; i < M * N; i++) y[i] = f32_to_bf16(out[i]);  /* exact: already bf16 values */
+    int failed = gemv_int4_f32(W, sz, x, out, N, K, M, G, threads);
+    for (long i = 0; i < M * N && !failed; i++) y[i] = f32_to_bf16(out[i]);  /* exact: already bf16 values */
     free(x);
-    return 0;
+    return failed;
 }
 
 /* gemv_int8 (weight-only int8 per output channel: the int8 scheme's projections and every
@@ -289,19 +301,23 @@ int gemv_int8(const int8_t *W, const uint16_t *scale, const uint16_t *x16, uint1
             y[n] = f32_to_bf16(sum * bf16_to_f32(scale[n]));
             continue;
         }
-        vec acc[8];
-        for (long m = 0; m < M; m++) acc[m] = vzero();
-        long k = 0;
-        for (; k + VL <= K; k += VL) {
-            _mm_prefetch((const char *)(w + k + PREFETCH), _MM_HINT_T0);
-            vec wv = codes8(w + k);
-            for (long m = 0; m < M; m++) acc[m] = vfma(wv, vload(x + m * K + k), acc[m]);
-        }
         float s = bf16_to_f32(scale[n]);
-        for (long m = 0; m < M; m++) {
-            float sum = hsum(acc[m]);
-            for (long j = k; j < K; j++) sum += (float)w[j] * x[m * K + j];
-            y[m * N + n] = f32_to_bf16(sum * s);
+        for (long m0 = 0; m0 < M; m0 += 8) {  /* x rows 8 at a time (the row is in L1 after the first) */
+            long rows = M - m0 < 8 ? M - m0 : 8;
+            const float *xr = x + m0 * K;
+            vec acc[8];
+            for (long m = 0; m < rows; m++) acc[m] = vzero();
+            long k = 0;
+            for (; k + VL <= K; k += VL) {
+                _mm_prefetch((const char *)(w + k + PREFETCH), _MM_HINT_T0);
+                vec wv = codes8(w + k);
+                for (long m = 0; m < rows; m++) acc[m] = vfma(wv, vload(xr + m * K + k), acc[m]);
+            }
+            for (long m = 0; m < rows; m++) {
+                float sum = hsum(acc[m]);
+                for (long j = k; j < K; j++) sum += (float)w[j] * xr[m * K + j];
+                y[(m0 + m) * N + n] = f32_to_bf16(sum * s);
+            }
         }
     }
     free(x);

@@ -6,14 +6,14 @@ Schemes (``QuantConfig.scheme``; vLLM's knob name is ``quantization``):
     int8   weight-only, per output channel, symmetric: s[n] = absmax(W[n,:]) / 127 (rounded UP
            to bf16, so no code clips), q = round(W / s) in [-127, 127]; y = (x @ q^T) * s via
            ``aten._weight_int8pack_mm(x_bf16 [M,K], q int8 [N,K], s bf16 [N])``, or for a decode
-           step's 1-8 rows ``cpu_gemv.gemv_int8`` (C; also every scheme's int8 LM head).
+           step's 1-16 rows ``cpu_gemv.gemv_int8`` (C; also every scheme's int8 LM head).
     int4   weight-only, group-wise along K (group g in 32/64/128/256, torchao's ``group_size``),
            asymmetric with torch's int4pack zero-point convention:
                W ~= (q - 8) * scale + zero,   q in 0..15
            (zero is the value at the mid code 8: zero = lo + 8 * scale, rounded to bf16);
            ``aten._convert_weight_to_int4pack_for_cpu(q int32 [N,K], 1)`` packs, and
            ``aten._weight_int4pack_mm_for_cpu(x_bf16, packed, g, scales_and_zeros bf16 [K/g,N,2])``
-           multiplies; a decode step's 1-8 rows take ``cpu_gemv.gemv_int4`` instead (C, reading the
+           multiplies; a decode step's 1-16 rows take ``cpu_gemv.gemv_int4`` instead (C, reading the
            same packed layout; aten's read it at ~1-2 GB/s on the 2-core CPU).
     fp8    weight-only e4m3 (``torch.float8_e4m3fn``), per output channel: s[n] = absmax / 448
            (rounded up to bf16); dequantized on the fly: y = F.linear(x, bf16(q)) * s (every
@@ -319,7 +319,7 @@ Weight = torch.Tensor | QuantizedLinear
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W^T + b`` for a plain tensor (``F.linear``; 1..8 fp32 rows, a decode step: the AVX2
+    """``x @ W^T + b`` for a plain tensor (``F.linear``; 1..16 fp32 rows, a decode step: the AVX2
     kernels of engine/model/cpu_gemv.py, equal up to rounding) or a quantized weight."""
     if isinstance(weight, torch.Tensor):
         if cpu_gemv.applies(x, weight):
