@@ -160,3 +160,18 @@ def test_int8_equals_torchs_int8pack_kernel(m: int, n: int, k: int) -> None:
     assert torch.equal(ql(x), got)
     nine = torch.randn(cpu_gemv.MAX_ROWS + 1, k, generator=gen).bfloat16()
     assert not cpu_gemv.applies_int8(nine, ql.weight, ql.scales)
+
+
+@pytest.mark.skipif("avx512f" not in cpu_gemv._cpu_flags(), reason="this CPU has no AVX-512: the default build is the AVX2 one")
+def test_the_avx2_build_passes_these_tests_too() -> None:
+    """On an AVX-512 machine the library is built with AVX-512; machines without it run the AVX2
+    variant (other vector width, other register tiles). This runs these tests and the fused layers'
+    against that variant, in a process that builds it."""
+    env = {**os.environ, cpu_gemv.NO_AVX512_ENV: "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cpu_gemv.py",
+                           "tests/test_cpu_decode.py", "-k", "not avx2_build and not without_a_compiler"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:]
+    check = subprocess.run([sys.executable, "-c", "from engine.model import cpu_gemv; print(cpu_gemv.flags())"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "-mavx512f" not in check.stdout and "-mavx2" in check.stdout

@@ -64,9 +64,14 @@ def _cpu_flags() -> set[str]:
     return set(next((ln for ln in info.splitlines() if ln.startswith("flags")), "").split())
 
 
+NO_AVX512_ENV = "INFERSCOPE_NO_AVX512"  # "1": build the AVX2 variant even where the CPU has AVX-512
+
+
 def flags() -> tuple[str, ...]:
-    """The compiler flags for this CPU (AVX2 + FMA, and AVX-512 where it has it)."""
-    return FLAGS + (AVX512_FLAGS if "avx512f" in _cpu_flags() else ())
+    """The compiler flags for this CPU (AVX2 + FMA, and AVX-512 where it has it, unless
+    NO_AVX512_ENV says not to: the tests run the AVX2 variant that way on an AVX-512 machine)."""
+    avx512 = "avx512f" in _cpu_flags() and os.environ.get(NO_AVX512_ENV) != "1"
+    return FLAGS + (AVX512_FLAGS if avx512 else ())
 
 
 def _build() -> ctypes.CDLL:
