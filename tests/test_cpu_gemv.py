@@ -70,6 +70,25 @@ def test_linear_takes_it_only_where_it_applies() -> None:
     assert cpu_gemv.applies(one, w)
 
 
+def test_a_background_build_leaves_torch_kernels_meanwhile(tmp_path: Path) -> None:
+    """The model runner starts the build on a thread: until the library is there (a cold cache:
+    seconds of compiling), linear runs F.linear; then the C kernel."""
+    code = ("import torch, torch.nn.functional as F\n"
+            "from engine.model import cpu_gemv\n"
+            "from engine.model.quantization import linear\n"
+            "w, x = torch.randn(8, 16), torch.randn(1, 16)\n"
+            "cpu_gemv.build_in_background()\n"
+            "during = cpu_gemv.applies(x, w)\n"
+            "assert torch.equal(linear(x, w), F.linear(x, w))\n"
+            "cpu_gemv._background.join()\n"
+            "print(during, cpu_gemv.applies(x, w), cpu_gemv.status())\n")
+    env = {**os.environ, "INFERSCOPE_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "ready"], done.stdout
+
+
 def test_without_a_compiler_linear_falls_back(tmp_path: Path) -> None:
     """A build that fails (here: a compiler that exits 1) is reported and F.linear runs."""
     code = ("import torch, torch.nn.functional as F\n"

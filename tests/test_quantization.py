@@ -17,6 +17,7 @@ import torch
 
 from engine import LLMEngine
 from engine.core.config import EngineConfig
+from engine.model import cpu_gemv
 from engine.model.shared import get_shared_model
 from engine.model.forward_batch import build_forward_batch
 from engine.model.runner import ModelRunner
@@ -139,9 +140,9 @@ def test_w8a8_outliers_stay_in_float() -> None:
 
 
 def test_linear_dispatch_plain_tensor_is_f_linear() -> None:
-    # More rows than a decode batch: F.linear exactly (1..8 fp32 rows take the AVX2 GEMVs,
+    # More rows than a decode batch: F.linear exactly (1..MAX_ROWS fp32 rows take the C GEMVs,
     # equal up to rounding: tests/test_cpu_gemv.py).
-    x, w, b = torch.randn(12, 64), torch.randn(8, 64), torch.randn(8)
+    x, w, b = torch.randn(cpu_gemv.MAX_ROWS + 1, 64), torch.randn(8, 64), torch.randn(8)
     assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))
     x = x[:3]
     q = quantize_weight(w, QuantConfig("int8"))

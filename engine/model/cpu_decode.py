@@ -85,8 +85,9 @@ class _Shape(ctypes.Structure):
 
 
 def _functions() -> tuple[Any, Any] | None:
-    """(decode_layers, scratch_floats) of the library, typed once; None where it is not built."""
-    lib = cpu_gemv.library()
+    """(decode_layers, scratch_floats) of the library, typed once; None where it is not built (or
+    is still being built in the background: ``cpu_gemv.build_in_background``)."""
+    lib = cpu_gemv.ready_library()
     if lib is None:
         return None
     run, size = lib.decode_layers, lib.scratch_floats

@@ -20,8 +20,10 @@ kernels. The results differ from torch's in rounding only (another summation ord
 depend on the thread count. ``enabled(False)`` turns them off (the benchmark's side-by-side
 baseline).
 
-The library is compiled into the model cache (``kernels/``), named after a hash of the C source
-and the compiler flags, published atomically; a failed build is remembered for the process and
+The library is compiled into the model cache (``kernels/``), named after a hash of the C sources
+and the compiler flags, published atomically; the model runner starts that on a background thread
+(``build_in_background``: torch's kernels run until it is ready, so a demo's first step does not
+wait ~2 s for the compiler); a failed build is remembered for the process and
 reported by ``status()``.
 """
 from __future__ import annotations
@@ -50,7 +52,9 @@ MAX_ROWS = 16  # a decode batch of up to 16 rows (beyond, torch's GEMM: the C ke
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 AVX512_FLAGS = ("-mavx512f",)  # added where the CPU has AVX-512: vectors of 16 floats
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # held while building
+_state_lock = threading.Lock()
+_background: threading.Thread | None = None
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
 _enabled = True
@@ -112,6 +116,29 @@ def library() -> ctypes.CDLL | None:
     return _library()
 
 
+def build_in_background() -> None:
+    """Start building (or loading) the library on a daemon thread, once per process. Until it is
+    ready, the ``applies*`` checks answer no and torch's kernels run, so an engine's first steps on
+    a machine that has never built it (~2 s) do not wait for the compiler (the model runner calls
+    this when it starts)."""
+    global _background
+    with _state_lock:
+        if _background is not None or _lib is not None or _error is not None:
+            return
+        _background = threading.Thread(target=_library, name="inferscope-gemv-build", daemon=True)
+        _background.start()
+
+
+def ready_library() -> ctypes.CDLL | None:
+    """The library if it is there; None while a background build runs (torch's kernels meanwhile);
+    otherwise built here, now."""
+    if _lib is not None or _error is not None:
+        return _lib
+    if _background is not None and _background.is_alive():
+        return None
+    return _library()
+
+
 def _library() -> ctypes.CDLL | None:
     global _lib, _error
     if _lib is not None or _error is not None:
@@ -148,7 +175,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (_enabled and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
             and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
             and weight.dim() == 2 and weight.is_contiguous() and x.shape[1] == weight.shape[1]
-            and not weight.requires_grad and _library() is not None)
+            and not weight.requires_grad and ready_library() is not None)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -173,7 +200,7 @@ def applies_int4(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> bo
     return (_enabled and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
             and x.device.type == "cpu" and packed.dtype == torch.uint8 and packed.is_contiguous()
             and out_features % INT4_BLOCK == 0 and tuple(packed.shape) == (out_features, x.shape[1] // 2)
-            and _library() is not None)
+            and ready_library() is not None)
 
 
 def int4_block_scales(scales_zeros: torch.Tensor) -> torch.Tensor:
@@ -203,7 +230,7 @@ def applies_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> 
     return (_enabled and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
             and x.device.type == "cpu" and codes.dtype == torch.int8 and codes.dim() == 2 and codes.is_contiguous()
             and codes.shape[1] == x.shape[1] and scales.dtype == torch.bfloat16 and scales.is_contiguous()
-            and tuple(scales.shape) == (codes.shape[0],) and _library() is not None)
+            and tuple(scales.shape) == (codes.shape[0],) and ready_library() is not None)
 
 
 def gemv_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,6 @@
-/* Small-M fp32 GEMM for decode steps (engine/model/cpu_gemv.py): y[m, n] = sum_k W[n, k] x[m, k].
+/* The GEMVs of a decode step (engine/model/cpu_gemv.py), y[m, n] = sum_k W[n, k] x[m, k] for up to
+ * 16 rows of x: fp32 weights (gemv_f32, gemm_rows_f32), int4 weights in torch's int4pack layout
+ * (gemv_int4, gemv_int4_f32) and int8 ones (gemv_int8).
  *
  * Built with AVX2 + FMA, or with AVX-512 where the CPU has it (cpu_gemv.py picks the flags): the
  * same code over vectors of VL floats (8 or 16).

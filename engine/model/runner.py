@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from engine.core.batch import BatchStage, SingleBatch
-from engine.model import kv_quant
+from engine.model import cpu_gemv, kv_quant
 from engine.model.attention import TORCH_ATTENTION, AttentionBackend
 from engine.model.forward_batch import GROUP_OVERHEAD_SLOTS, ForwardBatch, build_forward_batch
 from engine.core.hf_config import ENGINE_DTYPES
@@ -89,6 +89,8 @@ class ModelRunner:
                  group_overhead: int = GROUP_OVERHEAD_SLOTS) -> None:
         self.model = model
         self.attention = attention
+        if model.device.type == "cpu":
+            cpu_gemv.build_in_background()  # the C kernels: torch's run until they are built
         self.group_overhead = group_overhead
         c = model.config
         name = kv_dtype_name(kv_cache_dtype)
