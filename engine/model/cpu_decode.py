@@ -24,9 +24,12 @@ benchmark's side-by-side baseline). The outputs differ from the torch path in su
 from __future__ import annotations
 
 import ctypes
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -124,11 +127,12 @@ def _int4(w: Weight) -> int:
     return w.group_size if ok else 0
 
 
-def _format(layers: Sequence[DecoderLayer], hidden: torch.Tensor) -> int | None:
-    """0 for the fp32 format, the group size for the int4 one (module doc), None for neither."""
-    if hidden.dtype == torch.float32:
+def _format(layers: Sequence[DecoderLayer], dtype: torch.dtype) -> int | None:
+    """0 for the fp32 format, the group size for the int4 one (module doc), None for neither, with
+    rows of ``dtype``."""
+    if dtype == torch.float32:
         return 0 if all(_plain(t, torch.float32) for layer in layers for t in layer.tensors()) else None
-    if hidden.dtype != torch.bfloat16 or not layers:
+    if dtype != torch.bfloat16 or not layers:
         return None
     groups = {_int4(w) for layer in layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)}
     small = [t for layer in layers for t in (layer.input_layernorm, layer.post_attention_layernorm,
@@ -136,6 +140,52 @@ def _format(layers: Sequence[DecoderLayer], hidden: torch.Tensor) -> int | None:
     if len(groups) != 1 or 0 in groups or not all(_plain(t, torch.bfloat16) for t in small):
         return None
     return groups.pop()
+
+
+class _Weights(NamedTuple):
+    """A model's layers as the C step reads them: the format (0: fp32, else the int4 group size) and
+    the ``Layer`` table with every weight pointer (the K/V cache pointers left for each call)."""
+
+    format: int
+    table: ctypes.Array[_Layer]
+
+
+_CACHE_SIZE = 8
+#: (id of the layer list, row dtype) -> (weak reference to its first layer, what ``_weights`` found)
+_weights_cache: OrderedDict[tuple[int, torch.dtype], tuple[weakref.ref[Any], _Weights | None]] = OrderedDict()
+_weights_lock = threading.Lock()
+
+
+def _weights(layers: Sequence[DecoderLayer], dtype: torch.dtype) -> _Weights | None:
+    """``_format`` and the weight table of ``layers`` with ``dtype`` rows, worked out once per layer
+    list (weights never change): checking ~400 tensors every step cost ~0.6 ms of Python. An entry
+    keeps no model alive: it is found by the list's id and proven by a weak reference to the list's
+    first layer (a new list at a reused id has other layers)."""
+    if not layers:
+        return None
+    key = (id(layers), dtype)
+    with _weights_lock:
+        hit = _weights_cache.get(key)
+        if hit is not None and hit[0]() is layers[0]:
+            _weights_cache.move_to_end(key)
+            return hit[1]
+    fmt = _format(layers, dtype)
+    found = None if fmt is None else _Weights(fmt, _table(layers))
+    with _weights_lock:
+        _weights_cache[key] = (weakref.ref(layers[0]), found)
+        while len(_weights_cache) > _CACHE_SIZE:
+            _weights_cache.popitem(last=False)
+    return found
+
+
+def _table(layers: Sequence[DecoderLayer]) -> ctypes.Array[_Layer]:
+    table = (_Layer * len(layers))()
+    for entry, layer in zip(table, layers):
+        entry.input_norm, entry.post_norm = layer.input_layernorm.data_ptr(), layer.post_attention_layernorm.data_ptr()
+        entry.qkv, entry.o = _proj(layer.qkv), _proj(layer.o)
+        entry.gate_up, entry.down = _proj(layer.gate_up), _proj(layer.down)
+        entry.qkv_bias, entry.o_bias = _ptr(layer.qkv_bias), _ptr(layer.o_bias)
+    return table
 
 
 def applies(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torch.Tensor, batch: ForwardBatch,
@@ -148,11 +198,12 @@ def applies(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torch.T
             and len(layers) == config.num_hidden_layers and hidden.device.type == "cpu"
             and config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM):
         return False
-    fmt = _format(layers, hidden)
-    kv_dtypes = (torch.float32,) if fmt == 0 else (torch.bfloat16, torch.float32)  # fp32 holds bf16 exactly
-    return (fmt is not None and len(kv_caches) == len(layers)
-            and any(all(_plain(k, d) and _plain(v, d) for k, v in kv_caches) for d in kv_dtypes)
-            and _functions() is not None)
+    if _functions() is None:
+        return False
+    weights = _weights(layers, hidden.dtype)
+    kv_dtypes = (torch.float32,) if weights is None or weights.format == 0 else (torch.bfloat16, torch.float32)
+    return (weights is not None and len(kv_caches) == len(layers)  # (a fp32 cache holds bf16 values exactly)
+            and any(all(_plain(k, d) and _plain(v, d) for k, v in kv_caches) for d in kv_dtypes))
 
 
 def _context(batch: ForwardBatch, rows: int) -> tuple[torch.Tensor, int]:
@@ -184,16 +235,14 @@ def run_layers(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torc
     lens = torch.tensor(batch.seq_lens, dtype=torch.long)  # [M] (one row per request)
     scratch = torch.empty(size(rows, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                c.intermediate_size, width), dtype=torch.float32)
-    table = (_Layer * len(layers))()
-    for entry, layer, (k, v) in zip(table, layers, kv_caches):
-        entry.input_norm, entry.post_norm = layer.input_layernorm.data_ptr(), layer.post_attention_layernorm.data_ptr()
-        entry.qkv, entry.o = _proj(layer.qkv), _proj(layer.o)
-        entry.gate_up, entry.down = _proj(layer.gate_up), _proj(layer.down)
-        entry.qkv_bias, entry.o_bias = _ptr(layer.qkv_bias), _ptr(layer.o_bias)
+    weights = _weights(layers, hidden.dtype)
+    assert weights is not None
+    table = (_Layer * len(layers))()  # this call's own copy (engines sharing the weights step in parallel)
+    ctypes.memmove(table, weights.table, ctypes.sizeof(table))
+    for entry, (k, v) in zip(table, kv_caches):
         entry.k_cache, entry.v_cache = _ptr(k), _ptr(v)
-    group = _format(layers, hidden)
     shape = _Shape(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size,
-                   c.rms_norm_eps, c.head_dim ** -0.5, group or 0, _plain(kv_caches[0][0], torch.bfloat16))
+                   c.rms_norm_eps, c.head_dim ** -0.5, weights.format, _plain(kv_caches[0][0], torch.bfloat16))
     if run(table, len(table), ctypes.byref(shape), rows, out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
            batch.slot_mapping.data_ptr(), ctx.data_ptr(), lens.data_ptr(), width, scratch.data_ptr(),
            torch.get_num_threads()):
