@@ -45,6 +45,7 @@ from engine.model.cache import cache_root
 
 #: The library's C sources: the GEMVs, and the fused decode step that calls them (cpu_decode.py).
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemv_avx2.c", "decode_avx2.c"))
+HEADERS = (Path(__file__).with_name("bf16.h"),)  # included by the sources (part of the library's hash)
 MAX_ROWS = 16  # a decode batch of up to 16 rows (beyond, torch's GEMM: the C kernels keep each
 # weight chunk in cache across the rows, which pays while the rows' products do not dominate)
 # -ffp-contract=off: a * b + c in plain C code rounds twice, as torch's separate ops do (the
@@ -86,7 +87,8 @@ def _build() -> ctypes.CDLL:
     if not {"avx2", "fma"} <= _cpu_flags():
         raise RuntimeError("this CPU lacks AVX2 + FMA")
     options = flags()
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(options).encode()).hexdigest()[:16]
+    code = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
+    key = hashlib.sha256(code + " ".join(options).encode()).hexdigest()[:16]
     out = cache_root() / "kernels" / f"gemv-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 void gemv_f32(const float *W, const float *x, float *y, long N, long K, int threads);
 void gemm_rows_f32(const float *W, const float *x, float *y, long N, long K, long M, int threads);
 int gemv_int4_f32(const uint8_t *W, const uint16_t *sz, const float *x, float *y, long N, long K, long M,
@@ -62,26 +64,13 @@ typedef struct {
     long kv_bf16;     /* the caches hold bf16 (1) or fp32 (0) values */
 } Shape;
 
-static inline float bf16_value(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t bf16_bits(float f) {  /* round to nearest even (finite values) */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7FFF + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 
 /* R(): the value rounded to bf16 in the int4 format, itself in fp32 */
-#define R(v) (bf ? bf16_value(bf16_bits(v)) : (v))
+#define R(v) (bf ? bf16_to_f32(f32_to_bf16(v)) : (v))
 
 /* element i of a vector stored in the format's storage type */
 static inline float at(const void *p, long i, int bf) {
-    return bf ? bf16_value(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+    return bf ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
 static int linear(const Proj *w, const void *bias, const float *x, float *y, long N, long K, long M,
@@ -120,7 +109,7 @@ static void rope(float *x, long heads, long D, const float *cos, const float *si
 }
 
 static inline void store(void *cache, long i, float v, int bf) {
-    if (bf) ((uint16_t *)cache)[i] = bf16_bits(v);  /* exact: v is a bf16 value (the int4 format) */
+    if (bf) ((uint16_t *)cache)[i] = f32_to_bf16(v);  /* exact: v is a bf16 value (the int4 format) */
     else ((float *)cache)[i] = v;
 }
 

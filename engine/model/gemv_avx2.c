@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 /* Bytes ahead of the quantized codes being read that the int4 / int8 kernels prefetch: without
  * it their reads from memory ran at 8-9 GB/s on a 2-core VM whose read loop reaches 23 (the
  * hardware prefetcher fell behind the unpacking); with it, at the read loop's rate. */
@@ -146,19 +148,6 @@ void gemm_rows_f32(const float *W, const float *x, float *y, long N, long K, lon
  * (the dequantized product, regrouped: one multiply per group instead of one per weight); the
  * output is rounded to bf16 (to nearest even) once. Blocks are split over threads; each output
  * is summed by one thread in one fixed order. N must be a multiple of 64 (cpu_gemv checks). */
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even (finite values) */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7FFF + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 
 /* The 64 codes of one k of a block (32 bytes) as 64 floats in NV vectors (rows 0..63 in order). */
 #ifdef __AVX512F__
