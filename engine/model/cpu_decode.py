@@ -27,8 +27,7 @@ import ctypes
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -42,7 +41,9 @@ from engine.model.quantization import QuantizedLinear, Weight
 MAX_ROWS = cpu_gemv.MAX_ROWS
 MAX_HEAD_DIM = 512  # the C RoPE's stack buffer
 
-_enabled = True
+_switch = cpu_gemv.Switch()
+#: ``with enabled(False):`` turns the fused layers off for the block (process-wide; the torch layers run)
+enabled = _switch.enabled
 
 
 class DecoderLayer(Protocol):
@@ -101,17 +102,6 @@ def _functions() -> tuple[Any, Any] | None:
         size.argtypes = [n] * 7
         size.restype = n
     return run, size
-
-
-@contextmanager
-def enabled(on: bool) -> Iterator[None]:
-    """Turn the fused step on or off for the block (process-wide; the baseline of tests and benchmark)."""
-    global _enabled
-    before, _enabled = _enabled, on
-    try:
-        yield
-    finally:
-        _enabled = before
 
 
 def _plain(t: object, dtype: torch.dtype) -> bool:
@@ -193,7 +183,7 @@ def applies(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torch.T
     """The step and model the fused C step runs (module doc). ``whole``: the caller runs every layer
     of the model in this process, with no activation observer."""
     rows = hidden.shape[0]
-    if not (_enabled and whole and not batch.prefills and 1 <= rows <= MAX_ROWS
+    if not (_switch.on and whole and not batch.prefills and 1 <= rows <= MAX_ROWS
             and int(batch.decode_rows.shape[0]) == rows and attention_name == "torch"
             and len(layers) == config.num_hidden_layers and hidden.device.type == "cpu"
             and config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM):

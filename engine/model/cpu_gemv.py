@@ -58,7 +58,27 @@ _state_lock = threading.Lock()
 _background: threading.Thread | None = None
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
-_enabled = True
+
+
+class Switch:
+    """A process-wide on / off flag (the C kernels' side-by-side baselines in tests and benchmarks)."""
+
+    def __init__(self) -> None:
+        self.on = True
+
+    @contextmanager
+    def enabled(self, on: bool) -> Iterator[None]:
+        """On or off for the block, then as before."""
+        before, self.on = self.on, on
+        try:
+            yield
+        finally:
+            self.on = before
+
+
+_switch = Switch()
+#: ``with enabled(False):`` turns the GEMVs off for the block (process-wide; torch's kernels run)
+enabled = _switch.enabled
 
 
 def _cpu_flags() -> set[str]:
@@ -156,25 +176,14 @@ def _library() -> ctypes.CDLL | None:
 
 def status() -> str:
     """"ready", "off", or why the kernel is not available (then ``F.linear`` runs)."""
-    if not _enabled:
+    if not _switch.on:
         return "off"
     return "ready" if _library() is not None else f"unavailable: {_error}"
 
 
-@contextmanager
-def enabled(on: bool) -> Iterator[None]:
-    """Turn the kernel on or off for the block (process-wide; the benchmark's baseline)."""
-    global _enabled
-    before, _enabled = _enabled, on
-    try:
-        yield
-    finally:
-        _enabled = before
-
-
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """1..MAX_ROWS fp32 rows against a contiguous fp32 weight on CPU, with the library ready."""
-    return (_enabled and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
+    return (_switch.on and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
             and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
             and weight.dim() == 2 and weight.is_contiguous() and x.shape[1] == weight.shape[1]
             and not weight.requires_grad and ready_library() is not None)
@@ -199,7 +208,7 @@ INT4_BLOCK = 64  # rows per block of torch's CPU int4pack layout (gemv_avx2.c's 
 
 def applies_int4(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> bool:
     """1..MAX_ROWS bf16 rows against an int4pack weight [N, K/2] uint8 whose N is a multiple of 64."""
-    return (_enabled and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
+    return (_switch.on and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
             and x.device.type == "cpu" and packed.dtype == torch.uint8 and packed.is_contiguous()
             and out_features % INT4_BLOCK == 0 and tuple(packed.shape) == (out_features, x.shape[1] // 2)
             and ready_library() is not None)
@@ -229,7 +238,7 @@ def gemv_int4(x: torch.Tensor, packed: torch.Tensor, block_scales: torch.Tensor,
 
 def applies_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> bool:
     """1..MAX_ROWS bf16 rows against an int8 weight [N, K] with bf16 scales [N], contiguous."""
-    return (_enabled and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
+    return (_switch.on and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
             and x.device.type == "cpu" and codes.dtype == torch.int8 and codes.dim() == 2 and codes.is_contiguous()
             and codes.shape[1] == x.shape[1] and scales.dtype == torch.bfloat16 and scales.is_contiguous()
             and tuple(scales.shape) == (codes.shape[0],) and ready_library() is not None)
