@@ -112,7 +112,14 @@ def recording_download() -> None:
     any script run, where the session state (and so ``current_run.run()``) is out of reach.
     """
     current, slot = current_run.run(), replay.download_slot()
-    if current is None or slot is None or current_run.is_simulated():  # a recording would lose "predicted"
+    if slot is None:
+        return
+    if current is None or current_run.is_simulated():  # (a recording would lose "predicted")
+        # Written on every run all the same: Streamlit lets a fragment rerun fill a container from
+        # outside the fragment only if the last full run wrote to it (else
+        # StreamlitInvalidLayoutContextError, seen when a Step press reran the views right after a
+        # first full run that had no run yet).
+        slot.empty()
         return
     name = f"inferscope-{current.meta.scenario}-{current.meta.model}.json"
     slot.download_button("Download recording (JSON)", data=replay.recording_json(current), file_name=name,

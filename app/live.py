@@ -115,6 +115,7 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
 
     def _views() -> None:
         _advance()
+        shared_controls.recording_download()  # first: its slot is written on every run (controls.py)
         view = playback.view()
         if view is not None and current_run.is_simulated() and session.page.get() not in SIMULATED_PAGES:
             st.info(NOT_SIMULATED, icon=":material/info:")
@@ -125,7 +126,6 @@ def page(title: str, render: Callable[[RunView, Style], None], intro: str = "",
             if not current_run.error():
                 st.info("No run yet: pick a scenario and a model in the sidebar.")
             return
-        shared_controls.recording_download()
         status(view, style)
         shared_controls.step_slider(view)  # the history cursor (app/playback.py)
         render(view, style)
