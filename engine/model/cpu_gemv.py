@@ -133,11 +133,6 @@ def _build() -> ctypes.CDLL:
     return lib
 
 
-def library() -> ctypes.CDLL | None:
-    """The built library (None where it cannot be built: ``status()`` says why)."""
-    return _library()
-
-
 def build_in_background() -> None:
     """Start building (or loading) the library on a daemon thread, once per process. Until it is
     ready, the ``applies*`` checks answer no and torch's kernels run, so an engine's first steps on
