@@ -112,8 +112,7 @@ def _int4(w: Weight) -> int:
     """The group size of an int4 projection the C kernel reads (64-row blocks), else 0."""
     if not isinstance(w, QuantizedLinear) or w.scheme != "int4" or w.group_size is None:
         return 0
-    ok = (w.out_features % cpu_gemv.INT4_BLOCK == 0 and _plain(w.weight, torch.uint8)
-          and _plain(w.scales, torch.bfloat16))
+    ok = cpu_gemv.int4_readable(w.weight, w.out_features) and _plain(w.scales, torch.bfloat16)
     return w.group_size if ok else 0
 
 
@@ -219,7 +218,8 @@ def run_layers(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torc
     run, size = functions
     c = config
     rows = hidden.shape[0]
-    out = hidden.float().contiguous().clone()  # [M, h] fp32 (bf16 values in the int4 format), updated by C
+    # [M, h] fp32 (bf16 values in the int4 format), a copy the C code updates in place
+    out = hidden.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     ctx, width = _context(batch, rows)
     lens = torch.tensor(batch.seq_lens, dtype=torch.long)  # [M] (one row per request)

@@ -170,16 +170,21 @@ def _library() -> ctypes.CDLL | None:
 
 
 def status() -> str:
-    """"ready", "off", or why the kernel is not available (then ``F.linear`` runs)."""
+    """"ready", "off", or why the library is not available (then torch's kernels run)."""
     if not _switch.on:
         return "off"
     return "ready" if _library() is not None else f"unavailable: {_error}"
 
 
+def _rows(x: torch.Tensor, dtype: torch.dtype) -> bool:
+    """The kernels are on and ``x`` is 1..MAX_ROWS rows of ``dtype`` on CPU (the library checked last)."""
+    return (_switch.on and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == dtype
+            and x.device.type == "cpu")
+
+
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """1..MAX_ROWS fp32 rows against a contiguous fp32 weight on CPU, with the library ready."""
-    return (_switch.on and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
+    return (_rows(x, torch.float32) and weight.dtype == torch.float32 and weight.device.type == "cpu"
             and weight.dim() == 2 and weight.is_contiguous() and x.shape[1] == weight.shape[1]
             and not weight.requires_grad and ready_library() is not None)
 
@@ -201,11 +206,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 INT4_BLOCK = 64  # rows per block of torch's CPU int4pack layout (gemv_avx2.c's gemv_int4 reads it)
 
 
+def int4_readable(packed: torch.Tensor, out_features: int) -> bool:
+    """An int4pack weight [N, K/2] uint8 the C kernel reads: contiguous, on CPU, N whole 64-row blocks."""
+    return (packed.dtype == torch.uint8 and packed.device.type == "cpu" and packed.is_contiguous()
+            and out_features % INT4_BLOCK == 0 and packed.dim() == 2 and packed.shape[0] == out_features)
+
+
 def applies_int4(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> bool:
     """1..MAX_ROWS bf16 rows against an int4pack weight [N, K/2] uint8 whose N is a multiple of 64."""
-    return (_switch.on and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
-            and x.device.type == "cpu" and packed.dtype == torch.uint8 and packed.is_contiguous()
-            and out_features % INT4_BLOCK == 0 and tuple(packed.shape) == (out_features, x.shape[1] // 2)
+    return (_rows(x, torch.bfloat16) and int4_readable(packed, out_features) and packed.shape[1] * 2 == x.shape[1]
             and ready_library() is not None)
 
 
@@ -233,8 +242,7 @@ def gemv_int4(x: torch.Tensor, packed: torch.Tensor, block_scales: torch.Tensor,
 
 def applies_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> bool:
     """1..MAX_ROWS bf16 rows against an int8 weight [N, K] with bf16 scales [N], contiguous."""
-    return (_switch.on and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
-            and x.device.type == "cpu" and codes.dtype == torch.int8 and codes.dim() == 2 and codes.is_contiguous()
+    return (_rows(x, torch.bfloat16) and codes.dtype == torch.int8 and codes.dim() == 2 and codes.is_contiguous()
             and codes.shape[1] == x.shape[1] and scales.dtype == torch.bfloat16 and scales.is_contiguous()
             and tuple(scales.shape) == (codes.shape[0],) and ready_library() is not None)
 

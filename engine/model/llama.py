@@ -193,7 +193,8 @@ class LlamaModel:
         ``observer`` (see ``Observer``) sees the input of every linear call just before it;
         when it is None nothing extra is computed, and either way the output is bit-identical.
         ``attention`` is the attention backend (engine/model/attention.py; the torch one by default).
-        A fp32 decode-only step on CPU runs the layers in C instead (engine/model/cpu_decode.py).
+        A decode-only step on CPU (fp32, or int4 weights) runs the layers in C instead
+        (engine/model/cpu_decode.py says where).
         """
         c = self.config
         end = c.num_hidden_layers if end is None else end

@@ -319,7 +319,7 @@ Weight = torch.Tensor | QuantizedLinear
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ W^T + b`` for a plain tensor (``F.linear``; 1..16 fp32 rows, a decode step: the AVX2
+    """``x @ W^T + b`` for a plain tensor (``F.linear``; 1..16 fp32 rows, a decode step: the C
     kernels of engine/model/cpu_gemv.py, equal up to rounding) or a quantized weight."""
     if isinstance(weight, torch.Tensor):
         if cpu_gemv.applies(x, weight):

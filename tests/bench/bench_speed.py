@@ -58,25 +58,28 @@ def mode(name: str) -> Iterator[None]:
         yield
 
 
-def _ready(prompts: list[list[int]], name: str = "fused C layers") -> LLMEngine:
+def _ready(prompts: list[list[int]], name: str) -> LLMEngine:
     with mode(name):
         return decode_ready_engine(MODEL, prompts, STEPS * 3 + 8)
 
 
-def _alternate(engines: dict[str, LLMEngine], steps: int) -> dict[str, float]:
-    """Median step (s) of each engine, keyed by its mode (MODES) or, for one mode, any name; the
-    engines are stepped alternately so noise lands on all."""
+DEFAULT = "fused C layers"
+
+
+def _alternate(engines: dict[str, tuple[str, LLMEngine]], steps: int) -> dict[str, float]:
+    """Median step (s) of each named (mode, engine), the engines stepped alternately so noise lands
+    on all, each under its own mode (MODES)."""
     times: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(steps):
-        for name, engine in engines.items():
-            with mode(name if name in MODES else "fused C layers"):
+        for name, (how, engine) in engines.items():
+            with mode(how):
                 times[name].append(_timed(engine.step))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
 def batch1_side_by_side(prompt: list[int]) -> dict[str, float]:
     """Median batch-1 decode step (s) of each of MODES."""
-    return _alternate({name: _ready([prompt], name) for name in MODES}, STEPS)
+    return _alternate({name: (name, _ready([prompt], name)) for name in MODES}, STEPS)
 
 
 def gemv_read_rates() -> tuple[float, float]:
@@ -105,15 +108,15 @@ def int4_batch1(prompt: list[int]) -> tuple[float, int]:
 
 def eight_vs_one(source: list[int]) -> tuple[float, float]:
     """Median decode step (s) of 1 request and of 8 (the default path: the fused C layers)."""
-    one = _ready([source[:24]])
-    eight = _ready([source[i * 24: (i + 1) * 24] for i in range(8)])
-    times = _alternate({"1": one, "8": eight}, STEPS // 2)
+    one = _ready([source[:24]], DEFAULT)
+    eight = _ready([source[i * 24: (i + 1) * 24] for i in range(8)], DEFAULT)
+    times = _alternate({"1": (DEFAULT, one), "8": (DEFAULT, eight)}, STEPS // 2)
     return times["1"], times["8"]
 
 
 def step_split(prompt: list[int], steps: int = 6) -> tuple[float, list[tuple[str, float]]]:
     """(mean profiled step s, [(kind, s)]) of batch-1 decode steps (bench_engine's split), default path."""
-    engine = _ready([prompt])
+    engine = _ready([prompt], DEFAULT)
     for _ in range(2):
         engine.step()
     wall, events, gemv_s = profile_steps(engine, steps)
@@ -197,7 +200,7 @@ def run() -> dict[str, Any]:
     nbytes = decode_read_bytes(shared.model)
     bound = bw / nbytes  # tok/s
     batch1 = batch1_side_by_side(prompt)
-    on_s = batch1["fused C layers"]
+    on_s = batch1[DEFAULT]
     lin_bw, gemv_bw = gemv_read_rates()
     one_s, eight_s = eight_vs_one(source)
     wall, split = step_split(prompt)
