@@ -17,7 +17,7 @@ from engine import LLM, SamplingParams
 from engine.model import cpu_decode, cpu_gemv
 from engine.core.config import QuantConfig
 from engine.model.forward_batch import ForwardBatch, build_forward_batch
-from engine.model.llama import LlamaModel
+from engine.model.llama import LlamaModel, rms_norm
 from engine.model.loader import TINY_RANDOM_CONFIG, tiny_random_weights
 from engine.model.model_config import ModelConfig
 
@@ -160,3 +160,77 @@ def test_engine_tokens_are_unchanged_with_it_on(monkeypatch: pytest.MonkeyPatch)
     assert not calls
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert calls and got == want
+
+
+def test_the_step_table_is_kept_per_model_and_cache_list() -> None:
+    """Worked out once per (layers, K/V caches) pair: the same lists give the same table; an
+    engine with its own caches over the same weights gets its own K/V pointers."""
+    model = _model("tiny")
+    batch, caches = _decode_step(model, [5, 9], 4, seed=2)
+    other = [(k.clone(), v.clone()) for k, v in caches]
+    first = cpu_decode._step_table(model.layers, caches, torch.float32)
+    assert first is not None and cpu_decode._step_table(model.layers, caches, torch.float32) is first
+    second = cpu_decode._step_table(model.layers, other, torch.float32)
+    assert second is not None and second is not first
+    assert [e.k_cache for e in second.table] == [k.data_ptr() for k, _ in other]
+    assert [e.k_cache for e in first.table] == [k.data_ptr() for k, _ in caches]
+    assert cpu_decode._step_table(model.layers, [(k.half(), v.half()) for k, v in caches], torch.float32) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, hidden", [(1, 576), (3, 40), (16, 96)])
+def test_final_norm_equals_torch_rms_norm(dtype: torch.dtype, rows: int, hidden: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, hidden, generator=gen) * 3).to(dtype)
+    weight = torch.rand(hidden, generator=gen).to(dtype) + 0.5
+    assert cpu_decode.norm_applies(x, weight)
+    got, want = cpu_decode.final_norm(x, weight, 1e-5), rms_norm(x, weight, 1e-5)
+    assert got.dtype == dtype and got.shape == want.shape
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    else:  # every value a bf16 one, at most one bf16 rounding away (the sum of squares' order)
+        assert float((got.float() - want.float()).abs().max()) <= 2 ** -7 * float(want.float().abs().max())
+    assert not cpu_decode.norm_applies(x.half(), weight.half())
+    assert not cpu_decode.norm_applies(torch.randn(cpu_decode.MAX_ROWS + 1, hidden).to(dtype), weight)
+    with cpu_decode.enabled(False):
+        assert not cpu_decode.norm_applies(x, weight)
+
+
+def test_the_greedy_pick_is_torch_argmax() -> None:
+    """The C pick against torch.argmax: ties to the first index, -0.0 == 0.0, vocabularies that are
+    not a multiple of the vector width; None for a row with NaN, +inf or -inf; torch's pick where
+    the C one does not apply (fp16, or the fused step off)."""
+    gen = torch.Generator().manual_seed(0)
+    for vocab in (49152, 13, 8, 1):
+        logits = torch.randn(5, vocab, generator=gen)
+        if vocab > 3:
+            logits[1, vocab - 1] = logits[1, 2] = logits[1].max() + 1  # a tie: the first wins
+            logits[2] = 0.0
+            logits[2, 1] = -0.0
+        assert cpu_decode.greedy_tokens(logits) == torch.argmax(logits, dim=-1).tolist()
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        logits = torch.randn(3, 100, generator=gen)
+        logits[1, 97] = bad
+        assert cpu_decode.greedy_tokens(logits) is None
+    logits = torch.randn(2, 50, generator=gen)
+    assert cpu_decode.greedy_tokens(logits.half()) == torch.argmax(logits.half(), dim=-1).tolist()  # torch_greedy
+    want = torch.argmax(logits, dim=-1).tolist()
+    with cpu_decode.enabled(False):
+        assert cpu_decode.greedy_tokens(logits) == want
+
+
+@pytest.mark.parametrize("name", ["tiny", "gqa4-d64"])
+def test_rope_table_rows_equal_the_per_step_arithmetic(name: str) -> None:
+    """``LlamaModel.rope`` reads a table of positions; every row is bit-equal to computing the
+    step's positions on their own (position x inv_freq, cat, cos / sin), at 1, 37 and 300 new
+    tokens, past the table's first size (it grows)."""
+    model = _model(name)
+    first = model._rope.shape[1]
+    for new, starts in ((1, range(0, 3 * first, 97)), (37, (0, 500, first - 5)), (300, (0, 2 * first))):
+        for start in starts:
+            batch = build_forward_batch([list(range(new))], [start], [list(range(start + new))], [1])
+            freqs = batch.positions.float().unsqueeze(1) * model._inv_freq.unsqueeze(0)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = model.rope(batch)
+            assert torch.equal(cos, emb.cos().unsqueeze(1)) and torch.equal(sin, emb.sin().unsqueeze(1))
+    assert model._rope.shape[1] >= 3 * first

@@ -8,7 +8,7 @@ import torch
 
 from engine.core.config import SamplingParams
 from engine.serving.engine import LLMEngine
-from engine.core.sampling import apply_top_k_top_p, sample, sample_one
+from engine.core.sampling import SamplingError, apply_top_k_top_p, sample, sample_one, sample_rows
 from tests.conftest import run_to_completion
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -66,6 +66,22 @@ def test_greedy_rows_take_the_argmax_even_in_a_mixed_batch():
               SamplingParams(temperature=0)]
     gens = [None, torch.Generator().manual_seed(0), None]
     assert sample(logits, params, gens) == [1, 0, 2]
+
+
+def test_greedy_ties_take_the_first_maximum_as_argmax():
+    logits = torch.tensor([[1.0, 7.0, 7.0, 0.0], [3.0, 3.0, 3.0, 3.0]])
+    assert sample(logits, [SamplingParams(temperature=0)] * 2, [None, None]) == [1, 0]
+
+
+def test_non_finite_rows_fail_alone_and_huge_finite_rows_still_sample():
+    """Each non-finite row (NaN, +inf, -inf) is its own SamplingError; a finite row whose sum
+    overflows to inf (the cheap whole-batch check) is still sampled."""
+    big = 3e38
+    logits = torch.tensor([[0.0, 2.0, 1.0], [float("nan"), 0.0, 1.0], [0.0, float("inf"), 1.0],
+                           [float("-inf"), 0.0, 1.0], [big, big, 0.0]])
+    out = sample_rows(logits, [SamplingParams(temperature=0)] * 5, [None] * 5)
+    assert out[0] == 1 and out[4] == 0
+    assert all(isinstance(x, SamplingError) and x.row == i for i, x in enumerate(out) if i in (1, 2, 3))
 
 
 # -- seeded sampling through the engine -----------------------------------------------------

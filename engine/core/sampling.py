@@ -12,6 +12,8 @@ with ``finish_reason="error"`` and samples the others normally.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.core.config import SamplingParams
@@ -54,16 +56,35 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
-                generators: list[torch.Generator | None]) -> list[int | SamplingError]:
+#: Greedy rows' pick: logits [S, V] -> each row's first argmax, or None where a row is not finite
+#: (``sample_rows`` then takes each row on its own).
+GreedyPick = Callable[[torch.Tensor], list[int] | None]
+
+
+def torch_greedy(logits: torch.Tensor) -> list[int] | None:
+    """The torch pick: a finite sum of every row proves every value finite (any NaN or inf makes
+    it NaN or inf) in one cheap reduction (the elementwise test costs ~20x as much over a 49k
+    vocabulary); max's indices are the first maximum, as argmax's (a third of argmax's time)."""
+    if not bool(torch.isfinite(logits.sum(dim=-1)).all()):
+        return None
+    return logits.max(dim=-1).indices.tolist()
+
+
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+                greedy: GreedyPick = torch_greedy) -> list[int | SamplingError]:
     """logits [S, V] -> per row a token id, or the SamplingError of that row alone.
 
-    Greedy rows with finite logits are taken in one argmax; every other row is sampled on its
-    own, so a failure (non-finite logits, or an exception in the sampler) stays in its row.
+    When every row is greedy, ``greedy`` picks them all at once (the engine passes a C pick on
+    CPU, engine/model/cpu_decode.py). Otherwise, or where it does not pick (a row not finite), every
+    row is taken on its own, so a failure (non-finite logits, or an exception in the sampler) stays
+    in its row.
     """
+    if all(p.greedy for p in params):
+        tokens = greedy(logits)
+        if tokens is not None:
+            picked: list[int | SamplingError] = list(tokens)
+            return picked
     finite = torch.isfinite(logits).all(dim=-1).tolist()
-    if all(finite) and all(p.greedy for p in params):
-        return torch.argmax(logits, dim=-1).tolist()
     results: list[int | SamplingError] = []
     for row, (p, g) in enumerate(zip(params, generators)):
         if not finite[row]:

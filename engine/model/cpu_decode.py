@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
+from engine.core.sampling import torch_greedy
 from engine.model import cpu_gemv
 from engine.model.forward_batch import ForwardBatch
 from engine.model.kv_quant import KVCache
@@ -88,20 +89,32 @@ class _Shape(ctypes.Structure):
                 ("scale", ctypes.c_float), ("int4_group", ctypes.c_long), ("kv_bf16", ctypes.c_long)]
 
 
-def _functions() -> tuple[Any, Any] | None:
-    """(decode_layers, scratch_floats) of the library, typed once; None where it is not built (or
-    is still being built in the background: ``cpu_gemv.build_in_background``)."""
+class _Functions(NamedTuple):
+    decode_layers: Any
+    scratch_floats: Any
+    rms_norm_rows: Any
+    argmax_rows: Any
+
+
+def _functions() -> _Functions | None:
+    """The library's functions, typed once; None where it is not built (or is still being built in
+    the background: ``cpu_gemv.build_in_background``)."""
     lib = cpu_gemv.ready_library()
     if lib is None:
         return None
-    run, size = lib.decode_layers, lib.scratch_floats
-    if run.argtypes is None:
+    found = _Functions(lib.decode_layers, lib.scratch_floats, lib.rms_norm_rows, lib.argmax_rows)
+    if found.argmax_rows.argtypes is None:
         p, n = ctypes.c_void_p, ctypes.c_long
-        run.argtypes = [ctypes.POINTER(_Layer), n, ctypes.POINTER(_Shape), n, p, p, p, p, p, p, n, p, ctypes.c_int]
-        run.restype = ctypes.c_int
-        size.argtypes = [n] * 7
-        size.restype = n
-    return run, size
+        found.decode_layers.argtypes = [ctypes.POINTER(_Layer), n, ctypes.POINTER(_Shape), n, p, p, p, p, p, p, n, p,
+                                        ctypes.c_int]
+        found.decode_layers.restype = ctypes.c_int
+        found.scratch_floats.argtypes = [n] * 7
+        found.scratch_floats.restype = n
+        found.rms_norm_rows.argtypes = [p, p, p, n, n, ctypes.c_float, ctypes.c_int]
+        found.rms_norm_rows.restype = None
+        found.argmax_rows.argtypes = [p, n, n, p]
+        found.argmax_rows.restype = None
+    return found
 
 
 def _plain(t: object, dtype: torch.dtype) -> bool:
@@ -131,40 +144,61 @@ def _format(layers: Sequence[DecoderLayer], dtype: torch.dtype) -> int | None:
     return groups.pop()
 
 
-class _Weights(NamedTuple):
-    """A model's layers as the C step reads them: the format (0: fp32, else the int4 group size) and
-    the ``Layer`` table with every weight pointer (the K/V cache pointers left for each call)."""
+class _StepTable(NamedTuple):
+    """A model's layers and an engine's K/V caches as the C step reads them: the format (0: fp32,
+    else the int4 group size), whether the caches are bf16, and the ``Layer`` table with every
+    weight and K/V cache pointer (the C code only reads it)."""
 
     format: int
+    kv_bf16: bool
     table: ctypes.Array[_Layer]
 
 
 _CACHE_SIZE = 8
-#: (id of the layer list, row dtype) -> (weak reference to its first layer, what ``_weights`` found)
-_weights_cache: OrderedDict[tuple[int, torch.dtype], tuple[weakref.ref[Any], _Weights | None]] = OrderedDict()
-_weights_lock = threading.Lock()
+#: (id of the layer list, id of the K/V cache list, row dtype) -> (weak references to the first layer
+#: and the first K cache, what ``_step_table`` found)
+_TableKey = tuple[int, int, torch.dtype]
+_tables: OrderedDict[_TableKey, tuple[tuple[weakref.ref[Any], weakref.ref[Any]], _StepTable | None]] = OrderedDict()
+_tables_lock = threading.Lock()
 
 
-def _weights(layers: Sequence[DecoderLayer], dtype: torch.dtype) -> _Weights | None:
-    """``_format`` and the weight table of ``layers`` with ``dtype`` rows, worked out once per layer
-    list (weights never change): checking ~400 tensors every step cost ~0.6 ms of Python. An entry
-    keeps no model alive: it is found by the list's id and proven by a weak reference to the list's
-    first layer (a new list at a reused id has other layers)."""
-    if not layers:
+def _step_table(layers: Sequence[DecoderLayer], kv_caches: list[tuple[KVCache, KVCache]],
+                dtype: torch.dtype) -> _StepTable | None:
+    """The step table of ``layers`` and ``kv_caches`` with ``dtype`` rows, or None where the C step
+    does not take them (module doc); worked out once per pair of lists (neither ever changes its
+    tensors): checking ~460 tensors and filling the table every step cost ~0.7 ms of Python. An
+    entry keeps nothing alive: it is found by the lists' ids and proven by weak references to the
+    first layer and the first K cache (a new list at a reused id holds other objects). Engines
+    that share weights have their own caches, hence their own tables, and can step in parallel."""
+    if not layers or len(kv_caches) != len(layers):
         return None
-    key = (id(layers), dtype)
-    with _weights_lock:
-        hit = _weights_cache.get(key)
-        if hit is not None and hit[0]() is layers[0]:
-            _weights_cache.move_to_end(key)
+    key, anchors = (id(layers), id(kv_caches), dtype), (layers[0], kv_caches[0][0])
+    with _tables_lock:
+        hit = _tables.get(key)
+        if hit is not None and all(ref() is a for ref, a in zip(hit[0], anchors)):
+            _tables.move_to_end(key)
             return hit[1]
-    fmt = _format(layers, dtype)
-    found = None if fmt is None else _Weights(fmt, _table(layers))
-    with _weights_lock:
-        _weights_cache[key] = (weakref.ref(layers[0]), found)
-        while len(_weights_cache) > _CACHE_SIZE:
-            _weights_cache.popitem(last=False)
+    found = _find_table(layers, kv_caches, dtype)
+    with _tables_lock:
+        _tables[key] = ((weakref.ref(anchors[0]), weakref.ref(anchors[1])), found)
+        while len(_tables) > _CACHE_SIZE:
+            _tables.popitem(last=False)
     return found
+
+
+def _find_table(layers: Sequence[DecoderLayer], kv_caches: list[tuple[KVCache, KVCache]],
+                dtype: torch.dtype) -> _StepTable | None:
+    fmt = _format(layers, dtype)
+    if fmt is None:
+        return None
+    # fp32 caches only with fp32 weights; the int4 format takes bf16, or fp32 holding bf16 values exactly
+    for kv_dtype in (torch.float32,) if fmt == 0 else (torch.bfloat16, torch.float32):
+        if all(_plain(k, kv_dtype) and _plain(v, kv_dtype) for k, v in kv_caches):
+            table = _table(layers)
+            for entry, (k, v) in zip(table, kv_caches):
+                entry.k_cache, entry.v_cache = _ptr(k), _ptr(v)
+            return _StepTable(fmt, kv_dtype == torch.bfloat16, table)
+    return None
 
 
 def _table(layers: Sequence[DecoderLayer]) -> ctypes.Array[_Layer]:
@@ -187,12 +221,7 @@ def applies(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torch.T
             and len(layers) == config.num_hidden_layers and hidden.device.type == "cpu"
             and config.head_dim % 2 == 0 and config.head_dim <= MAX_HEAD_DIM):
         return False
-    if _functions() is None:
-        return False
-    weights = _weights(layers, hidden.dtype)
-    kv_dtypes = (torch.float32,) if weights is None or weights.format == 0 else (torch.bfloat16, torch.float32)
-    return (weights is not None and len(kv_caches) == len(layers)  # (a fp32 cache holds bf16 values exactly)
-            and any(all(_plain(k, d) and _plain(v, d) for k, v in kv_caches) for d in kv_dtypes))
+    return _functions() is not None and _step_table(layers, kv_caches, hidden.dtype) is not None
 
 
 def _context(batch: ForwardBatch, rows: int) -> tuple[torch.Tensor, int]:
@@ -215,29 +244,63 @@ def run_layers(config: ModelConfig, layers: Sequence[DecoderLayer], hidden: torc
     ``LlamaModel.run_layers`` does."""
     functions = _functions()
     assert functions is not None
-    run, size = functions
+    run, size = functions.decode_layers, functions.scratch_floats
     c = config
     rows = hidden.shape[0]
     # [M, h] fp32 (bf16 values in the int4 format), a copy the C code updates in place
     out = hidden.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     ctx, width = _context(batch, rows)
-    lens = torch.tensor(batch.seq_lens, dtype=torch.long)  # [M] (one row per request)
+    lens = (ctypes.c_int64 * rows)(*batch.seq_lens)  # [M] (one row per request)
     scratch = torch.empty(size(rows, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                c.intermediate_size, width), dtype=torch.float32)
-    weights = _weights(layers, hidden.dtype)
-    assert weights is not None
-    table = (_Layer * len(layers))()  # this call's own copy (engines sharing the weights step in parallel)
-    ctypes.memmove(table, weights.table, ctypes.sizeof(table))
-    for entry, (k, v) in zip(table, kv_caches):
-        entry.k_cache, entry.v_cache = _ptr(k), _ptr(v)
+    step = _step_table(layers, kv_caches, hidden.dtype)
+    assert step is not None
     shape = _Shape(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size,
-                   c.rms_norm_eps, c.head_dim ** -0.5, weights.format, _plain(kv_caches[0][0], torch.bfloat16))
-    if run(table, len(table), ctypes.byref(shape), rows, out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-           batch.slot_mapping.data_ptr(), ctx.data_ptr(), lens.data_ptr(), width, scratch.data_ptr(),
+                   c.rms_norm_eps, c.head_dim ** -0.5, step.format, step.kv_bf16)
+    if run(step.table, len(step.table), ctypes.byref(shape), rows, out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+           batch.slot_mapping.data_ptr(), ctx.data_ptr(), lens, width, scratch.data_ptr(),
            torch.get_num_threads()):
         raise MemoryError("the fused decode layers: out of memory for a GEMV's temporaries")
     return out.to(hidden.dtype)  # exact: bf16 values in the int4 format
+
+
+def norm_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """``final_norm`` takes x: 1..MAX_ROWS rows [M, h] of fp32 or bf16 on CPU, a weight [h] of the
+    same dtype, the fused step on and the library ready."""
+    return (_switch.on and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype in (torch.float32, torch.bfloat16)
+            and x.device.type == "cpu" and _plain(weight, x.dtype) and weight.shape == x.shape[1:]
+            and _functions() is not None)
+
+
+def final_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The model's final RMSNorm of x [M, h] in C (``norm_applies`` said yes): the arithmetic of
+    ``llama.rms_norm`` (fp32 mean of squares; in bf16 every result rounded as torch's ops round it),
+    up to the order of the sum of squares. One call instead of seven torch ops, each of which costs
+    tens of µs right after a step's weights have streamed through the caches."""
+    functions = _functions()
+    assert functions is not None
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    functions.rms_norm_rows(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps,
+                            x.dtype == torch.bfloat16)
+    return out
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int] | None:
+    """Greedy sampling's pick (``engine.core.sampling.GreedyPick``) in C: logits [S, V] -> the
+    first argmax of every row, as ``torch.argmax``; None where any row is not finite. One call
+    instead of the five torch ops of ``torch_greedy``, which runs where the C pick does not apply
+    (not fp32 rows on CPU, the fused step off or the library not ready)."""
+    functions = _functions()
+    if (functions is None or not _switch.on or logits.dim() != 2 or logits.shape[1] == 0
+            or not _plain(logits, torch.float32)):
+        return torch_greedy(logits)
+    rows = logits.shape[0]
+    out = (ctypes.c_int64 * rows)()
+    functions.argmax_rows(logits.data_ptr(), rows, logits.shape[1], out)
+    tokens = list(out)
+    return None if -1 in tokens else tokens
 
 
 def _proj(w: Weight) -> _Proj:

@@ -2,7 +2,8 @@
 and AVX-512 where the CPU has it), built once with the system C compiler and called through ctypes:
 fp32 weights (``gemv``), int4 ones in torch's int4pack layout (``gemv_int4``) and int8 ones
 (``gemv_int8``), the last two with bf16 rows. The same library holds the fused decode layers
-(decode_avx2.c, engine/model/cpu_decode.py), which call these GEMVs.
+(decode_avx2.c, engine/model/cpu_decode.py), which call these GEMVs, the final norm and the greedy
+pick (greedy_avx2.c).
 
 Why: a decode step reads every weight once, so its speed is the GEMV's read rate. On one of this
 project's 2-core CPUs torch's ``F.linear`` at one row (MKL sgemv) read about 8 GB/s where a plain
@@ -44,7 +45,7 @@ import torch
 from engine.model.cache import cache_root
 
 #: The library's C sources: the GEMVs, and the fused decode step that calls them (cpu_decode.py).
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemv_avx2.c", "decode_avx2.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("gemv_avx2.c", "decode_avx2.c", "greedy_avx2.c"))
 HEADERS = (Path(__file__).with_name("bf16.h"),)  # included by the sources (part of the library's hash)
 MAX_ROWS = 16  # a decode batch of up to 16 rows (beyond, torch's GEMM: the C kernels keep each
 # weight chunk in cache across the rows, which pays while the rows' products do not dominate)

@@ -86,13 +86,33 @@ static int linear(const Proj *w, const void *bias, const float *x, float *y, lon
     return 0;
 }
 
+static inline void store(void *p, long i, float v, int bf) {
+    if (bf) ((uint16_t *)p)[i] = f32_to_bf16(v);  /* exact: v is a bf16 value (R()) */
+    else ((float *)p)[i] = v;
+}
+
+/* 1 / rms of the H values from element i of h (stored as the format stores them): the mean of
+ * squares in fp32, as torch's rms_norm computes it after x.float(). */
+static inline float inv_rms(const void *h, long i, long H, float eps, int bf) {
+    float ss = 0.f;
+    for (long j = 0; j < H; j++) ss += at(h, i + j, bf) * at(h, i + j, bf);
+    return 1.f / sqrtf(ss / (float)H + eps);
+}
+
 static void rms_norm(const float *h, const void *w, float *x, long M, long H, float eps, int bf) {
     for (long m = 0; m < M; m++) {
         const float *r = h + m * H;
-        float ss = 0.f;
-        for (long j = 0; j < H; j++) ss += r[j] * r[j];
-        float inv = 1.f / sqrtf(ss / (float)H + eps);
+        const float inv = inv_rms(r, 0, H, eps, 0);
         for (long j = 0; j < H; j++) x[m * H + j] = R(at(w, j, bf) * R(r[j] * inv));
+    }
+}
+
+/* The model's final norm over M rows h [M, H] into out [M, H], both stored as the format stores
+ * activations (fp32, or bf16 where bf): the layers' norm, for the LM head's input. */
+void rms_norm_rows(const void *h, const void *w, void *out, long M, long H, float eps, int bf) {
+    for (long m = 0; m < M; m++) {
+        const float inv = inv_rms(h, m * H, H, eps, bf);
+        for (long j = 0; j < H; j++) store(out, m * H + j, R(at(w, j, bf) * R(at(h, m * H + j, bf) * inv)), bf);
     }
 }
 
@@ -106,11 +126,6 @@ static void rope(float *x, long heads, long D, const float *cos, const float *si
         for (long j = 0; j < half; j++) v[j] = R(R(t[j] * cos[j]) + R((-t[j + half]) * sin[j]));
         for (long j = half; j < D; j++) v[j] = R(R(t[j] * cos[j]) + R(t[j - half] * sin[j]));
     }
-}
-
-static inline void store(void *cache, long i, float v, int bf) {
-    if (bf) ((uint16_t *)cache)[i] = f32_to_bf16(v);  /* exact: v is a bf16 value (the int4 format) */
-    else ((float *)cache)[i] = v;
 }
 
 /* 8 cache values from element i on, as floats (AVX2 on every build: D is small). */

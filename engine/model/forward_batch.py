@@ -99,6 +99,8 @@ class ForwardBatch:
     prefills: tuple[SequenceKV, ...]  # requests with more than one query token
     decode_rows: torch.Tensor  # [D] int64 row of every decode in the flat batch
     decode_groups: tuple[DecodeGroup, ...]  # a partition of the decodes (module doc)
+    #: logits_indices is every row in order (a decode-only step): the LM head takes the rows as they are
+    logits_all_rows: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -211,4 +213,5 @@ def build_forward_batch(
         decode_rows=torch.tensor(decode_rows, dtype=torch.long),
         decode_groups=tuple(_decode_group([decode_rows[i] for i in g], [decode_contexts[i] for i in g])
                             for g in groups),
+        logits_all_rows=logits_indices == list(range(len(input_ids))),
     )

@@ -48,7 +48,7 @@ class PrivatePrefill:
         starts = [sum(len(c) for c in chunks[:i]) for i in range(len(chunks))]
         slot_tables = [list(range(s, s + len(c))) for s, c in zip(starts, chunks)]
         batch = build_forward_batch([list(c) for c in chunks], [0] * len(chunks), slot_tables, [False] * len(chunks))
-        return batch if logits_indices is None else replace(batch, logits_indices=logits_indices)
+        return batch if logits_indices is None else replace(batch, logits_indices=logits_indices, logits_all_rows=False)
 
     def logits(self, ids: Sequence[int], rows: torch.Tensor) -> torch.Tensor:
         """One prefill of ``ids`` [L] -> the model's logits at rows ``rows`` [n]: [n, V]."""

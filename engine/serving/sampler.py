@@ -23,6 +23,7 @@ from engine.core.request import Request
 from engine.core.sampling import SamplingError, sample_rows
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.trace import SpecVerification
+from engine.model import cpu_decode
 from engine.serving.intake import RequestIntake
 from engine.speculative.drafter import Draft
 from engine.speculative.verify import Speculator, VerifyFailed
@@ -49,7 +50,8 @@ def sample_and_verify(output: SchedulerOutput, logits: torch.Tensor, intake: Req
     to_sample, rows, forked = _sampling_targets(output, row_of, intake, scheduler)
     cp.save_generators(to_sample)
     picked = logits if rows == list(range(logits.shape[0])) else logits[torch.tensor(rows, dtype=torch.long)]
-    results = sample_rows(picked, [r.sampling_params for r in to_sample], [r.generator for r in to_sample])
+    results = sample_rows(picked, [r.sampling_params for r in to_sample], [r.generator for r in to_sample],
+                          cpu_decode.greedy_tokens)
     sampled: list[tuple[Request, int]] = []
     failed: list[tuple[Request, str]] = []
     for r, result in zip(to_sample, results):
