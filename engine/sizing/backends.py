@@ -96,12 +96,18 @@ BACKENDS: dict[str, BackendRule] = {r.key: r for r in (
         "5 points, all on one H100 (batch 1 and 4, BF16 and FP8): one bandwidth cannot separate eta from t0, so"
         " eta is vLLM's and only t0 is fitted"),
     BackendRule(
-        "mindie", "MindIE", 0.96, 30.65e-3, True,
-        _ids("mindie", 183, 185, 186), _ids("mindie", 186), 0.173,
-        ("https://github.com/vllm-project/vllm-ascend/issues/4395",),
-        "3 per-user figures at 16 and 2 concurrent (no batch-1 figure is published), Qwen3-32B INT8 on 2 x 910B4"
-        " with the 910B preset's bandwidth (low confidence); two numbers from three points: a rough rule; failing:"
-        " 64k context at 2 concurrent"),
+        "mindie", "MindIE", 0.41, 4.20e-3, True,
+        (*_ids("mindie", 183, 185, 186), "mindie:wjj-r1-qwen7b-b1", "mindie:llm-action-qwen72b-b1",
+         "mindie:llm-action-qwen72b-b4"), _ids("mindie", 186), 0.130,
+        ("https://github.com/vllm-project/vllm-ascend/issues/4395",
+         "https://github.com/wang-junjian/wang-junjian.github.io/blob/1dd1ed73f5ea4ef7e0754e4e6879b25a9023d273/"
+         "_posts/2025-07-19-Ascend-Atlas-800I-A2-Installation-Guide_MindIE-Install-and-Config.md",
+         "https://github.com/liguodongiot/llm-action/blob/768ca6c70feeea24e64dd1edffce6918b6d2c98f/"
+         "llm-localization/ascend/mindie/mindie-20240411.md"),
+        "6 points on 910B / 910B4 with the 910B preset's bandwidth (unofficial, low confidence): two at batch 1"
+        " (DeepSeek-R1-Distill-Qwen-7B TP 4, Qwen-72B-Chat TP 8), Qwen-72B at batch 4, and Qwen3-32B INT8 per user"
+        " at 16 and 2 concurrent; eta is low against the 1,600 GB/s the preset assumes; failing: 64k context at"
+        " 2 concurrent"),
 )}
 
 
