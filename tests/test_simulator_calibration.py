@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.costmodel.measured import PROFILE_VERSION, CostProfile, Curve, MachineInfo, MeasuredCost, StepOverhead
+from engine.costmodel.measured import FUSED_CONTEXT, PROFILE_VERSION, CostProfile, Curve, FusedDecode, MachineInfo, \
+    MeasuredCost, StepOverhead
+from engine.model import cpu_gemv
 from engine.costmodel.model import simulated_model
 from engine.costmodel.shape import ChunkShape, StepShape, decode_shape, prefill_shape
 from engine.simulate.__main__ import main
@@ -107,6 +109,22 @@ def test_measured_cost_grows_where_it_should(calibrated: tuple[CostProfile, Path
         parts = cost.step_cost(StepShape((ChunkShape(128, 0, 1), ChunkShape(1, 40, 1))))
         assert parts.comm_s == 0 and min(parts.as_dict().values()) >= 0 and parts.total_s > 0
     assert "measured on this machine" in MeasuredCost(_profile()).label
+
+
+def test_decode_only_steps_take_the_fused_layers_time(calibrated: tuple[CostProfile, Path]) -> None:
+    """Where the C library runs, a decode-only step of up to 16 rows is priced as the fused C
+    layers (one call: no per-row elementwise time); any other step by the parts, as before."""
+    assert (calibrated[0].fused is not None) == (cpu_gemv.status() == "ready")
+    fused = FusedDecode(Curve((1.0, 16.0), (0.008, 0.012)), 1e-7)
+    profile = _profile(fused=fused)
+    assert CostProfile.from_json(profile.to_json()) == profile
+    cost, plain = MeasuredCost(profile), MeasuredCost(_profile())
+    step = cost.step_cost(decode_shape(4, 64))
+    assert step.gemm_s == pytest.approx(fused.rows(4) + profile.lm_head(4)) and step.elementwise_s == 0
+    assert step.attention_s == pytest.approx(1e-7 * 4 * (64 - FUSED_CONTEXT))
+    assert step.total_s < plain.step_cost(decode_shape(4, 64)).total_s
+    for other in (StepShape((ChunkShape(8, 0, 1), ChunkShape(1, 40, 1))), decode_shape(fused.max_rows + 1, 64)):
+        assert cost.step_cost(other) == plain.step_cost(other)
 
 
 def test_burst_is_scheduled_step_for_step_alike(calibrated: tuple[CostProfile, Path]) -> None:

@@ -17,6 +17,11 @@ another:
     overhead     scheduling, sampling, postprocess, the trace: a time per step + a time per
                  scheduled request
 
+A decode-only step of up to 16 rows runs every layer in one C call where the C library is built
+(engine/model/cpu_decode.py): its layers are timed as that call (``FusedDecode``: by rows at a
+short context, plus a time per further context slot), and the per-row elementwise time does not
+apply (it is inside the call).
+
 GEMM and attention are timed alone and taken as they are (inside a real step the GEMMs take what
 they take alone: torch's profiler agrees); the rest is fitted to whole engine steps under a
 calibration traffic, so the prediction is of the step as the engine runs it.
@@ -41,7 +46,9 @@ from engine.costmodel.shape import ChunkShape, StepShape
 from engine.model.forward_batch import GROUP_OVERHEAD_SLOTS, group_decodes
 
 #: the profile file format; a file of another version is measured again, never read
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
+#: the context (slots) of every row when the fused decode step is timed against its rows (``FusedDecode``)
+FUSED_CONTEXT = 32
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,36 @@ class StepOverhead:
 
 
 @dataclass(frozen=True)
+class FusedDecode:
+    """The fused C decode layers (engine/model/cpu_decode.py), where they ran at calibration: a
+    decode-only step of up to ``max_rows`` rows runs every layer in one C call (norms, GEMVs, RoPE,
+    the K/V write, attention over each row's own slots, SwiGLU), so its time is not the parts'
+    sum: rows x FUSED_CONTEXT slots as measured, plus a time per context slot beyond them."""
+
+    rows: Curve  # s, every layer, vs rows at FUSED_CONTEXT slots each
+    per_slot_s: float  # s per further context slot (the C attention reads each row's own slots)
+
+    @property
+    def max_rows(self) -> int:
+        return int(self.rows.xs[-1])
+
+    def attention_s(self, contexts: list[int]) -> float:
+        """s of attention beyond ``rows``' for rows holding ``contexts`` slots each."""
+        return self.per_slot_s * sum(max(0, c - FUSED_CONTEXT) for c in contexts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows": self.rows.to_json(), "per_slot_s": self.per_slot_s}
+
+    @classmethod
+    def from_json(cls, d: Any) -> FusedDecode | None:
+        if d is None:
+            return None
+        if not isinstance(d, dict):
+            raise ValueError("fused: expected an object or null")
+        return cls(Curve.from_json(d["rows"]), _time(d["per_slot_s"]))
+
+
+@dataclass(frozen=True)
 class CostProfile:
     """What calibration measured on one machine for one model (JSON round-trip: ``to_json`` /
     ``from_json``; any missing or malformed field is a ValueError)."""
@@ -153,6 +190,7 @@ class CostProfile:
     prefill_causal: Curve  # s, every layer: a whole-sequence chunk vs causal pairs q (q + 1) / 2
     prefill_masked: Curve  # s, every layer: a chunk after cached tokens vs q x context
     overhead: StepOverhead
+    fused: FusedDecode | None = None  # None where the C library did not run (torch's layers then)
     measured_at: str = ""  # ISO time
     seconds: float = 0.0  # how long the profile took
     fit_error: float = 0.0  # median |predicted - measured| / measured over the calibration steps
@@ -163,6 +201,7 @@ class CostProfile:
         d = asdict(self)
         for name in ("gemm", "lm_head", "decode_group", "prefill_causal", "prefill_masked"):
             d[name] = getattr(self, name).to_json()
+        d["fused"] = None if self.fused is None else self.fused.to_json()
         d["notes"] = list(self.notes)
         return json.dumps(d, indent=1)
 
@@ -185,7 +224,7 @@ class CostProfile:
                        prefill_masked=Curve.from_json(d["prefill_masked"]),
                        overhead=StepOverhead(_time(o["per_step_s"]), _time(o["per_request_s"]),
                                              _time(o["per_decode_s"]), _time(o["per_token_s"])),
-                       measured_at=str(d.get("measured_at", "")), seconds=float(d.get("seconds", 0.0)),
+                       fused=FusedDecode.from_json(d["fused"]), measured_at=str(d.get("measured_at", "")), seconds=float(d.get("seconds", 0.0)),
                        fit_error=float(d.get("fit_error", 0.0)), version=PROFILE_VERSION,
                        notes=tuple(str(n) for n in d.get("notes", ())))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
@@ -230,7 +269,13 @@ class MeasuredCost:
         if not shape.chunks:
             return StepCost(0.0, 0.0, 0.0, 0.0, o.per_step_s)
         m, d = shape.num_tokens, shape.num_decodes
-        gemm = p.gemm(m) + (p.lm_head(shape.num_samples) if shape.num_samples else 0.0)
+        head = p.lm_head(shape.num_samples) if shape.num_samples else 0.0
+        overhead = o.per_step_s + o.per_request_s * shape.num_requests
+        if p.fused is not None and d == m <= p.fused.max_rows:  # decode only: the fused C layers
+            # every layer's arithmetic at FUSED_CONTEXT slots a row is in ``rows`` (reported as GEMM)
+            return StepCost(gemm_s=p.fused.rows(d) + head, attention_s=p.fused.attention_s([c.context for c in shape.chunks]),
+                            elementwise_s=0.0, comm_s=0.0, overhead_s=overhead)
+        gemm = p.gemm(m) + head
         return StepCost(gemm_s=gemm, attention_s=self.attention_s(shape.chunks),
                         elementwise_s=o.per_decode_s * d + o.per_token_s * (m - d),
-                        comm_s=0.0, overhead_s=o.per_step_s + o.per_request_s * shape.num_requests)
+                        comm_s=0.0, overhead_s=overhead)

@@ -12,6 +12,9 @@ profile says it was busy), all on the loaded model, in the engine's dtype and to
 
     GEMMs          every layer's four linear calls at M tokens (1 .. 512)
     LM head        final norm + head matmul at R rows
+    fused layers   where the C library runs, a decode-only step's layers in one C call
+                   (engine/model/cpu_decode.py): by rows (1 .. 16) at a short context, and the
+                   time per further context slot
     attention      the K/V write + paged attention, every layer, through the engine's attention
                    backend on per-layer caches, each row on its own slots: decode groups of 1 to
                    48 rows (-> a time per group by its padded slots), whole-sequence and
@@ -48,12 +51,15 @@ import torch
 
 from engine.core.config import SamplingParams
 from engine.core.trace import StepTrace
-from engine.costmodel.measured import CostProfile, Curve, MachineInfo, MeasuredCost, StepOverhead
+from engine.costmodel.measured import FUSED_CONTEXT, CostProfile, Curve, FusedDecode, MachineInfo, MeasuredCost, \
+    StepOverhead
 from engine.costmodel.model import Deployment, SimulatedModel
 from engine.costmodel.shape import ChunkShape, StepShape
 from engine.model import cache as model_cache
 from engine.model.attention import attention_backend
-from engine.model.forward_batch import build_forward_batch
+from engine.model import cpu_decode, cpu_gemv
+from engine.model.forward_batch import ForwardBatch, build_forward_batch
+from engine.model.kv_quant import KVCache
 from engine.model.llama import rms_norm
 from engine.model.quantization import linear
 from engine.model.runner import DTYPES, kv_cache_bytes_per_token
@@ -84,6 +90,10 @@ class CalibrationPlan:
     #: decode groups (rows, width): their padded slots rows x width, 16 .. 16,384
     decode_groups: tuple[tuple[int, int], ...] = ((1, 16), (1, 128), (1, 512), (8, 128), (1, 2048), (24, 128),
                                                   (8, 512), (48, 128), (16, 512), (24, 512), (16, 1024))
+    #: the fused C decode layers (where the library runs): rows at FUSED_CONTEXT slots each, and
+    #: (rows, context) for their time per further slot
+    fused_rows: tuple[int, ...] = (1, 2, 4, 8, 12, 16)
+    fused_slot_probe: tuple[int, int] = (8, 512)
     causal_q: tuple[int, ...] = (4, 16, 64, 128, 256, 512)
     masked: tuple[tuple[int, int], ...] = ((4, 60), (16, 112), (32, 224), (64, 448), (128, 384), (256, 256))
     #: whole engine steps (``_engine_steps``): requests in the engine, level by level
@@ -99,11 +109,13 @@ class CalibrationPlan:
     gemm_stride_above: int = 64
 
 
-#: cumulative shares of ``budget_s`` by which each stage's repeats end: GEMMs, head, decode, prefill
-STAGE_SHARES = (0.5, 0.62, 0.72, 1.0)
+#: cumulative shares of ``budget_s`` by which each stage's repeats end: GEMMs, head, decode, fused
+#: decode layers, prefill
+STAGE_SHARES = (0.45, 0.56, 0.65, 0.75, 1.0)
 
 #: a quick plan for tests (tiny-random): every curve has points, few repeats
 TINY_PLAN = CalibrationPlan(gemm_m=(1, 8, 64), head_rows=(1, 8), decode_groups=((1, 16), (4, 64)),
+                            fused_rows=(1, 4), fused_slot_probe=(4, 64),
                             causal_q=(8, 32), masked=((8, 24), (16, 48)), traffic_levels=(1, 4, 2),
                             traffic_level_steps=4, traffic_prompt=(4, 64), traffic_output=(2, 8), repeats=1)
 
@@ -245,8 +257,9 @@ class _Parts:
         shape = (blocks, DEFAULT_BLOCK_SIZE, c.num_key_value_heads, c.head_dim)
         gen = torch.Generator().manual_seed(0)
         # per-layer caches, as the engine has: a decode reads each layer's own K/V from memory
-        self.caches = [(torch.randn(shape, generator=gen).to(m.dtype), torch.randn(shape, generator=gen).to(m.dtype))
-                       for _ in m.layers]
+        self.caches: list[tuple[KVCache, KVCache]] = [
+            (torch.randn(shape, generator=gen).to(m.dtype), torch.randn(shape, generator=gen).to(m.dtype))
+            for _ in m.layers]
 
     @torch.inference_mode()
     def gemm(self, m_tokens: int, stride: int) -> float:
@@ -269,17 +282,36 @@ class _Parts:
         h = torch.randn(rows, self.c.hidden_size).to(self.dtype)
         return _timed(lambda: linear(rms_norm(h, m.norm, self.c.rms_norm_eps), m.lm_head).float())
 
-    @torch.inference_mode()
-    def chunks(self, chunks: Sequence[tuple[int, int]]) -> float:
-        """K/V write + attention of every layer for chunks of (new tokens, start), each chunk on its
-        own slots, as the engine's requests are (rows sharing slots read the same K/V from cache:
-        up to a third faster at 8 rows of 400 tokens on the machine this was written on)."""
-        c = self.c
+    @staticmethod
+    def _batch(chunks: Sequence[tuple[int, int]]) -> ForwardBatch:
+        """Chunks of (new tokens, start), each on its own slots, as the engine's requests are (rows
+        sharing slots read the same K/V from cache: up to a third faster at 8 rows of 400 tokens on
+        the machine this was written on)."""
         slots: list[list[int]] = []
         for n, s in chunks:
             first = slots[-1][-1] + 1 if slots else 0
             slots.append(list(range(first, first + s + n)))
-        batch = build_forward_batch([[0] * n for n, _ in chunks], [s for _, s in chunks], slots, [1] * len(chunks))
+        return build_forward_batch([[0] * n for n, _ in chunks], [s for _, s in chunks], slots, [1] * len(chunks))
+
+    def fused_applies(self) -> bool:
+        """The engine's decode-only steps run the fused C layers here (the library built, the model's format)."""
+        m, batch = self.model, self._batch([(1, FUSED_CONTEXT - 1)])
+        return cpu_gemv.status() == "ready" and cpu_decode.applies(self.c, m.layers, m.embed(batch), batch,
+                                                                   self.caches, True, "torch")
+
+    @torch.inference_mode()
+    def fused(self, rows: int, context: int) -> float:
+        """The fused C decode layers over ``rows`` decodes holding ``context`` slots each."""
+        m, batch = self.model, self._batch([(1, context - 1)] * rows)
+        hidden, (cos, sin) = m.embed(batch), m.rope(batch)
+        return _timed(lambda: cpu_decode.run_layers(self.c, m.layers, hidden, cos, sin, batch, self.caches))
+
+    @torch.inference_mode()
+    def chunks(self, chunks: Sequence[tuple[int, int]]) -> float:
+        """K/V write + attention of every layer for chunks of (new tokens, start), each on its own
+        slots (``_batch``), through torch's attention."""
+        c = self.c
+        batch = self._batch(chunks)
         t = batch.num_tokens
         q = torch.randn(t, c.num_attention_heads, c.head_dim).to(self.dtype)
         k = torch.randn(t, c.num_key_value_heads, c.head_dim).to(self.dtype)
@@ -425,7 +457,8 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     shared = get_shared_model(model)
     m = shared.model
     dtype = next(k for k, v in DTYPES.items() if v == m.dtype)
-    max_slots = max((*(n * w for n, w in plan.decode_groups), *plan.causal_q, *(n + s for n, s in plan.masked)))
+    max_slots = max((*(n * w for n, w in plan.decode_groups), *plan.causal_q, *(n + s for n, s in plan.masked),
+                     plan.fused_slot_probe[0] * plan.fused_slot_probe[1], max(plan.fused_rows) * FUSED_CONTEXT))
     parts = _Parts(shared, max_slots)
     # first calls allocate and pick kernels: run each part once untimed
     parts.gemm(plan.gemm_m[0], 1)
@@ -447,9 +480,11 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     dec_x = [n * w for n, w in plan.decode_groups]
     dec_order = sorted(range(len(dec_x)), key=lambda i: dec_x[i])
 
+    fused = _fused(parts, plan, progress, ends[3])
+
     _say(progress, "prefill attention (whole prompts and after cached tokens)")
     prefill = [(q, 0) for q in plan.causal_q] + list(plan.masked)
-    both = _median_sweeps(prefill, lambda p: parts.chunks([p]), plan.repeats, ends[3])
+    both = _median_sweeps(prefill, lambda p: parts.chunks([p]), plan.repeats, ends[4])
     causal, masked = both[:len(plan.causal_q)], both[len(plan.causal_q):]
     masked_x = [n * (n + s) for n, s in plan.masked]
     order = sorted(range(len(masked_x)), key=lambda i: masked_x[i])
@@ -469,7 +504,7 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     def profile(overhead: StepOverhead, fit_error: float = 0.0) -> CostProfile:
         return CostProfile(model=model, dtype=dtype, machine=machine_info(), num_layers=len(m.layers), gemm=gemm_c,
                            lm_head=head_c, decode_group=group_c, prefill_causal=causal_c,
-                           prefill_masked=masked_c, overhead=overhead,
+                           prefill_masked=masked_c, overhead=overhead, fused=fused,
                            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                            seconds=time.perf_counter() - t_start, fit_error=fit_error, notes=notes)
 
@@ -491,6 +526,22 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
                    f"{overhead.per_decode_s * 1e3:.3f} ms, per prefill token {overhead.per_token_s * 1e3:.3f} ms; median step error on the calibration steps "
                    f"{result.fit_error:.1%}")
     return result
+
+
+def _fused(parts: _Parts, plan: CalibrationPlan, progress: Progress | None, deadline: float) -> FusedDecode | None:
+    """The fused C decode layers' curve by rows and their time per further slot, or None where the
+    engine's decode steps do not take them here."""
+    if not parts.fused_applies():
+        _say(progress, f"fused C decode layers: not used here ({cpu_gemv.status()}); torch's layers are timed")
+        return None
+    rows, context = plan.fused_slot_probe
+    _say(progress, f"fused C decode layers: {', '.join(map(str, plan.fused_rows))} rows, and {rows} rows of {context}")
+    parts.fused(1, FUSED_CONTEXT)  # untimed: the first call builds the step table
+    points = [(r, FUSED_CONTEXT) for r in plan.fused_rows] + [(rows, FUSED_CONTEXT), (rows, context)]
+    times = _median_sweeps(points, lambda p: parts.fused(*p), plan.repeats, deadline)
+    short, long = times[-2:]
+    return FusedDecode(Curve.monotone(tuple(map(float, plan.fused_rows)), tuple(times[:-2])),
+                       max(0.0, (long - short) / (rows * (context - FUSED_CONTEXT))))
 
 
 # -- the simulated model ----------------------------------------------------------------------------
