@@ -18,9 +18,9 @@ another:
                  scheduled request
 
 A decode-only step of up to 16 rows runs every layer in one C call where the C library is built
-(engine/model/cpu_decode.py): its layers are timed as that call (``FusedDecode``: by rows at a
-short context, plus a time per further context slot), and the per-row elementwise time does not
-apply (it is inside the call).
+(engine/model/cpu_decode.py): its layers and LM head are timed as the engine runs them
+(``FusedDecode``: by rows at a short context, plus a time per further context slot), and the
+per-row elementwise time does not apply (it is inside the call).
 
 GEMM and attention are timed alone and taken as they are (inside a real step the GEMMs take what
 they take alone: torch's profiler agrees); the rest is fitted to whole engine steps under a
@@ -150,9 +150,10 @@ class FusedDecode:
     """The fused C decode layers (engine/model/cpu_decode.py), where they ran at calibration: a
     decode-only step of up to ``max_rows`` rows runs every layer in one C call (norms, GEMVs, RoPE,
     the K/V write, attention over each row's own slots, SwiGLU), so its time is not the parts'
-    sum: rows x FUSED_CONTEXT slots as measured, plus a time per context slot beyond them."""
+    sum: the layers and the LM head at rows x FUSED_CONTEXT slots as measured, plus a time per
+    context slot beyond them."""
 
-    rows: Curve  # s, every layer, vs rows at FUSED_CONTEXT slots each
+    rows: Curve  # s, every layer and the LM head, vs rows at FUSED_CONTEXT slots each
     per_slot_s: float  # s per further context slot (the C attention reads each row's own slots)
 
     @property
@@ -269,13 +270,12 @@ class MeasuredCost:
         if not shape.chunks:
             return StepCost(0.0, 0.0, 0.0, 0.0, o.per_step_s)
         m, d = shape.num_tokens, shape.num_decodes
-        head = p.lm_head(shape.num_samples) if shape.num_samples else 0.0
         overhead = o.per_step_s + o.per_request_s * shape.num_requests
         if p.fused is not None and d == m <= p.fused.max_rows:  # decode only: the fused C layers
-            # every layer's arithmetic at FUSED_CONTEXT slots a row is in ``rows`` (reported as GEMM)
-            return StepCost(gemm_s=p.fused.rows(d) + head, attention_s=p.fused.attention_s([c.context for c in shape.chunks]),
+            # every layer's arithmetic and the LM head at FUSED_CONTEXT slots a row (reported as GEMM)
+            return StepCost(gemm_s=p.fused.rows(d), attention_s=p.fused.attention_s([c.context for c in shape.chunks]),
                             elementwise_s=0.0, comm_s=0.0, overhead_s=overhead)
-        gemm = p.gemm(m) + head
+        gemm = p.gemm(m) + (p.lm_head(shape.num_samples) if shape.num_samples else 0.0)
         return StepCost(gemm_s=gemm, attention_s=self.attention_s(shape.chunks),
                         elementwise_s=o.per_decode_s * d + o.per_token_s * (m - d),
                         comm_s=0.0, overhead_s=overhead)

@@ -13,8 +13,8 @@ profile says it was busy), all on the loaded model, in the engine's dtype and to
     GEMMs          every layer's four linear calls at M tokens (1 .. 512)
     LM head        final norm + head matmul at R rows
     fused layers   where the C library runs, a decode-only step's layers in one C call
-                   (engine/model/cpu_decode.py): by rows (1 .. 16) at a short context, and the
-                   time per further context slot
+                   (engine/model/cpu_decode.py) and its LM head: by rows (1 .. 16) at a short
+                   context, and the time per further context slot
     attention      the K/V write + paged attention, every layer, through the engine's attention
                    backend on per-layer caches, each row on its own slots: decode groups of 1 to
                    48 rows (-> a time per group by its padded slots), whole-sequence and
@@ -94,6 +94,7 @@ class CalibrationPlan:
     #: (rows, context) for their time per further slot
     fused_rows: tuple[int, ...] = (1, 2, 4, 8, 12, 16)
     fused_slot_probe: tuple[int, int] = (8, 512)
+    fused_repeats: int = 5  # most serving steps are these: more repeats than the parts get
     causal_q: tuple[int, ...] = (4, 16, 64, 128, 256, 512)
     masked: tuple[tuple[int, int], ...] = ((4, 60), (16, 112), (32, 224), (64, 448), (128, 384), (256, 256))
     #: whole engine steps (``_engine_steps``): requests in the engine, level by level
@@ -111,7 +112,7 @@ class CalibrationPlan:
 
 #: cumulative shares of ``budget_s`` by which each stage's repeats end: GEMMs, head, decode, fused
 #: decode layers, prefill
-STAGE_SHARES = (0.45, 0.56, 0.65, 0.75, 1.0)
+STAGE_SHARES = (0.42, 0.52, 0.6, 0.75, 1.0)
 
 #: a quick plan for tests (tiny-random): every curve has points, few repeats
 TINY_PLAN = CalibrationPlan(gemm_m=(1, 8, 64), head_rows=(1, 8), decode_groups=((1, 16), (4, 64)),
@@ -301,10 +302,13 @@ class _Parts:
 
     @torch.inference_mode()
     def fused(self, rows: int, context: int) -> float:
-        """The fused C decode layers over ``rows`` decodes holding ``context`` slots each."""
+        """A decode step's model work as the engine runs it where the fused C layers apply: the
+        layers in one C call, then the final norm and LM head, over ``rows`` decodes holding
+        ``context`` slots each (one measurement, not two noisy ones added)."""
         m, batch = self.model, self._batch([(1, context - 1)] * rows)
         hidden, (cos, sin) = m.embed(batch), m.rope(batch)
-        return _timed(lambda: cpu_decode.run_layers(self.c, m.layers, hidden, cos, sin, batch, self.caches))
+        return _timed(lambda: m.compute_logits(
+            cpu_decode.run_layers(self.c, m.layers, hidden, cos, sin, batch, self.caches), batch))
 
     @torch.inference_mode()
     def chunks(self, chunks: Sequence[tuple[int, int]]) -> float:
@@ -538,7 +542,7 @@ def _fused(parts: _Parts, plan: CalibrationPlan, progress: Progress | None, dead
     _say(progress, f"fused C decode layers: {', '.join(map(str, plan.fused_rows))} rows, and {rows} rows of {context}")
     parts.fused(1, FUSED_CONTEXT)  # untimed: the first call builds the step table
     points = [(r, FUSED_CONTEXT) for r in plan.fused_rows] + [(rows, FUSED_CONTEXT), (rows, context)]
-    times = _median_sweeps(points, lambda p: parts.fused(*p), plan.repeats, deadline)
+    times = _median_sweeps(points, lambda p: parts.fused(*p), plan.fused_repeats, deadline)
     short, long = times[-2:]
     return FusedDecode(Curve.monotone(tuple(map(float, plan.fused_rows)), tuple(times[:-2])),
                        max(0.0, (long - short) / (rows * (context - FUSED_CONTEXT))))
