@@ -36,16 +36,11 @@ browser:
 run: setup model
 	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --browser.gatherUsageStats false
 
-# The suite (every path, each sweep by its covering part; `make bench` runs the sweeps whole), with
-# strict mypy over engine/, app/ and visualizers/ and the import contracts (settings in pyproject.toml;
-# tests/test_architecture.py runs lint-imports again) beside it: mypy runs on one core for about a
-# minute on a fresh clone, which the suite's two processes would otherwise wait for. Its report is
-# printed after the suite's; either failing fails the target.
-test: setup model browser
-	@report=$$(mktemp); ( $(MAKE) --no-print-directory typecheck > $$report 2>&1 ) & checking=$$!; \
-	$(PY) -m pytest -q -m "not sweep" -n 2 --dist loadfile; tests=$$?; \
-	wait $$checking; typed=$$?; cat $$report; rm -f $$report; \
-	if [ $$typed -ne 0 ]; then echo "make test: the typecheck failed (above)"; exit $$typed; fi; exit $$tests
+# Strict mypy over engine/, app/ and visualizers/ and the import contracts (settings in pyproject.toml;
+# tests/test_architecture.py runs lint-imports again), then the suite: every path, each sweep by its
+# covering part (`make bench` runs the sweeps whole).
+test: setup model browser typecheck
+	$(PY) -m pytest -q -m "not sweep" -n 2 --dist loadfile
 
 typecheck: setup
 	$(PY) -m mypy
