@@ -225,7 +225,8 @@ class CostProfile:
                        prefill_masked=Curve.from_json(d["prefill_masked"]),
                        overhead=StepOverhead(_time(o["per_step_s"]), _time(o["per_request_s"]),
                                              _time(o["per_decode_s"]), _time(o["per_token_s"])),
-                       fused=FusedDecode.from_json(d["fused"]), measured_at=str(d.get("measured_at", "")), seconds=float(d.get("seconds", 0.0)),
+                       fused=FusedDecode.from_json(d["fused"]), measured_at=str(d.get("measured_at", "")),
+                       seconds=float(d.get("seconds", 0.0)),
                        fit_error=float(d.get("fit_error", 0.0)), version=PROFILE_VERSION,
                        notes=tuple(str(n) for n in d.get("notes", ())))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:

@@ -96,24 +96,35 @@ class _Functions(NamedTuple):
     argmax_rows: Any
 
 
+#: (the library, its functions typed): ``_functions`` runs several times a step
+_typed: tuple[Any, _Functions] | None = None
+
+
 def _functions() -> _Functions | None:
-    """The library's functions, typed once; None where it is not built (or is still being built in
-    the background: ``cpu_gemv.build_in_background``)."""
+    """The library's functions, typed once per library; None where it is not built (or is still
+    being built in the background: ``cpu_gemv.build_in_background``)."""
+    global _typed
     lib = cpu_gemv.ready_library()
     if lib is None:
         return None
+    typed = _typed
+    if typed is None or typed[0] is not lib:
+        typed = _typed = (lib, _type(lib))
+    return typed[1]
+
+
+def _type(lib: Any) -> _Functions:
     found = _Functions(lib.decode_layers, lib.scratch_floats, lib.rms_norm_rows, lib.argmax_rows)
-    if found.argmax_rows.argtypes is None:
-        p, n = ctypes.c_void_p, ctypes.c_long
-        found.decode_layers.argtypes = [ctypes.POINTER(_Layer), n, ctypes.POINTER(_Shape), n, p, p, p, p, p, p, n, p,
-                                        ctypes.c_int]
-        found.decode_layers.restype = ctypes.c_int
-        found.scratch_floats.argtypes = [n] * 7
-        found.scratch_floats.restype = n
-        found.rms_norm_rows.argtypes = [p, p, p, n, n, ctypes.c_float, ctypes.c_int]
-        found.rms_norm_rows.restype = None
-        found.argmax_rows.argtypes = [p, n, n, p]
-        found.argmax_rows.restype = None
+    p, n = ctypes.c_void_p, ctypes.c_long
+    found.decode_layers.argtypes = [ctypes.POINTER(_Layer), n, ctypes.POINTER(_Shape), n, p, p, p, p, p, p, n, p,
+                                    ctypes.c_int]
+    found.decode_layers.restype = ctypes.c_int
+    found.scratch_floats.argtypes = [n] * 7
+    found.scratch_floats.restype = n
+    found.rms_norm_rows.argtypes = [p, p, p, n, n, ctypes.c_float, ctypes.c_int]
+    found.rms_norm_rows.restype = None
+    found.argmax_rows.argtypes = [p, n, n, p]
+    found.argmax_rows.restype = None
     return found
 
 

@@ -541,11 +541,12 @@ def _fused(parts: _Parts, plan: CalibrationPlan, progress: Progress | None, dead
     rows, context = plan.fused_slot_probe
     _say(progress, f"fused C decode layers: {', '.join(map(str, plan.fused_rows))} rows, and {rows} rows of {context}")
     parts.fused(1, FUSED_CONTEXT)  # untimed: the first call builds the step table
-    points = [(r, FUSED_CONTEXT) for r in plan.fused_rows] + [(rows, FUSED_CONTEXT), (rows, context)]
-    times = _median_sweeps(points, lambda p: parts.fused(*p), plan.fused_repeats, deadline)
-    short, long = times[-2:]
-    return FusedDecode(Curve.monotone(tuple(map(float, plan.fused_rows)), tuple(times[:-2])),
-                       max(0.0, (long - short) / (rows * (context - FUSED_CONTEXT))))
+    # each (rows, slots) point once: the probe's short point is usually one of the rows' points
+    points = list(dict.fromkeys([(r, FUSED_CONTEXT) for r in plan.fused_rows] + [(rows, FUSED_CONTEXT), (rows, context)]))
+    times = dict(zip(points, _median_sweeps(points, lambda p: parts.fused(*p), plan.fused_repeats, deadline)))
+    return FusedDecode(Curve.monotone(tuple(map(float, plan.fused_rows)),
+                                      tuple(times[(r, FUSED_CONTEXT)] for r in plan.fused_rows)),
+                       max(0.0, (times[(rows, context)] - times[(rows, FUSED_CONTEXT)]) / (rows * (context - FUSED_CONTEXT))))
 
 
 # -- the simulated model ----------------------------------------------------------------------------
