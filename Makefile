@@ -39,20 +39,13 @@ browser:
 run: setup model
 	$(VENV)/bin/streamlit run app/main.py --server.port $(PORT) --browser.gatherUsageStats false
 
-# The suite (every path, each sweep by its covering part; `make bench` runs the sweeps whole) and,
-# beside it at the lowest priority, strict mypy over engine/, app/ and visualizers/ and the import
-# contracts (settings in pyproject.toml; tests/test_architecture.py runs lint-imports again): the
-# suite leaves a quarter of the two cores idle while its tests wait on servers and processes, and
-# mypy fits in those gaps. Either failing fails the target; mypy's report comes after the suite's.
+# Strict mypy over engine/, app/ and visualizers/ and the import contracts (settings in pyproject.toml;
+# tests/test_architecture.py runs lint-imports again), then the suite: every path, each sweep by its
+# covering part (`make bench` runs the sweeps whole).
 # The suite writes bytecode even where the environment says not to: its many processes (workers,
 # servers, CLIs) would each compile the project's modules again.
-test: setup model browser
-	@log=$$(mktemp); \
-	( nice -n 19 $(MAKE) --no-print-directory typecheck > $$log 2>&1 ) & checker=$$!; \
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -m "not sweep" -n 2 --dist loadfile; suite=$$?; \
-	wait $$checker; typed=$$?; cat $$log; rm -f $$log; \
-	if [ $$typed != 0 ]; then echo "make test: the type check failed (above)" >&2; fi; \
-	[ $$suite = 0 ] && [ $$typed = 0 ]
+test: setup model browser typecheck
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -m "not sweep" -n 2 --dist loadfile
 
 typecheck: setup
 	$(PY) -m mypy
