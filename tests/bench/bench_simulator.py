@@ -1,15 +1,19 @@
 """Serving simulator on this machine vs the real engine (issue #22, must-show 1).
 
 The profile (engine/simulate/calibrate.py) is measured on controlled shapes; the three workloads
-below are not used in it. Each is served twice on the same KV pool and knobs: simulated
-(``this_machine_model``: predicted step times) and by the real engine (``run_real``: measured).
+below are not used in it. Each is served on the same KV pool and knobs: simulated once
+(``this_machine_model``: predicted step times) and by the real engine (``run_real``: measured)
+REAL_RUNS times, because one real run is a noisy measurement here: the same workload's p50 TPOT
+moved by a third between back-to-back runs (docs/benchmarks.md). Each figure is compared with
+its median over the real runs; what the first run alone would have said is kept in the JSON.
 
-    per-step error   a burst makes the same scheduling decisions in both runs (checked): step i
-                     against step i. Poisson arrivals meet the steps at different moments, so the
-                     schedules drift apart: there the step-time distributions are compared (the
-                     median over the deciles 10..90 of |predicted - measured| / measured)
-    TTFT, TPOT       p50 of each run, relative error
-    makespan         first arrival to last finish, relative error
+    per-step error   a burst makes the same scheduling decisions in every run (checked): step i
+                     against the median of step i. Poisson arrivals meet the steps at different
+                     moments, so the schedules drift apart: there the step-time distributions are
+                     compared (the median over the deciles 10..90 of |predicted - measured| /
+                     measured, the real runs' steps pooled)
+    TTFT, TPOT       p50 of the simulated run against the median of the real runs' p50s
+    makespan         first arrival to last finish, likewise
 
 Targets (the issue's, never lowered): per-step median error <= 10 %, p50 TTFT and TPOT within
 15 %, makespan within 10 %. Timings need a quiet machine: the load average is reported with the
@@ -32,6 +36,9 @@ from engine.simulate.simulator import ServingKnobs, run_real, simulate
 from engine.simulate.workload import Lengths, Workload, generate
 
 MODEL = "smollm2-135m"
+#: real runs of each workload: one run's p50 TPOT moved by a third between back-to-back runs on this
+#: VM (docs/benchmarks.md, 2026-12-07), so the prediction is judged against the median of three
+REAL_RUNS = 3
 STEP_TARGET = 0.10
 LATENCY_TARGET = 0.15
 MAKESPAN_TARGET = 0.10
@@ -66,30 +73,42 @@ def rel(p: float | None, m: float | None) -> float:
     return abs(p - m) / m
 
 
-def step_error(sim: RunResult, real: RunResult) -> tuple[float, str]:
-    """(median relative error of step times, how they were paired)."""
-    if schedule(sim) == schedule(real):
-        errs = [rel(s.duration_s, r.duration_s) for s, r in zip(sim.steps, real.steps)]
+def step_error(sim: RunResult, reals: list[RunResult]) -> tuple[float, str]:
+    """(median relative error of step times, how they were paired): step by step against each
+    step's median over the real runs where every run made the simulation's decisions, else the
+    deciles of the real runs' steps pooled."""
+    if all(schedule(sim) == schedule(r) for r in reals):
+        errs = [rel(s.duration_s, statistics.median(r.steps[i].duration_s for r in reals))
+                for i, s in enumerate(sim.steps)]
         return statistics.median(errs), "step by step"
     ps = [s.duration_s for s in sim.steps]
-    ms = [s.duration_s for s in real.steps]
+    ms = [s.duration_s for r in reals for s in r.steps]
     errs = [rel(percentile(ps, q), percentile(ms, q)) for q in range(10, 100, 10)]
     return statistics.median(errs), "by distribution (deciles)"
 
 
+def _latencies(run: RunResult) -> dict[str, float | None]:
+    s = summarize(run)
+    return {"ttft_p50_s": s.ttft_p50_s, "tpot_p50_s": s.tpot_p50_s, "makespan_s": s.makespan_s}
+
+
 def compare(name: str, workload: Workload, knobs: ServingKnobs = ServingKnobs()) -> dict[str, Any]:
+    """The simulation against REAL_RUNS real runs: each latency against its median over the runs."""
     sim_model = this_machine_model(MODEL, num_blocks=DEFAULT_NUM_BLOCKS, block_size=DEFAULT_BLOCK_SIZE)
     sim = simulate(sim_model, workload, knobs)
     load0 = os.getloadavg()[0]
-    real = run_real(MODEL, workload, knobs, num_blocks=DEFAULT_NUM_BLOCKS, block_size=DEFAULT_BLOCK_SIZE)
+    reals = [run_real(MODEL, workload, knobs, num_blocks=DEFAULT_NUM_BLOCKS, block_size=DEFAULT_BLOCK_SIZE)
+             for _ in range(REAL_RUNS)]
     load1 = os.getloadavg()[0]
-    s, r = summarize(sim), summarize(real)
-    err, how = step_error(sim, real)
-    return {"name": name, "steps_sim": len(sim.steps), "steps_real": len(real.steps), "pairing": how,
-            "step_error": err, "ttft_error": rel(s.ttft_p50_s, r.ttft_p50_s),
-            "tpot_error": rel(s.tpot_p50_s, r.tpot_p50_s), "makespan_error": rel(s.makespan_s, r.makespan_s),
-            "sim": {"ttft_p50_s": s.ttft_p50_s, "tpot_p50_s": s.tpot_p50_s, "makespan_s": s.makespan_s},
-            "real": {"ttft_p50_s": r.ttft_p50_s, "tpot_p50_s": r.tpot_p50_s, "makespan_s": r.makespan_s},
+    p = _latencies(sim)
+    runs = [_latencies(r) for r in reals]
+    m = {k: statistics.median(v for run in runs if (v := run[k]) is not None) for k in p}
+    err, how = step_error(sim, reals)
+    return {"name": name, "steps_sim": len(sim.steps), "steps_real": [len(r.steps) for r in reals], "pairing": how,
+            "step_error": err, "ttft_error": rel(p["ttft_p50_s"], m["ttft_p50_s"]),
+            "tpot_error": rel(p["tpot_p50_s"], m["tpot_p50_s"]), "makespan_error": rel(p["makespan_s"], m["makespan_s"]),
+            "sim": p, "real": m, "real_runs": runs,
+            "first_run_errors": {k: rel(p[k], runs[0][k]) for k in p},  # what one run alone would have said
             "load_avg": [load0, load1]}
 
 
