@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-ready
+# The suite writes bytecode even where the environment says not to: its many processes (workers,
+# servers, CLIs) would each compile the project's modules again.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 PORT ?= 8501
 
 .PHONY: setup model browser run test test-fast typecheck bench screenshots clean
@@ -42,21 +45,19 @@ run: setup model
 # Strict mypy over engine/, app/ and visualizers/ and the import contracts (settings in pyproject.toml;
 # tests/test_architecture.py runs lint-imports again), then the suite: every path, each sweep by its
 # covering part (`make bench` runs the sweeps whole).
-# The suite writes bytecode even where the environment says not to: its many processes (workers,
-# servers, CLIs) would each compile the project's modules again.
 test: setup model browser typecheck
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -m "not sweep" -n 2 --dist loadfile
+	$(PYTEST) -q -m "not sweep" -n 2 --dist loadfile
 
 typecheck: setup
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-logo
 
 test-fast: setup model
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -m "not browser and not sweep" -n 2 --dist loadfile
+	$(PYTEST) -q -m "not browser and not sweep" -n 2 --dist loadfile
 
 # The exhaustive sweeps first (every case of each matrix), then the benchmarks.
 bench: setup model browser
-	$(PY) -m pytest -q -m sweep
+	$(PYTEST) -q -m sweep
 	$(PY) -m tests.bench
 
 # The docs' pictures of each view (docs/img/), from a real run in Chromium.
