@@ -46,7 +46,7 @@ from engine.costmodel.shape import ChunkShape, StepShape
 from engine.model.forward_batch import GROUP_OVERHEAD_SLOTS, group_decodes
 
 #: the profile file format; a file of another version is measured again, never read
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 #: the context (slots) of every row when the fused decode step is timed against its rows (``FusedDecode``)
 FUSED_CONTEXT = 32
 

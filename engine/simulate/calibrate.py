@@ -103,6 +103,11 @@ class CalibrationPlan:
     traffic_prompt: tuple[int, int] = (4, 256)  # tokens, log-uniform
     traffic_output: tuple[int, int] = (4, 64)  # tokens, uniform: most steps decode, as in serving
     traffic_s: float = 28.0  # the traffic stops here (seconds) if its levels have not ended
+    #: whole prefill steps (one prompt of this many tokens alone), timed before the traffic: they fix
+    #: the time per prefill token, which the traffic's small prefills left loose (0.18 .. 0.45 ms
+    #: from one profile to the next, 15 % of a 357-token prefill)
+    prefill_steps: tuple[int, ...] = (128, 256, 384, 512)
+    prefill_step_repeats: int = 2
     repeats: int = 3
     #: seconds for the repeats of the parts (after loading); shares per stage: ``STAGE_SHARES``
     budget_s: float = 20.0
@@ -118,7 +123,8 @@ STAGE_SHARES = (0.42, 0.52, 0.6, 0.75, 1.0)
 TINY_PLAN = CalibrationPlan(gemm_m=(1, 8, 64), head_rows=(1, 8), decode_groups=((1, 16), (4, 64)),
                             fused_rows=(1, 4), fused_slot_probe=(4, 64),
                             causal_q=(8, 32), masked=((8, 24), (16, 48)), traffic_levels=(1, 4, 2),
-                            traffic_level_steps=4, traffic_prompt=(4, 64), traffic_output=(2, 8), repeats=1)
+                            traffic_level_steps=4, traffic_prompt=(4, 64), traffic_output=(2, 8),
+                            prefill_steps=(16, 48), prefill_step_repeats=1, repeats=1)
 
 
 def use_app_threads() -> int:
@@ -362,6 +368,11 @@ def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress
         engine.add_request([rng.randrange(3, vocab) for _ in range(24)], SamplingParams(temperature=0.0, max_tokens=3))
         while engine.has_unfinished_requests():  # warm-up: first-call allocations, not timed
             engine.step()
+        _say(progress, f"whole prefill steps of {', '.join(map(str, plan.prefill_steps))} tokens")
+        for n in plan.prefill_steps * plan.prefill_step_repeats:
+            # fresh random tokens (no prefix hit); max_tokens 1: the request ends with this step
+            engine.add_request([rng.randrange(3, vocab) for _ in range(n)], SamplingParams(temperature=0.0, max_tokens=1))
+            out.append(_timed_step(engine))
         _say(progress, f"whole engine steps under a calibration traffic (up to {plan.traffic_s:.0f} s)")
         last: list[int] = []
         deadline = time.perf_counter() + plan.traffic_s
@@ -371,13 +382,20 @@ def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress
                 last = prompt(last)
                 engine.add_request(last, params())
             t0 = time.perf_counter()
-            trace = engine.step()
-            dt = time.perf_counter() - t0
-            if trace.scheduled:
-                out.append(_Step(trace_shape(trace), dt, min(dt, trace.forward_ms / 1e3)))
-            if t0 + dt > deadline:
+            step = _timed_step(engine)
+            if step.shape.chunks:
+                out.append(step)
+            if t0 + step.total_s > deadline:
                 break
     return out
+
+
+def _timed_step(engine: LLMEngine) -> _Step:
+    """One ``engine.step()``, timed whole, with the trace's forward time."""
+    t0 = time.perf_counter()
+    trace = engine.step()
+    dt = time.perf_counter() - t0
+    return _Step(trace_shape(trace), dt, min(dt, trace.forward_ms / 1e3))
 
 
 def _load_average() -> float:
