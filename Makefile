@@ -8,8 +8,9 @@ MODEL_STAMP := $(VENV)/.model-ready
 # servers, CLIs) would each compile the project's modules again.
 BYTECODE := env -u PYTHONDONTWRITEBYTECODE
 PYTEST := $(BYTECODE) $(PY) -m pytest
-# The installed modules the suite's processes import, compiled once before it (a failure costs only speed; beside mypy: 4 s
-# more than mypy alone, against 22 s for compiling all of site-packages on both cores).
+# The installed modules the suite's processes import, compiled once before it, beside mypy (4 s
+# more than mypy alone, against 22 s for compiling all of site-packages on both cores); a failure
+# here costs only speed.
 WARM_IMPORTS := import torch, transformers.models.llama.modeling_llama, streamlit.testing.v1, \
   streamlit.web.bootstrap, plotly.graph_objects, pandas, numpy, gguf, safetensors.torch, hypothesis, \
   triton.language, playwright.sync_api, markdown_it, xdist
