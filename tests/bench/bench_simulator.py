@@ -2,11 +2,12 @@
 
 The profile (engine/simulate/calibrate.py) is measured on controlled shapes; the three workloads
 below are not used in it. It is measured again right before each workload (this VM's speed moves
-by 10-20 % within minutes; docs/benchmarks.md). Each workload is served on the same KV pool and knobs: simulated once
-(``this_machine_model``: predicted step times) and by the real engine (``run_real``: measured)
-REAL_RUNS times, because one real run is a noisy measurement here: the same workload's p50 TPOT
-moved by a third between back-to-back runs (docs/benchmarks.md). Each figure is compared with
-its median over the real runs; what the first run alone would have said is kept in the JSON.
+by 10-20 % within minutes; docs/benchmarks.md). Each workload is served on the same KV pool and
+knobs: simulated once (``this_machine_model``: predicted step times) and by the real engine
+(``run_real``: measured) REAL_RUNS times, because one real run is a noisy measurement here: the
+same workload's p50 TPOT moved by a third between back-to-back runs (docs/benchmarks.md). Each
+figure is compared with its median over the real runs; what the first run alone would have said
+is kept in the JSON.
 
     per-step error   a burst makes the same scheduling decisions in every run (checked): step i
                      against the median of step i. Poisson arrivals meet the steps at different
@@ -149,6 +150,6 @@ def run() -> dict[str, Any]:
     rows.append({"metric": "load average (1 min) at the end", "value": os.getloadavg()[0], "unit": "", "target": "",
                  "met": None})
     return {"name": "simulator vs real engine on this machine", "rows": rows, "workloads": details,
-            "profile": {"machine": profile.machine.__dict__, "measured_at": profile.measured_at,
+            "profile": {"machine": profile.machine.__dict__,  # the last workload's "measured_at": profile.measured_at,
                         "overhead": profile.overhead.__dict__, "notes": list(profile.notes)},
             "seconds": time.perf_counter() - t0}
