@@ -40,7 +40,7 @@ def _profile(**over: object) -> CostProfile:
                 decode_group=Curve((16.0, 2048.0, 16384.0), (0.0005, 0.003, 0.06)),
                 prefill_causal=Curve((10.0, 2080.0, 131328.0), (0.001, 0.004, 0.2)),
                 prefill_masked=Curve((256.0, 8192.0, 131072.0), (0.001, 0.005, 0.1)),
-                overhead=StepOverhead(0.003, 0.0002, 0.0004, 0.00001))
+                overhead=StepOverhead(0.003, 0.0002, 0.0004, 0.00001, 0.002))
     base.update(over)
     return CostProfile(**base)  # type: ignore[arg-type]
 
@@ -109,6 +109,17 @@ def test_measured_cost_grows_where_it_should(calibrated: tuple[CostProfile, Path
         parts = cost.step_cost(StepShape((ChunkShape(128, 0, 1), ChunkShape(1, 40, 1))))
         assert parts.comm_s == 0 and min(parts.as_dict().values()) >= 0 and parts.total_s > 0
     assert "measured on this machine" in MeasuredCost(_profile()).label
+
+
+def test_each_prefill_chunk_costs_its_own_time_beside_its_tokens() -> None:
+    """The same 64 prefill tokens as one chunk and as two: the elementwise part differs by one
+    per-prefill time exactly (the per-token time is the same); a 1-token chunk is no prefill."""
+    o = _profile().overhead
+    cost = MeasuredCost(_profile())
+    one = cost.step_cost(StepShape((ChunkShape(64, 0, 1),)))
+    two = cost.step_cost(StepShape((ChunkShape(32, 0, 1), ChunkShape(32, 0, 1))))
+    assert two.elementwise_s - one.elementwise_s == pytest.approx(o.per_prefill_s)
+    assert StepShape((ChunkShape(1, 10, 0), ChunkShape(5, 0, 1), ChunkShape(1, 9, 1))).num_prefill_chunks == 1
 
 
 def test_decode_only_steps_take_the_fused_layers_time(calibrated: tuple[CostProfile, Path]) -> None:

@@ -52,6 +52,11 @@ class StepShape:
         """Chunks of one query token that sample (a decode)."""
         return sum(1 for c in self.chunks if c.new_tokens == 1 and c.samples)
 
+    @property
+    def num_prefill_chunks(self) -> int:
+        """Chunks of several query tokens (attention's prefill path: one call per chunk and layer)."""
+        return sum(1 for c in self.chunks if c.new_tokens > 1)
+
 
 def step_shape(output: SchedulerOutput, imported: Mapping[str, int] | None = None) -> StepShape:
     """The shape of a scheduler output (speculative drafts count as query tokens and rows).

@@ -104,9 +104,9 @@ class CalibrationPlan:
     traffic_output: tuple[int, int] = (4, 64)  # tokens, uniform: most steps decode, as in serving
     traffic_s: float = 28.0  # the traffic stops here (seconds) if its levels have not ended
     #: whole prefill steps (one prompt of this many tokens alone), timed before the traffic: they fix
-    #: the time per prefill token, which the traffic's small prefills left loose (0.18 .. 0.45 ms
-    #: from one profile to the next, 15 % of a 357-token prefill)
-    prefill_steps: tuple[int, ...] = (128, 256, 384, 512)
+    #: the times per prefill token and per prefill chunk, which the traffic's small prefills left
+    #: loose (per token 0.18 .. 0.45 ms from one profile to the next, 15 % of a 357-token prefill)
+    prefill_steps: tuple[int, ...] = (32, 128, 256, 512)
     prefill_step_repeats: int = 2
     repeats: int = 3
     #: seconds for the repeats of the parts (after loading); shares per stage: ``STAGE_SHARES``
@@ -437,22 +437,24 @@ def _nnls(rows: Sequence[tuple[Sequence[float], float, float]]) -> list[float]:
 def _fit_overhead(steps: Sequence[_Step], parts: Callable[[StepShape], float]) -> StepOverhead:
     """Two fits, each on what the trace separates, of what the parts (GEMMs, head, attention timed
     alone, taken as they are) leave unexplained:
-        forward - parts  = a1 + d x decodes + c x prefill tokens   (norms, rotary, SiLU, batch building)
+        forward - parts  = a1 + d x decodes + c x prefill tokens + e x prefill chunks
+                                                  (norms, rotary, SiLU, batch building)
         step - forward   = a2 + b x requests   (scheduling, sampling, postprocess, the trace)
-    -> per step a1 + a2, per request b, per decode row d, per prefill token c.
+    -> per step a1 + a2, per request b, per decode row d, per prefill token c, per prefill chunk e.
 
     The features are chosen to be apart: decode steps fix a1 + d x decodes, prefill steps c (a
     time per request in the forward too was collinear with both, and moved 0.6 .. 5.7 ms from one
     profile to the next). The parts are not scaled by a fitted factor either: it is collinear
     with the per-row terms, and moved by +-10 % between profiles, which the validation met as a
     bias."""
-    fwd = [((1.0, float(s.shape.num_decodes), float(s.shape.num_tokens - s.shape.num_decodes)),
+    fwd = [((1.0, float(s.shape.num_decodes), float(s.shape.num_tokens - s.shape.num_decodes),
+             float(s.shape.num_prefill_chunks)),
             s.forward_s - parts(s.shape), s.total_s) for s in steps if s.forward_s > 0]
     rest = [((1.0, float(s.shape.num_requests)), s.total_s - s.forward_s, s.total_s)
             for s in steps if s.total_s > s.forward_s]
-    a1, d, c = _nnls(fwd) if fwd else [0.0, 0.0, 0.0]
+    a1, d, c, e = _nnls(fwd) if fwd else [0.0, 0.0, 0.0, 0.0]
     a2, b = _nnls(rest) if rest else [0.0, 0.0]
-    return StepOverhead(a1 + a2, b, d, c)
+    return StepOverhead(a1 + a2, b, d, c, e)
 
 
 def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
@@ -545,7 +547,8 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     result = profile(overhead, statistics.median(errors) if errors else 0.0)
     _say(progress, f"calibrated in {result.seconds:.1f} s: per step "
                    f"{overhead.per_step_s * 1e3:.2f} ms, per request {overhead.per_request_s * 1e3:.3f} ms, per decode row "
-                   f"{overhead.per_decode_s * 1e3:.3f} ms, per prefill token {overhead.per_token_s * 1e3:.3f} ms; median step error on the calibration steps "
+                   f"{overhead.per_decode_s * 1e3:.3f} ms, per prefill token {overhead.per_token_s * 1e3:.3f} ms, per prefill chunk "
+                   f"{overhead.per_prefill_s * 1e3:.2f} ms; median step error on the calibration steps "
                    f"{result.fit_error:.1%}")
     return result
 
