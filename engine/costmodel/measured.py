@@ -145,7 +145,7 @@ class StepOverhead:
     per_token_s: float  # each prefill token in the forward: the same ops
     #: each prefill chunk in the forward: its own slices, mask and per-layer calls (a small prefill
     #: riding with decodes ran 6-8 % over a prediction without it)
-    per_prefill_s: float = 0.0
+    per_prefill_s: float
 
 
 @dataclass(frozen=True)

@@ -381,11 +381,10 @@ def _engine_steps(shared: SharedModel, plan: CalibrationPlan, progress: Progress
             while len(engine.intake.pending) + len(engine.scheduler.waiting) + len(engine.scheduler.running) < level:
                 last = prompt(last)
                 engine.add_request(last, params())
-            t0 = time.perf_counter()
             step = _timed_step(engine)
             if step.shape.chunks:
                 out.append(step)
-            if t0 + step.total_s > deadline:
+            if time.perf_counter() > deadline:
                 break
     return out
 
@@ -523,7 +522,7 @@ def measure(model: str, plan: CalibrationPlan = CalibrationPlan(), progress: Pro
     group_c = Curve.monotone(tuple(float(dec_x[i]) for i in dec_order), tuple(dec[i] for i in dec_order))
     causal_c = Curve.monotone(tuple(float(q * (q + 1) // 2) for q in plan.causal_q), tuple(causal))
     masked_c = Curve.monotone(tuple(float(masked_x[i]) for i in order), tuple(masked[i] for i in order))
-    zero = StepOverhead(0.0, 0.0, 0.0, 0.0)
+    zero = StepOverhead(0.0, 0.0, 0.0, 0.0, 0.0)
 
     def profile(overhead: StepOverhead, fit_error: float = 0.0) -> CostProfile:
         return CostProfile(model=model, dtype=dtype, machine=machine_info(), num_layers=len(m.layers), gemm=gemm_c,

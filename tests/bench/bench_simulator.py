@@ -31,8 +31,8 @@ import time
 from typing import Any
 
 from engine.costmodel.measured import CostProfile
-from engine.simulate.calibrate import DEFAULT_BLOCK_SIZE, DEFAULT_NUM_BLOCKS, calibrate, this_machine_model, \
-    use_app_threads
+from engine.simulate.calibrate import DEFAULT_BLOCK_SIZE, DEFAULT_NUM_BLOCKS, calibrate, machine_info, \
+    this_machine_model, use_app_threads
 from engine.simulate.metrics import percentile, summarize
 from engine.simulate.result import RunResult
 from engine.simulate.simulator import ServingKnobs, run_real, simulate
@@ -113,8 +113,10 @@ def compare(name: str, workload: Workload, profile: CostProfile, knobs: ServingK
             "tpot_error": rel(p["tpot_p50_s"], m["tpot_p50_s"]), "makespan_error": rel(p["makespan_s"], m["makespan_s"]),
             "sim": p, "real": m, "real_runs": runs,
             "first_run_errors": {k: rel(p[k], runs[0][k]) for k in p},  # what one run alone would have said
-            "load_avg": [load0, load1], "calibration": {"fit_error": profile.fit_error,
-                                                        "seconds": profile.seconds, "measured_at": profile.measured_at}}
+            "load_avg": [load0, load1],
+            "calibration": {"measured_at": profile.measured_at, "seconds": profile.seconds,
+                            "fit_error": profile.fit_error, "overhead": profile.overhead.__dict__,
+                            "notes": list(profile.notes)}}
 
 
 def run() -> dict[str, Any]:
@@ -150,6 +152,4 @@ def run() -> dict[str, Any]:
     rows.append({"metric": "load average (1 min) at the end", "value": os.getloadavg()[0], "unit": "", "target": "",
                  "met": None})
     return {"name": "simulator vs real engine on this machine", "rows": rows, "workloads": details,
-            "profile": {"machine": profile.machine.__dict__,  # the last workload's "measured_at": profile.measured_at,
-                        "overhead": profile.overhead.__dict__, "notes": list(profile.notes)},
-            "seconds": time.perf_counter() - t0}
+            "machine": machine_info().__dict__, "seconds": time.perf_counter() - t0}
